@@ -1,0 +1,48 @@
+#include "serve.h"
+
+#include <QCoreApplication>
+
+#include <cstdio>
+
+namespace {
+
+const char kUsage[] =
+    "Usage: idemdesk [COMMAND] [OPTIONS]\n"
+    "\n"
+    "Receives webhooks, processes each event once however often it is delivered, and shows\n"
+    "every idempotency key with its state, TTL and stored result.\n"
+    "\n"
+    "Commands:\n"
+    "  gui     dashboard with the embedded receiver (the default)\n"
+    "  serve   headless receiver, one log line per delivery\n"
+    "\n"
+    "Common options: --config FILE, --store URL, --listen HOST:PORT. `idemdesk COMMAND --help`\n"
+    "describes a command.\n";
+
+} // namespace
+
+int main(int argc, char **argv)
+{
+    QCoreApplication::setApplicationName(QStringLiteral("idemdesk"));
+    QCoreApplication::setOrganizationName(QStringLiteral("idemdesk"));
+    QStringList arguments;
+    for (int i = 0; i < argc; ++i)
+        arguments << QString::fromLocal8Bit(argv[i]);
+    const QString command = arguments.size() > 1 ? arguments.at(1) : QString();
+
+    if (command == u"--help" || command == u"-h" || command == u"help") {
+        std::fputs(kUsage, stdout);
+        return 0;
+    }
+    if (command.isEmpty() || command.startsWith(u'-'))
+        return idem::cli::gui(argc, argv, arguments);
+    arguments.removeAt(1);
+    if (command == u"gui")
+        return idem::cli::gui(argc, argv, arguments);
+    if (command == u"serve") {
+        QCoreApplication app(argc, argv);
+        return idem::cli::serve(arguments);
+    }
+    std::fprintf(stderr, "idemdesk: unknown command '%s'\n%s", qPrintable(command), kUsage);
+    return 2;
+}

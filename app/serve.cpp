@@ -1,0 +1,236 @@
+#include "serve.h"
+
+#include "mainwindow.h"
+#include "receiver/receiver.h"
+#include "store/storefactory.h"
+#include "store/storeurl.h"
+
+#include <QApplication>
+#include <QCommandLineParser>
+#include <QDateTime>
+#include <QJsonDocument>
+#include <QSocketNotifier>
+#include <QTextStream>
+#include <QTimer>
+
+#include <csignal>
+#include <cstdio>
+#include <sys/socket.h>
+#include <unistd.h>
+
+namespace idem::cli {
+
+namespace {
+
+int g_signalPipe[2] = {-1, -1};
+
+void onSignal(int)
+{
+    const char byte = 1;
+    [[maybe_unused]] ssize_t n = ::write(g_signalPipe[1], &byte, 1);
+}
+
+void printError(const QString &message)
+{
+    std::fprintf(stderr, "idemdesk: %s\n", qPrintable(message));
+}
+
+void addCommonOptions(QCommandLineParser &parser)
+{
+    parser.addHelpOption();
+    parser.addOption({u"config"_qs, u"JSON config file (SPEC §2)."_qs, u"FILE"_qs});
+    parser.addOption({u"store"_qs, u"Store URL: sqlite:PATH, redis://host:port[/db], postgresql://user@host:port/db."_qs, u"URL"_qs});
+    parser.addOption({u"listen"_qs, u"Address to receive webhooks on (default 127.0.0.1:8787)."_qs, u"HOST:PORT"_qs});
+    parser.addOption({u"allow-remote"_qs, u"Allow --listen on a non-loopback address."_qs});
+}
+
+QString logLine(const DeliveryEvent &e, bool json)
+{
+    if (json)
+        return QString::fromUtf8(QJsonDocument(deliveryToJson(e)).toJson(QJsonDocument::Compact));
+    QString line = u"%1 %2 %3 %4 %5 %6ms"_qs.arg(
+        QDateTime::fromMSecsSinceEpoch(e.atMs, Qt::UTC).toString(Qt::ISODateWithMs),
+        e.endpoint.isEmpty() ? u"-"_qs : e.endpoint, e.key.isEmpty() ? u"-"_qs : e.key,
+        toString(e.outcome), QString::number(e.status),
+        QString::number(double(e.latencyUs) / 1000.0, 'f', 1));
+    if (!e.detail.isEmpty())
+        line += u" ("_qs + e.detail + u")"_qs;
+    return line;
+}
+
+} // namespace
+
+Result<CommonOptions> loadCommon(const QString &configPath, const QString &store,
+                                 const QString &listen, bool allowRemote)
+{
+    CommonOptions options;
+    options.allowRemote = allowRemote;
+    if (!configPath.isEmpty()) {
+        auto config = Config::load(configPath);
+        if (!config)
+            return config.error();
+        options.config = *config;
+    } else {
+        options.config = Config::builtin();
+    }
+    options.storeUrl = !store.isEmpty() ? store : options.config.store;
+    if (auto url = StoreUrl::parse(options.storeUrl); !url)
+        return url.error();
+    if (!listen.isEmpty()) {
+        auto address = ListenAddress::parse(listen);
+        if (!address)
+            return makeError(ErrorCode::Invalid, u"--listen %1"_qs.arg(address.error().message));
+        options.config.listen = *address;
+    }
+    if (!options.config.listen.host.isLoopback() && !allowRemote)
+        return makeError(ErrorCode::Invalid,
+                         u"refusing to listen on %1, which is not a loopback address: add --allow-remote if you mean it"_qs
+                             .arg(options.config.listen.toString()));
+    return options;
+}
+
+int serve(const QStringList &arguments)
+{
+    QCommandLineParser parser;
+    parser.setApplicationDescription(u"Headless webhook receiver: one log line per delivery on stdout."_qs);
+    addCommonOptions(parser);
+    parser.addOption({u"log-format"_qs, u"text or json."_qs, u"FORMAT"_qs, u"text"_qs});
+    if (!parser.parse(arguments)) {
+        printError(parser.errorText());
+        return 2;
+    }
+    if (parser.isSet(u"help"_qs)) {
+        std::fputs(qPrintable(parser.helpText()), stdout);
+        return 0;
+    }
+    if (!parser.positionalArguments().isEmpty()) {
+        printError(u"serve: unexpected argument '%1'"_qs.arg(parser.positionalArguments().first()));
+        return 2;
+    }
+    const QString format = parser.value(u"log-format"_qs);
+    if (format != u"text"_qs && format != u"json"_qs) {
+        printError(u"--log-format must be text or json"_qs);
+        return 2;
+    }
+    auto options = loadCommon(parser.value(u"config"_qs), parser.value(u"store"_qs),
+                              parser.value(u"listen"_qs), parser.isSet(u"allow-remote"_qs));
+    if (!options) {
+        printError(options.error().message);
+        return 2;
+    }
+    auto pool = openStorePool(options->storeUrl);
+    if (!pool) {
+        printError(pool.error().message);
+        return 1;
+    }
+    const QString storeDisplay = StoreUrl::parse(options->storeUrl)->display();
+    qint64 graceMs = 5000;
+    for (const auto &e : options->config.endpoints)
+        graceMs = std::max(graceMs, e.settings.forwardTimeoutSeconds * 1000 + 5000);
+
+    auto receiver = std::make_unique<Receiver>(options->config, *pool);
+    auto bound = receiver->start(options->config.listen);
+    if (!bound) {
+        printError(bound.error().message);
+        return 1;
+    }
+    if (!bound->host.isLoopback())
+        printError(u"warning: listening on %1, reachable from other machines"_qs.arg(bound->toString()));
+    std::fprintf(stderr, "idemdesk: receiving webhooks at http://%s/hooks/{%s} (store %s)\n",
+                 qPrintable(bound->toString()),
+                 qPrintable([&] {
+                     QStringList names;
+                     for (const auto &e : options->config.endpoints)
+                         names << e.name;
+                     return names.join(u","_qs);
+                 }()),
+                 qPrintable(storeDisplay));
+    std::fflush(stderr);
+
+    const bool json = format == u"json"_qs;
+    QObject logContext;
+    QObject::connect(receiver->engine(), &IdempotencyEngine::delivered, &logContext,
+                     [json](const DeliveryEvent &e) {
+                         std::fputs(qPrintable(logLine(e, json) + u'\n'), stdout);
+                         std::fflush(stdout);
+                     });
+
+    // SIGINT / SIGTERM: stop accepting, let in-flight deliveries finish, exit 0.
+    if (::socketpair(AF_UNIX, SOCK_STREAM, 0, g_signalPipe) != 0) {
+        printError(u"cannot set up signal handling"_qs);
+        return 1;
+    }
+    struct sigaction action = {};
+    action.sa_handler = onSignal;
+    sigemptyset(&action.sa_mask);
+    action.sa_flags = SA_RESTART;
+    sigaction(SIGINT, &action, nullptr);
+    sigaction(SIGTERM, &action, nullptr);
+    QSocketNotifier notifier(g_signalPipe[0], QSocketNotifier::Read);
+    QTimer drain;
+    QElapsedTimer stopping;
+    QObject::connect(&notifier, &QSocketNotifier::activated, &notifier, [&] {
+        char byte;
+        [[maybe_unused]] ssize_t n = ::read(g_signalPipe[0], &byte, 1);
+        if (stopping.isValid())
+            return;
+        std::fprintf(stderr, "idemdesk: stopping: no new connections, finishing %lld in-flight deliveries\n",
+                     static_cast<long long>(receiver->engine()->inFlight()));
+        stopping.start();
+        receiver->stopAccepting();
+        drain.start(10);
+    });
+    QObject::connect(&drain, &QTimer::timeout, &drain, [&] {
+        if (receiver->engine()->inFlight() > 0 && stopping.elapsed() < graceMs)
+            return;
+        QCoreApplication::quit();
+    });
+    const int rc = QCoreApplication::exec();
+    receiver.reset(); // flushes the delivery log
+    pool->reset();    // waits for queued store work
+    std::fprintf(stderr, "idemdesk: stopped\n");
+    return rc;
+}
+
+int gui(int argc, char **argv, const QStringList &arguments)
+{
+    QApplication app(argc, argv);
+    QCommandLineParser parser;
+    parser.setApplicationDescription(u"Dashboard with the embedded receiver."_qs);
+    addCommonOptions(parser);
+    parser.addOption({u"no-receiver"_qs, u"Only watch the store (attach mode)."_qs});
+    if (!parser.parse(arguments)) {
+        printError(parser.errorText());
+        return 2;
+    }
+    if (parser.isSet(u"help"_qs)) {
+        std::fputs(qPrintable(parser.helpText()), stdout);
+        return 0;
+    }
+    auto options = loadCommon(parser.value(u"config"_qs), parser.value(u"store"_qs),
+                              parser.value(u"listen"_qs), parser.isSet(u"allow-remote"_qs));
+    if (!options) {
+        printError(options.error().message);
+        return 2;
+    }
+    if (parser.isSet(u"no-receiver"_qs)) {
+        printError(u"--no-receiver (attach mode) is not available yet"_qs);
+        return 2;
+    }
+    auto pool = openStorePool(options->storeUrl);
+    if (!pool) {
+        printError(pool.error().message);
+        return 1;
+    }
+    Receiver receiver(options->config, *pool);
+    auto bound = receiver.start(options->config.listen);
+    if (!bound) {
+        printError(bound.error().message);
+        return 1;
+    }
+    MainWindow window(&receiver, StoreUrl::parse(options->storeUrl)->display());
+    window.show();
+    return app.exec();
+}
+
+} // namespace idem::cli

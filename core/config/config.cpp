@@ -1,0 +1,333 @@
+#include "config/config.h"
+
+#include <QFile>
+#include <QJsonArray>
+#include <QJsonDocument>
+#include <QRegularExpression>
+#include <QSet>
+
+namespace idem {
+
+QStringList builtinProviders()
+{
+    return {u"generic"_qs};
+}
+
+Result<ListenAddress> ListenAddress::parse(const QString &text)
+{
+    const qsizetype colon = text.lastIndexOf(u':');
+    if (colon <= 0)
+        return makeError(ErrorCode::Invalid, u"'%1' is not HOST:PORT"_qs.arg(text));
+    QString host = text.left(colon);
+    if (host.startsWith(u'[') && host.endsWith(u']'))
+        host = host.mid(1, host.size() - 2);
+    bool ok = false;
+    const uint port = text.mid(colon + 1).toUInt(&ok);
+    if (!ok || port > 65535)
+        return makeError(ErrorCode::Invalid, u"'%1': the port must be 0-65535"_qs.arg(text));
+    ListenAddress address;
+    address.port = quint16(port);
+    if (host == u"localhost"_qs)
+        address.host = QHostAddress::LocalHost;
+    else if (!address.host.setAddress(host))
+        return makeError(ErrorCode::Invalid, u"'%1': '%2' is not an IP address"_qs.arg(text, host));
+    return address;
+}
+
+QString ListenAddress::toString() const
+{
+    const QString h = host.protocol() == QAbstractSocket::IPv6Protocol
+                          ? u"["_qs + host.toString() + u"]"_qs
+                          : host.toString();
+    return h + u":"_qs + QString::number(port);
+}
+
+namespace {
+
+// Walks one JSON object, reporting errors as "<file>: <path>: <what>".
+class Reader
+{
+public:
+    Reader(QString source, QString path, QJsonObject object)
+        : m_source(std::move(source)), m_path(std::move(path)), m_object(std::move(object))
+    {}
+
+    std::optional<Error> error;
+
+    QString where(const QString &field) const
+    {
+        return m_path.isEmpty() ? field : m_path + u"."_qs + field;
+    }
+    void fail(const QString &field, const QString &what)
+    {
+        if (!error)
+            error = makeError(ErrorCode::Invalid, u"%1: %2: %3"_qs.arg(m_source, where(field), what));
+    }
+    bool has(const QString &field) const { return m_object.contains(field); }
+    QJsonValue value(const QString &field)
+    {
+        m_seen.insert(field);
+        return m_object.value(field);
+    }
+    void integer(const QString &field, qint64 &out, qint64 min, qint64 max)
+    {
+        if (!has(field))
+            return;
+        const QJsonValue v = value(field);
+        const double d = v.toDouble(-1e300);
+        if (!v.isDouble() || d != double(qint64(d)) || d < double(min) || d > double(max))
+            return fail(field, u"must be an integer from %1 to %2"_qs.arg(min).arg(max));
+        out = qint64(d);
+    }
+    void number(const QString &field, double &out, double min, double max)
+    {
+        if (!has(field))
+            return;
+        const QJsonValue v = value(field);
+        if (!v.isDouble() || v.toDouble() < min || v.toDouble() > max)
+            return fail(field, u"must be a number from %1 to %2"_qs.arg(min).arg(max));
+        out = v.toDouble();
+    }
+    void string(const QString &field, QString &out)
+    {
+        if (!has(field))
+            return;
+        const QJsonValue v = value(field);
+        if (!v.isString())
+            return fail(field, u"must be a string"_qs);
+        out = v.toString();
+    }
+    void choice(const QString &field, QString &out, const QStringList &allowed)
+    {
+        string(field, out);
+        if (has(field) && !allowed.contains(out))
+            fail(field, u"must be one of \"%1\" (got \"%2\")"_qs.arg(allowed.join(u"\", \""_qs), out));
+    }
+    QJsonObject object(const QString &field)
+    {
+        if (!has(field))
+            return {};
+        const QJsonValue v = value(field);
+        if (!v.isObject())
+            fail(field, u"must be an object"_qs);
+        return v.toObject();
+    }
+    void finish()
+    {
+        for (auto it = m_object.begin(); it != m_object.end(); ++it)
+            if (!m_seen.contains(it.key()))
+                fail(it.key(), u"unknown field"_qs);
+    }
+    const QString &source() const { return m_source; }
+
+private:
+    QString m_source;
+    QString m_path;
+    QJsonObject m_object;
+    QSet<QString> m_seen;
+};
+
+void readSettings(Reader &r, EndpointSettings &s)
+{
+    r.integer(u"ttl_seconds"_qs, s.ttlSeconds, 1, 10LL * 365 * 24 * 3600);
+    r.integer(u"lease_seconds"_qs, s.leaseSeconds, 1, 24 * 3600);
+    r.integer(u"forward_timeout_seconds"_qs, s.forwardTimeoutSeconds, 1, 3600);
+    r.integer(u"max_body_bytes"_qs, s.maxBodyBytes, 1, 1LL << 30);
+    qint64 inProgress = s.inProgressStatus;
+    r.integer(u"in_progress_status"_qs, inProgress, 200, 599);
+    if (inProgress != 409 && inProgress != 202 && inProgress != 429 && inProgress != 503)
+        r.fail(u"in_progress_status"_qs, u"must be 409, 202, 429 or 503"_qs);
+    s.inProgressStatus = int(inProgress);
+    r.integer(u"signature_tolerance_seconds"_qs, s.signatureToleranceSeconds, 0, 7 * 24 * 3600);
+    QString text;
+    r.choice(u"on_failed"_qs, text, {u"reprocess"_qs, u"reject"_qs});
+    if (!text.isEmpty())
+        s.onFailed = text == u"reject"_qs ? OnFailed::Reject : OnFailed::Reprocess;
+    text.clear();
+    r.choice(u"on_mismatch"_qs, text, {u"reject"_qs, u"ignore"_qs});
+    if (!text.isEmpty())
+        s.onMismatch = text == u"ignore"_qs ? OnMismatch::Ignore : OnMismatch::Reject;
+    text.clear();
+    r.choice(u"on_missing_key"_qs, text, {u"reject"_qs, u"passthrough"_qs});
+    if (!text.isEmpty())
+        s.passthroughMissingKey = text == u"passthrough"_qs;
+}
+
+bool validPointer(const QString &pointer)
+{
+    return pointer.isEmpty() || pointer.startsWith(u'/');
+}
+
+void readKeySpec(Reader &parent, const QJsonObject &object, const QString &path, KeySpec &key)
+{
+    Reader r(parent.source(), path, object);
+    QString header;
+    r.string(u"header"_qs, header);
+    if (r.has(u"header"_qs) && !QRegularExpression(u"^[A-Za-z0-9!#$%&'*+.^_`|~-]+$"_qs).match(header).hasMatch())
+        r.fail(u"header"_qs, u"is not a valid header name"_qs);
+    key.header = header.toLatin1();
+    r.string(u"json_pointer"_qs, key.jsonPointer);
+    if (!validPointer(key.jsonPointer))
+        r.fail(u"json_pointer"_qs, u"must start with '/' (RFC 6901)"_qs);
+    if (r.has(u"composite"_qs)) {
+        const QJsonValue v = r.value(u"composite"_qs);
+        if (!v.isArray() || v.toArray().isEmpty())
+            r.fail(u"composite"_qs, u"must be a non-empty array of JSON pointers"_qs);
+        for (const auto &item : v.toArray()) {
+            if (!item.isString() || !item.toString().startsWith(u'/'))
+                r.fail(u"composite"_qs, u"every element must be a JSON pointer starting with '/'"_qs);
+            key.composite.append(item.toString());
+        }
+    }
+    r.finish();
+    if (r.error)
+        parent.error = parent.error ? parent.error : r.error;
+}
+
+} // namespace
+
+Result<Config> Config::load(const QString &path)
+{
+    QFile file(path);
+    if (!file.open(QIODevice::ReadOnly))
+        return makeError(ErrorCode::Invalid,
+                         u"%1: cannot read the config file: %2"_qs.arg(path, file.errorString()));
+    return parse(file.readAll(), path);
+}
+
+Result<Config> Config::parse(const QByteArray &json, const QString &sourceName)
+{
+    QJsonParseError parseError;
+    const QJsonDocument doc = QJsonDocument::fromJson(json, &parseError);
+    if (parseError.error != QJsonParseError::NoError)
+        return makeError(ErrorCode::Invalid, u"%1: not valid JSON at offset %2: %3"_qs.arg(
+                                                 sourceName, QString::number(parseError.offset),
+                                                 parseError.errorString()));
+    if (!doc.isObject())
+        return makeError(ErrorCode::Invalid, u"%1: the config must be a JSON object"_qs.arg(sourceName));
+
+    Config config;
+    config.sourceFile = sourceName;
+    Reader root(sourceName, QString(), doc.object());
+    QString listen;
+    root.string(u"listen"_qs, listen);
+    if (!listen.isEmpty()) {
+        auto address = ListenAddress::parse(listen);
+        if (address)
+            config.listen = *address;
+        else
+            root.fail(u"listen"_qs, address.error().message);
+    }
+    root.string(u"store"_qs, config.store);
+    {
+        Reader defaults(sourceName, u"defaults"_qs, root.object(u"defaults"_qs));
+        readSettings(defaults, config.defaults);
+        defaults.finish();
+        if (defaults.error && !root.error)
+            root.error = defaults.error;
+    }
+
+    const bool hasEndpoints = root.has(u"endpoints"_qs);
+    const QJsonValue endpoints = root.value(u"endpoints"_qs);
+    if (hasEndpoints && !endpoints.isArray())
+        root.fail(u"endpoints"_qs, u"must be an array"_qs);
+    QSet<QString> names;
+    const QJsonArray list = endpoints.toArray();
+    for (qsizetype i = 0; i < list.size(); ++i) {
+        const QString path = u"endpoints[%1]"_qs.arg(i);
+        if (!list.at(i).isObject()) {
+            root.fail(path, u"must be an object"_qs);
+            continue;
+        }
+        Reader r(sourceName, path, list.at(i).toObject());
+        EndpointConfig e;
+        e.settings = config.defaults;
+        r.string(u"name"_qs, e.name);
+        if (!r.has(u"name"_qs))
+            r.fail(u"name"_qs, u"is required"_qs);
+        else if (!QRegularExpression(u"^[A-Za-z0-9_.-]{1,64}$"_qs).match(e.name).hasMatch())
+            r.fail(u"name"_qs, u"must be 1-64 letters, digits, '_', '.' or '-'"_qs);
+        else if (names.contains(e.name))
+            r.fail(u"name"_qs, u"\"%1\" is used by another endpoint"_qs.arg(e.name));
+        names.insert(e.name);
+        e.provider = u"generic"_qs;
+        r.choice(u"provider"_qs, e.provider, builtinProviders());
+        if (r.has(u"secret"_qs)) {
+            const QJsonValue v = r.value(u"secret"_qs);
+            if (v.isString() && !v.toString().isEmpty()) {
+                e.secrets = {v.toString()};
+            } else if (v.isArray() && !v.toArray().isEmpty()) {
+                for (const auto &s : v.toArray()) {
+                    if (!s.isString() || s.toString().isEmpty())
+                        r.fail(u"secret"_qs, u"every secret must be a non-empty string"_qs);
+                    e.secrets.append(s.toString());
+                }
+            } else {
+                r.fail(u"secret"_qs, u"must be a non-empty string or an array of them (rotation)"_qs);
+            }
+        }
+        QString signatureHeader;
+        r.string(u"signature_header"_qs, signatureHeader);
+        e.signatureHeader = signatureHeader.isEmpty() ? QByteArray("X-Signature-256") : signatureHeader.toLatin1();
+        QString forward;
+        r.string(u"forward_to"_qs, forward);
+        if (!forward.isEmpty()) {
+            e.forwardTo = QUrl(forward, QUrl::StrictMode);
+            if (!e.forwardTo.isValid() || e.forwardTo.host().isEmpty()
+                || (e.forwardTo.scheme() != u"http"_qs && e.forwardTo.scheme() != u"https"_qs))
+                r.fail(u"forward_to"_qs, u"must be an http:// or https:// URL (got \"%1\")"_qs.arg(forward));
+        }
+        if (r.has(u"simulate"_qs)) {
+            if (!forward.isEmpty())
+                r.fail(u"simulate"_qs, u"cannot be combined with forward_to"_qs);
+            Reader s(sourceName, path + u".simulate"_qs, r.object(u"simulate"_qs));
+            qint64 delay = 0;
+            s.integer(u"delay_ms"_qs, delay, 0, 600'000);
+            e.simulate.delayMs = int(delay);
+            s.number(u"fail_rate"_qs, e.simulate.failRate, 0.0, 1.0);
+            s.finish();
+            if (s.error && !r.error)
+                r.error = s.error;
+        }
+        if (r.has(u"key"_qs))
+            readKeySpec(r, r.object(u"key"_qs), path + u".key"_qs, e.key);
+        readSettings(r, e.settings);
+        r.finish();
+        if (r.error && !root.error)
+            root.error = r.error;
+        config.endpoints.append(e);
+    }
+    root.finish();
+    if (root.error)
+        return *root.error;
+    if (!hasEndpoints) {
+        const EndpointSettings defaults = config.defaults;
+        config.endpoints = builtin().endpoints;
+        for (auto &e : config.endpoints)
+            e.settings = defaults;
+    }
+    return config;
+}
+
+Config Config::builtin()
+{
+    Config config;
+    for (const QString &provider : builtinProviders()) {
+        EndpointConfig e;
+        e.name = provider;
+        e.provider = provider;
+        e.signatureHeader = "X-Signature-256";
+        config.endpoints.append(e);
+    }
+    return config;
+}
+
+const EndpointConfig *Config::endpoint(QStringView name) const
+{
+    for (const auto &e : endpoints)
+        if (e.name == name)
+            return &e;
+    return nullptr;
+}
+
+} // namespace idem

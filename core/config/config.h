@@ -1,0 +1,86 @@
+#pragma once
+
+#include "engine/statemachine.h"
+#include "util/result.h"
+
+#include <QHostAddress>
+#include <QJsonObject>
+#include <QStringList>
+#include <QUrl>
+
+#include <optional>
+
+namespace idem {
+
+// Every field of "defaults" (SPEC §2); each may also be set on one endpoint.
+struct EndpointSettings
+{
+    qint64 ttlSeconds = 604800;
+    qint64 leaseSeconds = 60;
+    qint64 forwardTimeoutSeconds = 30;
+    qint64 maxBodyBytes = 1048576;
+    int inProgressStatus = 409;
+    qint64 signatureToleranceSeconds = 300;
+    OnFailed onFailed = OnFailed::Reprocess;
+    OnMismatch onMismatch = OnMismatch::Reject;
+    bool passthroughMissingKey = false; // on_missing_key: "passthrough"
+
+    ClaimPolicy claimPolicy() const
+    {
+        return {onFailed, onMismatch, leaseSeconds * 1000, ttlSeconds * 1000};
+    }
+};
+
+struct KeySpec
+{
+    QByteArray header;       // default Idempotency-Key when nothing is configured
+    QString jsonPointer;     // RFC 6901
+    QStringList composite;   // JSON pointers; the key is the SHA-256 of their values
+};
+
+struct SimulateSpec
+{
+    int delayMs = 0;
+    double failRate = 0.0;
+};
+
+struct EndpointConfig
+{
+    QString name;
+    QString provider;
+    QStringList secrets; // several during a rotation: any one may sign
+    QByteArray signatureHeader; // generic only
+    QUrl forwardTo;              // empty: the built-in processor
+    SimulateSpec simulate;
+    KeySpec key;
+    EndpointSettings settings;
+};
+
+struct ListenAddress
+{
+    QHostAddress host = QHostAddress::LocalHost;
+    quint16 port = 8787;
+    static Result<ListenAddress> parse(const QString &text);
+    QString toString() const;
+};
+
+struct Config
+{
+    QString sourceFile; // empty: built in
+    ListenAddress listen;
+    QString store; // empty: sqlite in the user's data folder
+    EndpointSettings defaults;
+    QList<EndpointConfig> endpoints;
+
+    // Errors name the file, the field and what is wrong; unknown fields are errors.
+    static Result<Config> load(const QString &path);
+    static Result<Config> parse(const QByteArray &json, const QString &sourceName);
+    // No config file: one endpoint per built-in provider at /hooks/<provider>, no secrets.
+    static Config builtin();
+
+    const EndpointConfig *endpoint(QStringView name) const;
+};
+
+QStringList builtinProviders();
+
+} // namespace idem

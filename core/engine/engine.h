@@ -1,0 +1,71 @@
+#pragma once
+
+#include "config/config.h"
+#include "http/httptypes.h"
+#include "processing/processor.h"
+#include "store/storepool.h"
+
+#include <QObject>
+#include <QTimer>
+
+#include <array>
+#include <atomic>
+#include <map>
+#include <memory>
+
+namespace idem {
+
+struct EngineCounters
+{
+    std::array<qint64, 8> byOutcome{}; // indexed by Outcome
+    qint64 processorRuns = 0;
+    qint64 inFlight = 0;
+};
+
+// The path of one delivery (SPEC §4): route, verify, key, claim, process, finish, answer, log.
+// Lives on the receiver thread; handle() never blocks: store calls go to the StorePool and
+// processors are asynchronous. Counters are readable from any thread.
+class IdempotencyEngine final : public QObject
+{
+    Q_OBJECT
+public:
+    IdempotencyEngine(Config config, std::shared_ptr<StorePool> pool, QString instance,
+                      QObject *parent = nullptr);
+    ~IdempotencyEngine() override;
+
+    void handle(HttpRequest request, Responder responder);
+    EngineCounters counters() const;
+    qint64 inFlight() const { return m_inFlight.load(); }
+    const Config &config() const { return m_config; }
+    // Sends the buffered delivery log to the store now (at shutdown).
+    void flushLog();
+
+Q_SIGNALS:
+    void delivered(const idem::DeliveryEvent &event);
+
+private:
+    struct Delivery;
+    using DeliveryPtr = std::shared_ptr<Delivery>;
+    void onClaimed(const DeliveryPtr &d, Result<ClaimResult> result);
+    void runProcessor(const DeliveryPtr &d, qint64 token, Outcome outcome);
+    void onProcessed(const DeliveryPtr &d, qint64 token, Outcome outcome, ProcessResult result);
+    void respond(const DeliveryPtr &d, HttpResponse response, Outcome outcome, qint64 token = 0,
+                 const QString &detail = {});
+    void reject(const DeliveryPtr &d, int status, const QString &title, const QString &detail);
+    void purge();
+
+    Config m_config;
+    std::shared_ptr<StorePool> m_pool;
+    QString m_instance;
+    std::map<QString, Processor *> m_processors; // children of this object
+    std::array<std::atomic<qint64>, 8> m_outcomes{};
+    std::atomic<qint64> m_processorRuns{0};
+    std::atomic<qint64> m_inFlight{0};
+    QList<DeliveryEvent> m_logBuffer;
+    QTimer m_logTimer;
+    QTimer m_purgeTimer;
+};
+
+} // namespace idem
+
+Q_DECLARE_METATYPE(idem::DeliveryEvent)

@@ -1,0 +1,104 @@
+#include "engine/keyrecord.h"
+
+#include <array>
+
+namespace idem {
+
+namespace {
+constexpr std::array kStateNames{u"processing", u"completed", u"failed", u"reset"};
+constexpr std::array kOutcomeNames{u"processed",   u"replayed",  u"in-progress", u"reprocessed",
+                                   u"recovered",   u"mismatch",  u"rejected",    u"unavailable"};
+} // namespace
+
+QString toString(KeyState state)
+{
+    return QString::fromUtf16(kStateNames[static_cast<size_t>(state)]);
+}
+
+std::optional<KeyState> keyStateFromString(QStringView text)
+{
+    for (size_t i = 0; i < kStateNames.size(); ++i)
+        if (text == QStringView(kStateNames[i]))
+            return static_cast<KeyState>(i);
+    return std::nullopt;
+}
+
+QString toString(Outcome outcome)
+{
+    return QString::fromUtf16(kOutcomeNames[static_cast<size_t>(outcome)]);
+}
+
+std::optional<Outcome> outcomeFromString(QStringView text)
+{
+    for (size_t i = 0; i < kOutcomeNames.size(); ++i)
+        if (text == QStringView(kOutcomeNames[i]))
+            return static_cast<Outcome>(i);
+    return std::nullopt;
+}
+
+QJsonArray headersToJson(const HeaderList &headers)
+{
+    QJsonArray array;
+    for (const auto &[name, value] : headers)
+        array.append(QJsonArray{QString::fromLatin1(name), QString::fromLatin1(value)});
+    return array;
+}
+
+HeaderList headersFromJson(const QJsonArray &array)
+{
+    HeaderList headers;
+    headers.reserve(array.size());
+    for (const auto &item : array) {
+        const QJsonArray pair = item.toArray();
+        headers.append({pair.at(0).toString().toLatin1(), pair.at(1).toString().toLatin1()});
+    }
+    return headers;
+}
+
+QJsonObject historyEntryToJson(const HistoryEntry &entry)
+{
+    QJsonObject object{{u"at"_qs, entry.atMs}, {u"event"_qs, entry.event}, {u"token"_qs, entry.token}};
+    if (!entry.detail.isEmpty())
+        object.insert(u"detail"_qs, entry.detail);
+    return object;
+}
+
+QJsonArray historyToJson(const QList<HistoryEntry> &history)
+{
+    QJsonArray array;
+    for (const auto &entry : history)
+        array.append(historyEntryToJson(entry));
+    return array;
+}
+
+QList<HistoryEntry> historyFromJson(const QJsonArray &array)
+{
+    QList<HistoryEntry> history;
+    for (const auto &item : array) {
+        const QJsonObject o = item.toObject();
+        history.append({o.value(u"at").toInteger(), o.value(u"event").toString(),
+                        o.value(u"token").toInteger(), o.value(u"detail").toString()});
+    }
+    return history;
+}
+
+QByteArray headerValue(const HeaderList &headers, QByteArrayView name)
+{
+    for (const auto &[n, v] : headers)
+        if (n.compare(name, Qt::CaseInsensitive) == 0)
+            return v;
+    return {};
+}
+
+QJsonObject deliveryToJson(const DeliveryEvent &event)
+{
+    QJsonObject object{{u"at"_qs, event.atMs},         {u"endpoint"_qs, event.endpoint},
+                       {u"key"_qs, event.key},         {u"outcome"_qs, toString(event.outcome)},
+                       {u"status"_qs, event.status},   {u"latency_us"_qs, event.latencyUs},
+                       {u"token"_qs, event.token},     {u"instance"_qs, event.instance}};
+    if (!event.detail.isEmpty())
+        object.insert(u"detail"_qs, event.detail);
+    return object;
+}
+
+} // namespace idem

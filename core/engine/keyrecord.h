@@ -1,0 +1,105 @@
+#pragma once
+
+#include <QByteArray>
+#include <QJsonArray>
+#include <QJsonObject>
+#include <QList>
+#include <QPair>
+#include <QString>
+
+#include <optional>
+
+namespace idem {
+
+using HeaderList = QList<QPair<QByteArray, QByteArray>>;
+
+// The lifecycle of one idempotency key (SPEC §4). Reset is the operator's "process it again":
+// the next delivery claims it whatever the endpoint's on_failed policy says.
+enum class KeyState { Processing, Completed, Failed, Reset };
+
+// What one delivery got (the Idempotency-Outcome header).
+enum class Outcome {
+    Processed,
+    Replayed,
+    InProgress,
+    Reprocessed,
+    Recovered,
+    Mismatch,
+    Rejected,
+    Unavailable,
+};
+
+QString toString(KeyState state);
+std::optional<KeyState> keyStateFromString(QStringView text);
+QString toString(Outcome outcome);
+std::optional<Outcome> outcomeFromString(QStringView text);
+
+struct StoredRequest
+{
+    QByteArray method;
+    QByteArray path;
+    HeaderList headers;
+    QByteArray body;
+};
+
+struct StoredResult
+{
+    int status = 0;
+    HeaderList headers;
+    QByteArray body;
+};
+
+struct HistoryEntry
+{
+    qint64 atMs = 0;
+    QString event; // claimed, recovered, reprocessed, completed, failed, reset, ...
+    qint64 token = 0;
+    QString detail;
+};
+
+struct KeyRecord
+{
+    QString key; // namespaced: "<endpoint>:<key>"
+    QString endpoint;
+    QString provider;
+    KeyState state = KeyState::Processing;
+    QByteArray fingerprint; // hex SHA-256 of the body
+    qint64 token = 0;       // fencing token, grows with every claim of this key
+    int attempts = 0;       // deliveries seen
+    qint64 createdMs = 0;
+    qint64 updatedMs = 0;
+    qint64 leaseUntilMs = 0;
+    qint64 expiresAtMs = 0;
+    StoredRequest request;
+    StoredResult result;
+    QString error;
+    QList<HistoryEntry> history;
+
+    bool expiredAt(qint64 nowMs) const { return expiresAtMs <= nowMs; }
+};
+
+// JSON forms shared by every backend and by the CLI; bodies are base64 so any bytes survive.
+QJsonArray headersToJson(const HeaderList &headers);
+HeaderList headersFromJson(const QJsonArray &array);
+QJsonObject historyEntryToJson(const HistoryEntry &entry);
+QJsonArray historyToJson(const QList<HistoryEntry> &history);
+QList<HistoryEntry> historyFromJson(const QJsonArray &array);
+QByteArray headerValue(const HeaderList &headers, QByteArrayView name);
+
+// One arrival at the receiver, as the delivery log keeps it.
+struct DeliveryEvent
+{
+    qint64 atMs = 0;
+    QString endpoint;
+    QString key; // empty when the delivery was rejected before a key was known
+    Outcome outcome = Outcome::Processed;
+    int status = 0;
+    qint64 latencyUs = 0;
+    qint64 token = 0; // the claim's token for processed / reprocessed / recovered
+    QString instance;
+    QString detail;
+};
+
+QJsonObject deliveryToJson(const DeliveryEvent &event);
+
+} // namespace idem

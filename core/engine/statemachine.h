@@ -1,0 +1,60 @@
+#pragma once
+
+#include "engine/keyrecord.h"
+
+namespace idem {
+
+enum class OnFailed { Reprocess, Reject };
+enum class OnMismatch { Reject, Ignore };
+
+struct ClaimPolicy
+{
+    OnFailed onFailed = OnFailed::Reprocess;
+    OnMismatch onMismatch = OnMismatch::Reject;
+    qint64 leaseMs = 60'000;
+    qint64 ttlMs = 7LL * 24 * 3600 * 1000;
+};
+
+// What an arriving delivery does to its key. Pure: every backend asks this same function (or,
+// for Redis, a Lua script checked against it by the contract suite) inside its atomic step.
+enum class ClaimAction {
+    Create,     // no live record: create it in `processing` with token 1 (or old token + 1)
+    Reclaim,    // take over an existing record: new token, new lease, back to `processing`
+    Replay,     // answer with the stored result
+    InProgress, // somebody holds a live lease: come back later
+    Mismatch,   // same key, other payload: refuse, leave the record alone
+};
+
+struct ClaimDecision
+{
+    ClaimAction action = ClaimAction::Create;
+    Outcome outcome = Outcome::Processed;
+    friend bool operator==(const ClaimDecision &, const ClaimDecision &) = default;
+};
+
+ClaimDecision decideClaim(const KeyRecord *existing, QByteArrayView fingerprint, qint64 nowMs,
+                          const ClaimPolicy &policy);
+
+// A worker reporting its processing result. Only the holder of the current token may finish.
+enum class FinishVerdict {
+    Accept,
+    StaleToken,    // the lease was taken over: the newer claim's result wins
+    NotProcessing, // the key is not being processed (already finished, reset, ...)
+    Missing,       // no live record
+};
+
+FinishVerdict decideFinish(const KeyRecord *existing, qint64 token, qint64 nowMs);
+
+// Operator actions (dashboard, CLI).
+enum class OperatorAction { Reset, ForceFail, Delete };
+enum class OperatorVerdict { Accept, WrongState, Missing };
+
+// Reset accepts failed keys (and, with force, completed ones or stuck processing ones);
+// ForceFail accepts processing keys; Delete accepts any live key.
+OperatorVerdict decideOperator(const KeyRecord *existing, OperatorAction action, bool force,
+                               qint64 nowMs);
+
+QString toString(ClaimAction action);
+QString toString(FinishVerdict verdict);
+
+} // namespace idem

@@ -1,0 +1,420 @@
+#include "http/httpserver.h"
+
+#include <QDateTime>
+#include "util/clock.h"
+
+#include <QJsonDocument>
+#include <QTcpSocket>
+#include <QUrl>
+
+namespace idem {
+
+namespace {
+
+// The Date header, formatted at most once a second per thread.
+QByteArray httpDate()
+{
+    thread_local qint64 cachedSecond = -1;
+    thread_local QByteArray cached;
+    const qint64 now = QDateTime::currentSecsSinceEpoch();
+    if (now != cachedSecond) {
+        cachedSecond = now;
+        cached = QLocale::c()
+                     .toString(QDateTime::fromSecsSinceEpoch(now, Qt::UTC),
+                               u"ddd, dd MMM yyyy hh:mm:ss 'GMT'"_qs)
+                     .toLatin1();
+    }
+    return cached;
+}
+
+} // namespace
+
+bool HttpRequest::hasHeader(QByteArrayView name) const
+{
+    for (const auto &h : headers)
+        if (h.first.compare(name, Qt::CaseInsensitive) == 0)
+            return true;
+    return false;
+}
+
+HttpResponse &HttpResponse::setHeader(const QByteArray &name, const QByteArray &value)
+{
+    for (auto &h : headers) {
+        if (h.first.compare(name, Qt::CaseInsensitive) == 0) {
+            h.second = value;
+            return *this;
+        }
+    }
+    headers.append({name, value});
+    return *this;
+}
+
+HttpResponse HttpResponse::problem(int status, const QString &title, const QString &detail,
+                                   const QJsonObject &extra)
+{
+    QJsonObject body = extra;
+    body.insert(u"type"_qs, u"about:blank"_qs);
+    body.insert(u"title"_qs, title);
+    body.insert(u"status"_qs, status);
+    body.insert(u"detail"_qs, detail);
+    HttpResponse r;
+    r.status = status;
+    r.setHeader("Content-Type", "application/problem+json");
+    r.body = QJsonDocument(body).toJson(QJsonDocument::Compact);
+    return r;
+}
+
+HttpResponse HttpResponse::json(int status, const QJsonObject &body)
+{
+    HttpResponse r;
+    r.status = status;
+    r.setHeader("Content-Type", "application/json");
+    r.body = QJsonDocument(body).toJson(QJsonDocument::Compact);
+    return r;
+}
+
+QByteArray reasonPhrase(int status)
+{
+    switch (status) {
+    case 100: return "Continue";
+    case 200: return "OK";
+    case 201: return "Created";
+    case 202: return "Accepted";
+    case 204: return "No Content";
+    case 400: return "Bad Request";
+    case 401: return "Unauthorized";
+    case 403: return "Forbidden";
+    case 404: return "Not Found";
+    case 405: return "Method Not Allowed";
+    case 408: return "Request Timeout";
+    case 409: return "Conflict";
+    case 413: return "Content Too Large";
+    case 415: return "Unsupported Media Type";
+    case 417: return "Expectation Failed";
+    case 422: return "Unprocessable Content";
+    case 429: return "Too Many Requests";
+    case 431: return "Request Header Fields Too Large";
+    case 500: return "Internal Server Error";
+    case 501: return "Not Implemented";
+    case 502: return "Bad Gateway";
+    case 503: return "Service Unavailable";
+    case 504: return "Gateway Timeout";
+    default: return status < 300 ? "OK" : status < 500 ? "Client Error" : "Server Error";
+    }
+}
+
+Responder::Responder(HttpConnection *connection, quint64 sequence)
+    : m_connection(connection), m_sequence(sequence)
+{}
+
+void Responder::send(const HttpResponse &response) const
+{
+    if (m_connection)
+        m_connection->answer(m_sequence, response);
+}
+
+bool Responder::connected() const
+{
+    return !m_connection.isNull();
+}
+
+// ---------------------------------------------------------------------------------------------
+
+HttpServer::HttpServer(HttpLimits limits, HttpHandler handler, QObject *parent)
+    : QObject(parent), m_server(this), m_limits(std::move(limits)), m_handler(std::move(handler))
+{
+    m_server.setMaxPendingConnections(1024);
+    connect(&m_server, &QTcpServer::newConnection, this, &HttpServer::acceptPending);
+}
+
+HttpServer::~HttpServer() = default;
+
+bool HttpServer::listen(const QHostAddress &address, quint16 port)
+{
+    return m_server.listen(address, port);
+}
+
+void HttpServer::acceptPending()
+{
+    while (QTcpSocket *socket = m_server.nextPendingConnection()) {
+        if (m_connections >= m_limits.maxConnections) {
+            const HttpResponse busy = HttpResponse::problem(
+                503, u"Too many connections"_qs,
+                u"the receiver has reached its connection limit (%1)"_qs.arg(m_limits.maxConnections));
+            QByteArray out = "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/problem+json\r\n"
+                             "Retry-After: 1\r\nConnection: close\r\nContent-Length: "
+                             + QByteArray::number(busy.body.size()) + "\r\n\r\n" + busy.body;
+            socket->write(out);
+            socket->disconnectFromHost();
+            connect(socket, &QTcpSocket::disconnected, socket, &QObject::deleteLater);
+            continue;
+        }
+        new HttpConnection(socket, this);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+
+const llhttp_settings_t &HttpConnection::settings()
+{
+    static const llhttp_settings_t s = [] {
+        llhttp_settings_t s;
+        llhttp_settings_init(&s);
+        s.on_message_begin = &HttpConnection::onMessageBegin;
+        s.on_url = &HttpConnection::onUrl;
+        s.on_header_field = &HttpConnection::onHeaderField;
+        s.on_header_value = &HttpConnection::onHeaderValue;
+        s.on_headers_complete = &HttpConnection::onHeadersComplete;
+        s.on_body = &HttpConnection::onBody;
+        s.on_message_complete = &HttpConnection::onMessageComplete;
+        return s;
+    }();
+    return s;
+}
+
+HttpConnection::HttpConnection(QTcpSocket *socket, HttpServer *server)
+    : QObject(server), m_socket(socket), m_server(server)
+{
+    ++m_server->m_connections;
+    socket->setParent(this);
+    // Bounded read buffer: while a request is being answered we stop reading, and the kernel's
+    // window pushes back on a client that keeps sending.
+    socket->setReadBufferSize(256 * 1024);
+    llhttp_init(&m_parser, HTTP_REQUEST, &settings());
+    m_parser.data = this;
+    m_timer.setSingleShot(true);
+    connect(&m_timer, &QTimer::timeout, this, &HttpConnection::onTimeout);
+    connect(socket, &QTcpSocket::readyRead, this, &HttpConnection::processInput);
+    connect(socket, &QTcpSocket::disconnected, this, &QObject::deleteLater);
+    connect(socket, &QTcpSocket::errorOccurred, this, [this](QAbstractSocket::SocketError error) {
+        if (error != QAbstractSocket::RemoteHostClosedError)
+            close();
+    });
+    m_timer.start(m_server->m_limits.idleTimeoutMs);
+    if (socket->bytesAvailable() > 0)
+        QMetaObject::invokeMethod(this, &HttpConnection::processInput, Qt::QueuedConnection);
+}
+
+HttpConnection::~HttpConnection()
+{
+    --m_server->m_connections;
+}
+
+void HttpConnection::processInput()
+{
+    if (m_phase == Phase::Waiting || m_phase == Phase::Closing)
+        return; // resumed once the current answer is written
+    QByteArray data = m_pending;
+    m_pending.clear();
+    data += m_socket->readAll();
+    if (data.isEmpty())
+        return;
+    const llhttp_errno_t err = llhttp_execute(&m_parser, data.constData(), size_t(data.size()));
+    if (err == HPE_OK)
+        return;
+    if (err == HPE_PAUSED) {
+        const char *pos = llhttp_get_error_pos(&m_parser);
+        m_pending = data.mid(pos - data.constData());
+        llhttp_resume(&m_parser);
+        dispatch();
+        return;
+    }
+    if (m_earlyStatus == 413)
+        fail(413, u"the body is larger than this endpoint accepts (%1 bytes)"_qs.arg(m_maxBody));
+    else if (m_earlyStatus == 431)
+        fail(431, u"the request's headers are too large or too many"_qs);
+    else if (m_earlyStatus == 417)
+        fail(417, u"only 'Expect: 100-continue' is supported"_qs);
+    else
+        fail(400, u"malformed HTTP request: %1"_qs.arg(QString::fromLatin1(llhttp_get_error_reason(&m_parser))));
+}
+
+int HttpConnection::onMessageBegin(llhttp_t *p)
+{
+    auto *c = static_cast<HttpConnection *>(p->data);
+    c->m_request = HttpRequest{};
+    c->m_request.peer = c->m_socket->peerAddress();
+    c->m_request.receivedAtUs = monotonicUs();
+    c->m_field.clear();
+    c->m_value.clear();
+    c->m_inValue = false;
+    c->m_headerBytes = 0;
+    c->m_messageDone = false;
+    c->m_phase = Phase::Reading;
+    c->m_timer.start(c->m_server->m_limits.requestTimeoutMs);
+    return 0;
+}
+
+bool HttpConnection::countHeaderBytes(size_t len)
+{
+    m_headerBytes += qint64(len);
+    if (m_headerBytes > m_server->m_limits.maxHeaderBytes) {
+        m_earlyStatus = 431;
+        return false;
+    }
+    return true;
+}
+
+int HttpConnection::onUrl(llhttp_t *p, const char *at, size_t len)
+{
+    auto *c = static_cast<HttpConnection *>(p->data);
+    if (!c->countHeaderBytes(len))
+        return -1;
+    c->m_request.target.append(at, qsizetype(len));
+    return 0;
+}
+
+int HttpConnection::onHeaderField(llhttp_t *p, const char *at, size_t len)
+{
+    auto *c = static_cast<HttpConnection *>(p->data);
+    if (!c->countHeaderBytes(len))
+        return -1;
+    if (c->m_inValue) {
+        c->m_request.headers.append({c->m_field, c->m_value.trimmed()});
+        c->m_field.clear();
+        c->m_value.clear();
+        c->m_inValue = false;
+        if (c->m_request.headers.size() >= c->m_server->m_limits.maxHeaders) {
+            c->m_earlyStatus = 431;
+            return -1;
+        }
+    }
+    c->m_field.append(at, qsizetype(len));
+    return 0;
+}
+
+int HttpConnection::onHeaderValue(llhttp_t *p, const char *at, size_t len)
+{
+    auto *c = static_cast<HttpConnection *>(p->data);
+    if (!c->countHeaderBytes(len))
+        return -1;
+    c->m_inValue = true;
+    c->m_value.append(at, qsizetype(len));
+    return 0;
+}
+
+int HttpConnection::onHeadersComplete(llhttp_t *p)
+{
+    auto *c = static_cast<HttpConnection *>(p->data);
+    HttpRequest &r = c->m_request;
+    if (c->m_inValue || !c->m_field.isEmpty())
+        r.headers.append({c->m_field, c->m_value.trimmed()});
+    if (r.headers.size() > c->m_server->m_limits.maxHeaders) {
+        c->m_earlyStatus = 431;
+        return -1;
+    }
+    r.method = llhttp_method_name(llhttp_method_t(p->method));
+    const qsizetype q = r.target.indexOf('?');
+    r.path = QByteArray::fromPercentEncoding(q < 0 ? r.target : r.target.left(q));
+    r.query = q < 0 ? QByteArray() : r.target.mid(q + 1);
+
+    const HttpLimits &limits = c->m_server->m_limits;
+    c->m_maxBody = limits.maxBodyFor ? limits.maxBodyFor(r.path) : limits.defaultMaxBody;
+    if ((p->flags & F_CONTENT_LENGTH) && p->content_length > quint64(c->m_maxBody)) {
+        c->m_earlyStatus = 413; // answered before a byte of the body is read
+        return -1;
+    }
+    const QByteArray expect = r.header("Expect");
+    if (!expect.isEmpty()) {
+        if (expect.compare("100-continue", Qt::CaseInsensitive) != 0) {
+            c->m_earlyStatus = 417;
+            return -1;
+        }
+        if (p->http_minor >= 1)
+            c->m_socket->write("HTTP/1.1 100 Continue\r\n\r\n");
+    }
+    return 0;
+}
+
+int HttpConnection::onBody(llhttp_t *p, const char *at, size_t len)
+{
+    auto *c = static_cast<HttpConnection *>(p->data);
+    if (c->m_request.body.size() + qint64(len) > c->m_maxBody) {
+        c->m_earlyStatus = 413; // chunked bodies are counted as they arrive
+        return -1;
+    }
+    c->m_request.body.append(at, qsizetype(len));
+    return 0;
+}
+
+int HttpConnection::onMessageComplete(llhttp_t *p)
+{
+    auto *c = static_cast<HttpConnection *>(p->data);
+    c->m_keepAlive = llhttp_should_keep_alive(p);
+    c->m_messageDone = true;
+    return HPE_PAUSED; // one request at a time: parsing resumes after its answer is written
+}
+
+void HttpConnection::dispatch()
+{
+    if (!m_messageDone)
+        return;
+    m_messageDone = false;
+    m_phase = Phase::Waiting;
+    m_timer.stop();
+    const quint64 sequence = ++m_sequence;
+    m_server->m_handler(std::move(m_request), Responder(this, sequence));
+}
+
+void HttpConnection::answer(quint64 sequence, const HttpResponse &response)
+{
+    if (sequence != m_sequence || m_phase != Phase::Waiting)
+        return; // an answer for an earlier request, or a second answer
+    writeResponse(response, !m_keepAlive);
+    if (m_phase == Phase::Closing)
+        return;
+    m_phase = Phase::Idle;
+    m_timer.start(m_server->m_limits.idleTimeoutMs);
+    // Resume with pipelined bytes already read, outside of the caller's stack.
+    QMetaObject::invokeMethod(this, &HttpConnection::processInput, Qt::QueuedConnection);
+}
+
+void HttpConnection::fail(int status, const QString &detail)
+{
+    HttpResponse r = HttpResponse::problem(status, QString::fromLatin1(reasonPhrase(status)), detail);
+    r.setHeader("Idempotency-Outcome", "rejected");
+    writeResponse(r, true);
+}
+
+void HttpConnection::writeResponse(const HttpResponse &response, bool closeAfter)
+{
+    QByteArray out;
+    out.reserve(256 + response.body.size());
+    out += "HTTP/1.1 " + QByteArray::number(response.status) + ' ' + reasonPhrase(response.status)
+           + "\r\nDate: " + httpDate() + "\r\n";
+    for (const auto &[name, value] : response.headers) {
+        if (name.compare("Content-Length", Qt::CaseInsensitive) == 0
+            || name.compare("Connection", Qt::CaseInsensitive) == 0
+            || name.compare("Transfer-Encoding", Qt::CaseInsensitive) == 0)
+            continue;
+        out += name + ": " + value + "\r\n";
+    }
+    out += "Content-Length: " + QByteArray::number(response.body.size()) + "\r\n";
+    if (closeAfter)
+        out += "Connection: close\r\n";
+    out += "\r\n";
+    out += response.body;
+    m_socket->write(out);
+    if (closeAfter)
+        close();
+}
+
+void HttpConnection::onTimeout()
+{
+    if (m_phase == Phase::Reading)
+        fail(408, u"the request did not arrive within %1 ms"_qs.arg(m_server->m_limits.requestTimeoutMs));
+    else
+        close();
+}
+
+void HttpConnection::close()
+{
+    m_phase = Phase::Closing;
+    m_timer.stop();
+    m_pending.clear();
+    m_socket->disconnectFromHost(); // flushes what was written, then emits disconnected
+    if (m_socket->state() == QAbstractSocket::UnconnectedState)
+        deleteLater();
+}
+
+} // namespace idem

@@ -1,0 +1,106 @@
+#pragma once
+
+#include "http/httptypes.h"
+
+#include <QObject>
+#include <QTcpServer>
+#include <QTimer>
+
+#include <functional>
+
+#include <llhttp.h>
+
+class QTcpSocket;
+
+namespace idem {
+
+struct HttpLimits
+{
+    qint64 maxHeaderBytes = 16 * 1024; // request line + headers; beyond: 431
+    int maxHeaders = 100;              // beyond: 431
+    // The body limit for a path (an endpoint's max_body_bytes); beyond: 413 before reading it.
+    std::function<qint64(const QByteArray &path)> maxBodyFor;
+    qint64 defaultMaxBody = 1024 * 1024;
+    int idleTimeoutMs = 60'000;    // keep-alive connection with no request: closed
+    int requestTimeoutMs = 30'000; // one request's headers and body must arrive within this: 408
+    int maxConnections = 4096;     // beyond: 503 and closed
+};
+
+using HttpHandler = std::function<void(HttpRequest request, Responder responder)>;
+
+// An HTTP/1.1 server on QTcpServer with llhttp (strict mode) as the parser. Keep-alive;
+// pipelined requests are handled one after the other (the parser pauses while a request is
+// being answered), so answers leave in order. Lives on one thread; handlers are called there
+// and may answer later through their Responder.
+class HttpServer final : public QObject
+{
+    Q_OBJECT
+public:
+    explicit HttpServer(HttpLimits limits, HttpHandler handler, QObject *parent = nullptr);
+    ~HttpServer() override;
+
+    bool listen(const QHostAddress &address, quint16 port);
+    QString errorString() const { return m_server.errorString(); }
+    quint16 port() const { return m_server.serverPort(); }
+    QHostAddress address() const { return m_server.serverAddress(); }
+    void stopAccepting() { m_server.close(); }
+    int connectionCount() const { return m_connections; }
+    const HttpLimits &limits() const { return m_limits; }
+    const HttpHandler &handler() const { return m_handler; }
+
+private:
+    void acceptPending();
+    friend class HttpConnection;
+    QTcpServer m_server;
+    HttpLimits m_limits;
+    HttpHandler m_handler;
+    int m_connections = 0;
+};
+
+class HttpConnection final : public QObject
+{
+    Q_OBJECT
+public:
+    HttpConnection(QTcpSocket *socket, HttpServer *server);
+    ~HttpConnection() override;
+
+    void answer(quint64 sequence, const HttpResponse &response);
+
+private:
+    enum class Phase { Idle, Reading, Waiting, Closing };
+    static int onMessageBegin(llhttp_t *p);
+    static int onUrl(llhttp_t *p, const char *at, size_t len);
+    static int onHeaderField(llhttp_t *p, const char *at, size_t len);
+    static int onHeaderValue(llhttp_t *p, const char *at, size_t len);
+    static int onHeadersComplete(llhttp_t *p);
+    static int onBody(llhttp_t *p, const char *at, size_t len);
+    static int onMessageComplete(llhttp_t *p);
+    static const llhttp_settings_t &settings();
+
+    void processInput();
+    void dispatch();
+    void fail(int status, const QString &detail);
+    void writeResponse(const HttpResponse &response, bool close);
+    void onTimeout();
+    void close();
+    bool countHeaderBytes(size_t len);
+
+    QTcpSocket *m_socket;
+    HttpServer *m_server;
+    llhttp_t m_parser;
+    QTimer m_timer;
+    Phase m_phase = Phase::Idle;
+    QByteArray m_pending; // bytes read but not yet parsed (pipelined requests)
+    HttpRequest m_request;
+    QByteArray m_field;
+    QByteArray m_value;
+    bool m_inValue = false;
+    qint64 m_headerBytes = 0;
+    qint64 m_maxBody = 0;
+    int m_earlyStatus = 0; // 413 / 431 / 417 decided inside a parser callback
+    bool m_keepAlive = true;
+    bool m_messageDone = false;
+    quint64 m_sequence = 0;
+};
+
+} // namespace idem

@@ -1,0 +1,164 @@
+#include "providers/provider.h"
+
+#include <QCryptographicHash>
+#include <QJsonArray>
+#include <QJsonDocument>
+#include <QMessageAuthenticationCode>
+
+#include <openssl/crypto.h>
+
+namespace idem {
+
+bool constantTimeEquals(QByteArrayView a, QByteArrayView b)
+{
+    return a.size() == b.size() && CRYPTO_memcmp(a.data(), b.data(), size_t(a.size())) == 0;
+}
+
+Result<QString> namespacedKey(const QString &endpoint, const QString &rawKey)
+{
+    const QString trimmed = rawKey.trimmed();
+    if (trimmed.isEmpty())
+        return makeError(ErrorCode::Invalid, u"the idempotency key is empty"_qs);
+    for (const QChar c : trimmed)
+        if (c.unicode() < 0x20 || c.unicode() > 0x7e)
+            return makeError(ErrorCode::Invalid,
+                             u"the idempotency key must be printable ASCII"_qs);
+    const QString key = endpoint + u":"_qs + trimmed;
+    if (key.size() > 255)
+        return makeError(ErrorCode::Invalid,
+                         u"the idempotency key is longer than 255 bytes with its endpoint prefix"_qs);
+    return key;
+}
+
+std::optional<QJsonValue> resolvePointer(const QJsonValue &root, const QString &pointer)
+{
+    if (pointer.isEmpty())
+        return root;
+    QJsonValue current = root;
+    const QStringList tokens = pointer.mid(1).split(u'/');
+    for (QString token : tokens) {
+        token.replace(u"~1"_qs, u"/"_qs).replace(u"~0"_qs, u"~"_qs);
+        if (current.isObject()) {
+            const QJsonObject o = current.toObject();
+            if (!o.contains(token))
+                return std::nullopt;
+            current = o.value(token);
+        } else if (current.isArray()) {
+            bool ok = false;
+            const int index = token.toInt(&ok);
+            const QJsonArray a = current.toArray();
+            if (!ok || index < 0 || index >= a.size())
+                return std::nullopt;
+            current = a.at(index);
+        } else {
+            return std::nullopt;
+        }
+    }
+    return current;
+}
+
+namespace {
+
+QString scalarText(const QJsonValue &v)
+{
+    if (v.isString())
+        return v.toString();
+    if (v.isDouble()) {
+        const double d = v.toDouble();
+        return d == double(qint64(d)) ? QString::number(qint64(d)) : QString::number(d, 'g', 17);
+    }
+    if (v.isBool())
+        return v.toBool() ? u"true"_qs : u"false"_qs;
+    return {};
+}
+
+// Idempotency-Key header by default; or a configured header, JSON pointer, or the SHA-256 of
+// composite fields, tried in that order. Optional HMAC-SHA256 of the body in a header.
+class GenericProvider final : public Provider
+{
+public:
+    QString name() const override { return u"generic"_qs; }
+    qint64 retryWindowSeconds() const override { return 0; }
+
+    Result<void> verify(const HttpRequest &request, const EndpointConfig &endpoint,
+                        qint64) const override
+    {
+        if (endpoint.secrets.isEmpty())
+            return {};
+        QByteArray given = request.header(endpoint.signatureHeader);
+        if (given.isEmpty())
+            return makeError(ErrorCode::Invalid, u"missing signature header %1"_qs.arg(
+                                                     QString::fromLatin1(endpoint.signatureHeader)));
+        if (given.startsWith("sha256="))
+            given = given.mid(7);
+        const QByteArray givenRaw = QByteArray::fromHex(given);
+        for (const QString &secret : endpoint.secrets) {
+            const QByteArray expected = QMessageAuthenticationCode::hash(
+                request.body, secret.toUtf8(), QCryptographicHash::Sha256);
+            if (constantTimeEquals(expected, givenRaw))
+                return {};
+        }
+        return makeError(ErrorCode::Invalid,
+                         u"the %1 signature does not match the body (HMAC-SHA256, hex)"_qs.arg(
+                             QString::fromLatin1(endpoint.signatureHeader)));
+    }
+
+    KeyExtraction extractKey(const HttpRequest &request, const EndpointConfig &e) const override
+    {
+        const KeySpec &spec = e.key;
+        const bool configured = !spec.header.isEmpty() || !spec.jsonPointer.isEmpty()
+                                || !spec.composite.isEmpty();
+        const QByteArray header = configured ? spec.header : QByteArray("Idempotency-Key");
+        QStringList tried;
+        if (!header.isEmpty()) {
+            const QByteArray value = request.header(header);
+            if (!value.isEmpty())
+                return {KeyExtraction::Kind::Found, QString::fromLatin1(value), {}};
+            tried << u"the %1 header"_qs.arg(QString::fromLatin1(header));
+        }
+        if (!spec.jsonPointer.isEmpty() || !spec.composite.isEmpty()) {
+            QJsonParseError error;
+            const QJsonDocument doc = QJsonDocument::fromJson(request.body, &error);
+            if (error.error != QJsonParseError::NoError)
+                return {KeyExtraction::Kind::Invalid, {},
+                        u"the body is not JSON (%1), so the key cannot be read from it"_qs.arg(error.errorString())};
+            const QJsonValue root = doc.isArray() ? QJsonValue(doc.array()) : QJsonValue(doc.object());
+            if (!spec.jsonPointer.isEmpty()) {
+                const auto v = resolvePointer(root, spec.jsonPointer);
+                const QString text = v ? scalarText(*v) : QString();
+                if (!text.isEmpty())
+                    return {KeyExtraction::Kind::Found, text, {}};
+                tried << u"the JSON pointer %1"_qs.arg(spec.jsonPointer);
+            }
+            if (!spec.composite.isEmpty()) {
+                QByteArray joined;
+                bool any = false;
+                for (const QString &pointer : spec.composite) {
+                    const auto v = resolvePointer(root, pointer);
+                    any = any || v.has_value();
+                    joined += v ? QJsonDocument(QJsonArray{*v}).toJson(QJsonDocument::Compact)
+                                : QByteArray("[]");
+                    joined += '\n';
+                }
+                if (any)
+                    return {KeyExtraction::Kind::Found,
+                            QString::fromLatin1(QCryptographicHash::hash(joined, QCryptographicHash::Sha256).toHex()),
+                            {}};
+                tried << u"the composite fields %1"_qs.arg(spec.composite.join(u", "_qs));
+            }
+        }
+        return {KeyExtraction::Kind::Missing, {}, u"no idempotency key: looked for %1"_qs.arg(tried.join(u", then "_qs))};
+    }
+};
+
+} // namespace
+
+const Provider *providerFor(QStringView name)
+{
+    static const GenericProvider generic;
+    if (name == u"generic")
+        return &generic;
+    return nullptr;
+}
+
+} // namespace idem

@@ -1,0 +1,48 @@
+#pragma once
+
+#include "config/config.h"
+#include "http/httptypes.h"
+#include "util/result.h"
+
+#include <QString>
+
+namespace idem {
+
+// Where a key came from when the provider found one.
+struct KeyExtraction
+{
+    enum class Kind { Found, Missing, Invalid };
+    Kind kind = Kind::Missing;
+    QString key;    // raw, before namespacing by endpoint
+    QString detail; // for Missing / Invalid: what was looked for
+};
+
+// One sender's conventions: how it signs and where it puts the event id. Stateless and
+// thread-safe; one instance per provider for the whole process.
+class Provider
+{
+public:
+    virtual ~Provider() = default;
+    virtual QString name() const = 0;
+    // Unauthenticated (401) when the error is set; its message says which check failed and
+    // never contains the expected signature.
+    virtual Result<void> verify(const HttpRequest &request, const EndpointConfig &endpoint,
+                                qint64 nowSeconds) const = 0;
+    virtual KeyExtraction extractKey(const HttpRequest &request,
+                                     const EndpointConfig &endpoint) const = 0;
+    // How long the sender keeps retrying: a TTL shorter than this lets a late retry through.
+    virtual qint64 retryWindowSeconds() const = 0;
+};
+
+const Provider *providerFor(QStringView name);
+
+// "<endpoint>:<key>", at most 255 bytes of printable ASCII (SPEC §3); anything else is a 400.
+Result<QString> namespacedKey(const QString &endpoint, const QString &rawKey);
+
+// RFC 6901 JSON pointer into a parsed document; nullopt when a step is missing.
+std::optional<QJsonValue> resolvePointer(const QJsonValue &root, const QString &pointer);
+
+// Equal-length, constant-time comparison (OpenSSL's CRYPTO_memcmp).
+bool constantTimeEquals(QByteArrayView a, QByteArrayView b);
+
+} // namespace idem

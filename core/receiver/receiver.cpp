@@ -1,0 +1,79 @@
+#include "receiver/receiver.h"
+
+#include <QCoreApplication>
+#include <QHostInfo>
+
+namespace idem {
+
+HttpLimits limitsFor(const Config &config, HttpLimits base)
+{
+    QHash<QByteArray, qint64> perPath;
+    for (const auto &e : config.endpoints)
+        perPath.insert("/hooks/" + e.name.toUtf8(), e.settings.maxBodyBytes);
+    const qint64 fallback = config.defaults.maxBodyBytes;
+    base.defaultMaxBody = fallback;
+    base.maxBodyFor = [perPath, fallback](const QByteArray &path) {
+        return perPath.value(path, fallback);
+    };
+    return base;
+}
+
+Receiver::Receiver(Config config, std::shared_ptr<StorePool> pool, HttpLimits limits,
+                   QObject *parent)
+    : QObject(parent), m_pool(std::move(pool))
+{
+    m_thread.setObjectName(u"receiver"_qs);
+    const QString instance = QHostInfo::localHostName() + u"/"_qs
+                             + QString::number(QCoreApplication::applicationPid());
+    limits = limitsFor(config, std::move(limits));
+    m_engine = new IdempotencyEngine(std::move(config), m_pool, instance);
+    IdempotencyEngine *engine = m_engine;
+    m_server = new HttpServer(std::move(limits), [engine](HttpRequest request, Responder responder) {
+        engine->handle(std::move(request), std::move(responder));
+    });
+    m_engine->moveToThread(&m_thread);
+    m_server->moveToThread(&m_thread);
+    m_thread.start();
+}
+
+Receiver::~Receiver()
+{
+    QMetaObject::invokeMethod(
+        m_server,
+        [this] {
+            m_engine->flushLog();
+            delete m_server;
+            delete m_engine;
+        },
+        Qt::BlockingQueuedConnection);
+    m_thread.quit();
+    m_thread.wait();
+}
+
+Result<ListenAddress> Receiver::start(const ListenAddress &address)
+{
+    QString error;
+    ListenAddress bound = address;
+    QMetaObject::invokeMethod(
+        m_server,
+        [&] {
+            if (m_server->listen(address.host, address.port))
+                bound.port = m_server->port();
+            else
+                error = m_server->errorString();
+        },
+        Qt::BlockingQueuedConnection);
+    if (!error.isEmpty())
+        return makeError(ErrorCode::Unavailable,
+                         u"cannot listen on %1: %2"_qs.arg(address.toString(), error));
+    m_address = bound;
+    return bound;
+}
+
+void Receiver::stopAccepting()
+{
+    QMetaObject::invokeMethod(m_server, [this] { m_server->stopAccepting(); },
+                              Qt::BlockingQueuedConnection);
+}
+
+} // namespace idem

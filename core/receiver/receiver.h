@@ -1,0 +1,43 @@
+#pragma once
+
+#include "config/config.h"
+#include "engine/engine.h"
+#include "http/httpserver.h"
+
+#include <QObject>
+#include <QThread>
+
+#include <memory>
+
+namespace idem {
+
+// The embedded receiver: an HttpServer and an IdempotencyEngine on a thread of their own, so
+// neither the GUI thread nor the caller ever waits on a store or the network.
+class Receiver final : public QObject
+{
+    Q_OBJECT
+public:
+    Receiver(Config config, std::shared_ptr<StorePool> pool, HttpLimits limits = {},
+             QObject *parent = nullptr);
+    ~Receiver() override; // stops the thread; in-flight answers are dropped
+
+    // Starts listening; returns the bound address (port 0 picks a free one).
+    Result<ListenAddress> start(const ListenAddress &address);
+    void stopAccepting();
+    // The engine lives on the receiver thread: connect to its signals with a context object.
+    IdempotencyEngine *engine() const { return m_engine; }
+    const std::shared_ptr<StorePool> &pool() const { return m_pool; }
+    ListenAddress address() const { return m_address; }
+
+private:
+    std::shared_ptr<StorePool> m_pool;
+    QThread m_thread;
+    IdempotencyEngine *m_engine = nullptr;
+    HttpServer *m_server = nullptr;
+    ListenAddress m_address;
+};
+
+// Body limit per path, from the endpoints' max_body_bytes.
+HttpLimits limitsFor(const Config &config, HttpLimits base = {});
+
+} // namespace idem

@@ -1,0 +1,537 @@
+#include "store/sqlitestore.h"
+
+#include <QDir>
+#include <QFile>
+#include <QFileInfo>
+#include <QHash>
+#include <QJsonDocument>
+
+#include <sqlite3.h>
+
+namespace idem {
+
+namespace {
+
+constexpr int kHistoryCap = 64; // the first entry and the newest ones are kept
+
+const char *const kSelectKey =
+    "SELECT key, endpoint, provider, state, fingerprint, token, attempts, created_ms, updated_ms,"
+    " lease_until_ms, expires_at_ms, req_method, req_path, req_headers, req_body, res_status,"
+    " res_headers, res_body, error, history FROM idem_keys";
+
+QByteArray jsonText(const QJsonArray &array)
+{
+    return QJsonDocument(array).toJson(QJsonDocument::Compact);
+}
+
+QJsonArray jsonArray(const QByteArray &text)
+{
+    return QJsonDocument::fromJson(text).array();
+}
+
+void appendHistory(QList<HistoryEntry> &history, HistoryEntry entry)
+{
+    history.append(std::move(entry));
+    if (history.size() > kHistoryCap)
+        history.remove(1, history.size() - kHistoryCap);
+}
+
+QString claimEvent(const ClaimDecision &decision)
+{
+    switch (decision.outcome) {
+    case Outcome::Recovered: return u"recovered"_qs;
+    case Outcome::Reprocessed: return u"reprocessed"_qs;
+    default: return u"claimed"_qs;
+    }
+}
+
+} // namespace
+
+// A cached prepared statement, reset and unbound when it goes out of scope.
+class SqliteStore::Statement
+{
+public:
+    explicit Statement(sqlite3_stmt *stmt) : m_stmt(stmt) {}
+    Statement(const Statement &) = delete;
+    ~Statement()
+    {
+        sqlite3_reset(m_stmt);
+        sqlite3_clear_bindings(m_stmt);
+    }
+    Statement &bind(int i, qint64 v)
+    {
+        sqlite3_bind_int64(m_stmt, i, v);
+        return *this;
+    }
+    Statement &bind(int i, const QString &v) { return bindText(i, v.toUtf8()); }
+    Statement &bindText(int i, const QByteArray &utf8)
+    {
+        sqlite3_bind_text(m_stmt, i, utf8.constData(), int(utf8.size()), SQLITE_TRANSIENT);
+        return *this;
+    }
+    Statement &bindBlob(int i, const QByteArray &v)
+    {
+        sqlite3_bind_blob(m_stmt, i, v.constData(), int(v.size()), SQLITE_TRANSIENT);
+        return *this;
+    }
+    int step() { return sqlite3_step(m_stmt); }
+    qint64 i64(int c) const { return sqlite3_column_int64(m_stmt, c); }
+    QByteArray bytes(int c) const
+    {
+        const void *data = sqlite3_column_blob(m_stmt, c);
+        return QByteArray(static_cast<const char *>(data), sqlite3_column_bytes(m_stmt, c));
+    }
+    QString text(int c) const { return QString::fromUtf8(bytes(c)); }
+
+private:
+    sqlite3_stmt *m_stmt;
+};
+
+struct SqliteStore::Cache
+{
+    QHash<const char *, sqlite3_stmt *> statements;
+};
+
+SqliteStore::SqliteStore(sqlite3 *db, const SqliteOptions &options)
+    : m_db(db), m_options(options), m_cache(std::make_unique<Cache>())
+{}
+
+SqliteStore::~SqliteStore()
+{
+    for (sqlite3_stmt *stmt : std::as_const(m_cache->statements))
+        sqlite3_finalize(stmt);
+    sqlite3_close(m_db);
+}
+
+Error SqliteStore::lastError(const char *what) const
+{
+    return makeError(ErrorCode::Unavailable, u"SQLite %1: %2"_qs.arg(QString::fromUtf8(what),
+                                                                    QString::fromUtf8(sqlite3_errmsg(m_db))));
+}
+
+Result<std::unique_ptr<SqliteStore>> SqliteStore::open(const QString &path,
+                                                        const SqliteOptions &options)
+{
+    const QFileInfo info(path);
+    if (!QDir().mkpath(info.absolutePath()))
+        return makeError(ErrorCode::Unavailable,
+                         u"cannot create the folder of the store %1"_qs.arg(path));
+    sqlite3 *db = nullptr;
+    const int rc = sqlite3_open_v2(QFile::encodeName(path).constData(), &db,
+                                   SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX,
+                                   nullptr);
+    if (rc != SQLITE_OK) {
+        const QString message = db ? QString::fromUtf8(sqlite3_errmsg(db)) : u"out of memory"_qs;
+        sqlite3_close(db);
+        return makeError(ErrorCode::Unavailable,
+                         u"cannot open SQLite store %1: %2"_qs.arg(path, message));
+    }
+    sqlite3_busy_timeout(db, options.busyTimeoutMs);
+    std::unique_ptr<SqliteStore> store(new SqliteStore(db, options));
+    for (const char *pragma : {"PRAGMA journal_mode=WAL", "PRAGMA synchronous=NORMAL"}) {
+        if (auto r = store->exec(pragma); !r)
+            return r.error();
+    }
+
+    // Schema: versioned by PRAGMA user_version, applied in one transaction.
+    QFile schema(u":/sql/sqlite/001_init.sql"_qs);
+    if (!schema.open(QIODevice::ReadOnly))
+        return makeError(ErrorCode::Internal, u"the SQLite schema resource is missing"_qs);
+    const QByteArray sql = schema.readAll();
+    if (auto r = store->exec("BEGIN IMMEDIATE"); !r)
+        return r.error();
+    sqlite3_stmt *version = nullptr;
+    sqlite3_prepare_v2(db, "PRAGMA user_version", -1, &version, nullptr);
+    const int userVersion = sqlite3_step(version) == SQLITE_ROW ? sqlite3_column_int(version, 0) : 0;
+    sqlite3_finalize(version);
+    if (userVersion < 1) {
+        if (auto r = store->exec(sql.constData()); !r) {
+            (void)store->exec("ROLLBACK");
+            return r.error();
+        }
+        (void)store->exec("PRAGMA user_version = 1");
+    }
+    if (auto r = store->exec("COMMIT"); !r)
+        return r.error();
+    return store;
+}
+
+Result<void> SqliteStore::exec(const char *sql)
+{
+    char *message = nullptr;
+    if (sqlite3_exec(m_db, sql, nullptr, nullptr, &message) != SQLITE_OK) {
+        const QString text = QString::fromUtf8(message ? message : sqlite3_errmsg(m_db));
+        sqlite3_free(message);
+        return makeError(ErrorCode::Unavailable, u"SQLite: %1"_qs.arg(text));
+    }
+    return {};
+}
+
+// Statements are prepared once per connection and kept (SQLITE_PREPARE_PERSISTENT).
+#define IDEM_PREPARE(var, sqlText)                                                               \
+    sqlite3_stmt *var##Raw = m_cache->statements.value(sqlText);                                 \
+    if (!var##Raw) {                                                                             \
+        if (sqlite3_prepare_v3(m_db, sqlText, -1, SQLITE_PREPARE_PERSISTENT, &var##Raw, nullptr) \
+            != SQLITE_OK)                                                                        \
+            return lastError("prepare");                                                        \
+        m_cache->statements.insert(sqlText, var##Raw);                                           \
+    }                                                                                            \
+    Statement var(var##Raw)
+
+namespace {
+// Rolls back unless committed: every early return inside a transaction leaves the file clean.
+class Transaction
+{
+public:
+    explicit Transaction(sqlite3 *db) : m_db(db) {}
+    ~Transaction()
+    {
+        if (m_open)
+            sqlite3_exec(m_db, "ROLLBACK", nullptr, nullptr, nullptr);
+    }
+    bool begin()
+    {
+        m_open = sqlite3_exec(m_db, "BEGIN IMMEDIATE", nullptr, nullptr, nullptr) == SQLITE_OK;
+        return m_open;
+    }
+    bool commit()
+    {
+        const bool ok = sqlite3_exec(m_db, "COMMIT", nullptr, nullptr, nullptr) == SQLITE_OK;
+        m_open = !ok && !sqlite3_get_autocommit(m_db);
+        return ok;
+    }
+
+private:
+    sqlite3 *m_db;
+    bool m_open = false;
+};
+} // namespace
+
+Result<std::optional<KeyRecord>> SqliteStore::readKey(const QString &key)
+{
+    static const QByteArray sql = QByteArray(kSelectKey) + " WHERE key = ?1";
+    IDEM_PREPARE(select, sql.constData());
+    select.bind(1, key);
+    const int rc = select.step();
+    if (rc == SQLITE_DONE)
+        return std::optional<KeyRecord>();
+    if (rc != SQLITE_ROW)
+        return lastError("read");
+    KeyRecord r;
+    r.key = select.text(0);
+    r.endpoint = select.text(1);
+    r.provider = select.text(2);
+    r.state = keyStateFromString(select.text(3)).value_or(KeyState::Failed);
+    r.fingerprint = select.bytes(4);
+    r.token = select.i64(5);
+    r.attempts = int(select.i64(6));
+    r.createdMs = select.i64(7);
+    r.updatedMs = select.i64(8);
+    r.leaseUntilMs = select.i64(9);
+    r.expiresAtMs = select.i64(10);
+    r.request.method = select.bytes(11);
+    r.request.path = select.bytes(12);
+    r.request.headers = headersFromJson(jsonArray(select.bytes(13)));
+    r.request.body = select.bytes(14);
+    r.result.status = int(select.i64(15));
+    r.result.headers = headersFromJson(jsonArray(select.bytes(16)));
+    r.result.body = select.bytes(17);
+    r.error = select.text(18);
+    r.history = historyFromJson(jsonArray(select.bytes(19)));
+    return std::optional<KeyRecord>(std::move(r));
+}
+
+Result<ClaimResult> SqliteStore::claim(const ClaimRequest &req)
+{
+    Transaction tx(m_db);
+    if (!tx.begin())
+        return lastError("begin claim");
+    auto existing = readKey(req.key);
+    if (!existing)
+        return existing.error();
+    const KeyRecord *current = existing->has_value() ? &existing->value() : nullptr;
+
+    ClaimResult result;
+    result.decision = decideClaim(current, req.fingerprint, req.nowMs, req.policy);
+
+    switch (result.decision.action) {
+    case ClaimAction::Create:
+    case ClaimAction::Reclaim: {
+        KeyRecord &r = result.record;
+        const bool fresh = result.decision.action == ClaimAction::Create;
+        if (!fresh)
+            r = *current; // keeps created_ms, attempts and history
+        r.key = req.key;
+        r.endpoint = req.endpoint;
+        r.provider = req.provider;
+        r.state = KeyState::Processing;
+        r.fingerprint = req.fingerprint;
+        r.token = current ? current->token + 1 : 1;
+        r.attempts = fresh ? 1 : r.attempts + 1;
+        if (fresh) {
+            r.createdMs = req.nowMs;
+            r.history.clear();
+        }
+        r.updatedMs = req.nowMs;
+        r.leaseUntilMs = req.nowMs + req.policy.leaseMs;
+        r.expiresAtMs = req.nowMs + req.policy.ttlMs;
+        r.request = req.request;
+        r.result = {};
+        r.error.clear();
+        appendHistory(r.history, {req.nowMs, claimEvent(result.decision), r.token, {}});
+
+        IDEM_PREPARE(upsert,
+                     "INSERT OR REPLACE INTO idem_keys (key, endpoint, provider, state, fingerprint,"
+                     " token, attempts, created_ms, updated_ms, lease_until_ms, expires_at_ms,"
+                     " req_method, req_path, req_headers, req_body, res_status, res_headers, res_body,"
+                     " error, history) VALUES (?1, ?2, ?3, 'processing', ?4, ?5, ?6, ?7, ?8, ?9, ?10,"
+                     " ?11, ?12, ?13, ?14, 0, '[]', NULL, '', ?15)");
+        upsert.bind(1, r.key).bind(2, r.endpoint).bind(3, r.provider).bindText(4, r.fingerprint);
+        upsert.bind(5, r.token).bind(6, qint64(r.attempts)).bind(7, r.createdMs).bind(8, r.updatedMs);
+        upsert.bind(9, r.leaseUntilMs).bind(10, r.expiresAtMs);
+        upsert.bindText(11, r.request.method).bindText(12, r.request.path);
+        upsert.bindText(13, jsonText(headersToJson(r.request.headers))).bindBlob(14, r.request.body);
+        upsert.bindText(15, jsonText(historyToJson(r.history)));
+        if (upsert.step() != SQLITE_DONE)
+            return lastError("claim");
+        break;
+    }
+    case ClaimAction::Replay:
+    case ClaimAction::InProgress: {
+        result.record = *current;
+        result.record.attempts += 1;
+        result.record.updatedMs = req.nowMs;
+        IDEM_PREPARE(touch,
+                     "UPDATE idem_keys SET attempts = attempts + 1, updated_ms = ?2 WHERE key = ?1");
+        touch.bind(1, req.key).bind(2, req.nowMs);
+        if (touch.step() != SQLITE_DONE)
+            return lastError("claim");
+        break;
+    }
+    case ClaimAction::Mismatch:
+        result.record = *current; // untouched
+        return result;            // the transaction rolls back: nothing was written
+    }
+    if (!tx.commit())
+        return lastError("commit claim");
+    return result;
+}
+
+Result<FinishVerdict> SqliteStore::finish(const FinishRequest &req)
+{
+    Transaction tx(m_db);
+    if (!tx.begin())
+        return lastError("begin finish");
+    auto existing = readKey(req.key);
+    if (!existing)
+        return existing.error();
+    const KeyRecord *current = existing->has_value() ? &existing->value() : nullptr;
+    const FinishVerdict verdict = decideFinish(current, req.token, req.nowMs);
+    if (verdict != FinishVerdict::Accept)
+        return verdict;
+
+    QList<HistoryEntry> history = current->history;
+    appendHistory(history, {req.nowMs, toString(req.state), req.token, req.error});
+    IDEM_PREPARE(update,
+                 "UPDATE idem_keys SET state = ?2, updated_ms = ?3, lease_until_ms = 0,"
+                 " res_status = ?4, res_headers = ?5, res_body = ?6, error = ?7, history = ?8"
+                 " WHERE key = ?1");
+    update.bind(1, req.key).bind(2, toString(req.state)).bind(3, req.nowMs);
+    update.bind(4, qint64(req.result.status)).bindText(5, jsonText(headersToJson(req.result.headers)));
+    update.bindBlob(6, req.result.body).bind(7, req.error).bindText(8, jsonText(historyToJson(history)));
+    if (update.step() != SQLITE_DONE)
+        return lastError("finish");
+    if (!tx.commit())
+        return lastError("commit finish");
+    return verdict;
+}
+
+Result<std::optional<KeyRecord>> SqliteStore::key(const QString &key, qint64 nowMs)
+{
+    auto r = readKey(key);
+    if (r && r->has_value() && (*r)->expiredAt(nowMs))
+        return std::optional<KeyRecord>();
+    return r;
+}
+
+Result<QList<KeyRecord>> SqliteStore::listKeys(const KeyQuery &q)
+{
+    QByteArray sql = QByteArray(kSelectKey) + " WHERE expires_at_ms > ?1";
+    if (q.state)
+        sql += " AND state = ?2";
+    if (!q.endpoint.isEmpty())
+        sql += " AND endpoint = ?3";
+    if (!q.glob.isEmpty())
+        sql += " AND key GLOB ?4";
+    sql += " ORDER BY updated_ms DESC, key LIMIT ?5 OFFSET ?6";
+    sqlite3_stmt *raw = nullptr;
+    if (sqlite3_prepare_v2(m_db, sql.constData(), -1, &raw, nullptr) != SQLITE_OK)
+        return lastError("list");
+    std::unique_ptr<sqlite3_stmt, int (*)(sqlite3_stmt *)> owner(raw, sqlite3_finalize);
+    {
+        Statement s(raw);
+        s.bind(1, q.nowMs).bind(5, qint64(q.limit)).bind(6, qint64(q.offset));
+        if (q.state)
+            s.bind(2, toString(*q.state));
+        if (!q.endpoint.isEmpty())
+            s.bind(3, q.endpoint);
+        if (!q.glob.isEmpty())
+            s.bind(4, q.glob);
+        QList<KeyRecord> keys;
+        int rc;
+        while ((rc = s.step()) == SQLITE_ROW) {
+            KeyRecord r;
+            r.key = s.text(0);
+            r.endpoint = s.text(1);
+            r.provider = s.text(2);
+            r.state = keyStateFromString(s.text(3)).value_or(KeyState::Failed);
+            r.fingerprint = s.bytes(4);
+            r.token = s.i64(5);
+            r.attempts = int(s.i64(6));
+            r.createdMs = s.i64(7);
+            r.updatedMs = s.i64(8);
+            r.leaseUntilMs = s.i64(9);
+            r.expiresAtMs = s.i64(10);
+            r.result.status = int(s.i64(15));
+            r.error = s.text(18);
+            keys.append(std::move(r));
+        }
+        if (rc != SQLITE_DONE)
+            return lastError("list");
+        return keys;
+    }
+}
+
+Result<StateCounts> SqliteStore::countKeys(const QString &endpoint, qint64 nowMs)
+{
+    IDEM_PREPARE(count, "SELECT state, count(*) FROM idem_keys WHERE expires_at_ms > ?1"
+                        " AND (?2 = '' OR endpoint = ?2) GROUP BY state");
+    count.bind(1, nowMs).bind(2, endpoint);
+    StateCounts counts;
+    int rc;
+    while ((rc = count.step()) == SQLITE_ROW) {
+        const qint64 n = count.i64(1);
+        switch (keyStateFromString(count.text(0)).value_or(KeyState::Failed)) {
+        case KeyState::Processing: counts.processing += n; break;
+        case KeyState::Completed: counts.completed += n; break;
+        case KeyState::Failed: counts.failed += n; break;
+        case KeyState::Reset: counts.reset += n; break;
+        }
+    }
+    if (rc != SQLITE_DONE)
+        return lastError("count");
+    return counts;
+}
+
+Result<OperatorVerdict> SqliteStore::applyOperator(const QString &key, OperatorAction action,
+                                                   bool force, const QString &detail, qint64 nowMs)
+{
+    Transaction tx(m_db);
+    if (!tx.begin())
+        return lastError("begin");
+    auto existing = readKey(key);
+    if (!existing)
+        return existing.error();
+    const KeyRecord *current = existing->has_value() ? &existing->value() : nullptr;
+    const OperatorVerdict verdict = decideOperator(current, action, force, nowMs);
+    if (verdict != OperatorVerdict::Accept)
+        return verdict;
+    if (action == OperatorAction::Delete) {
+        IDEM_PREPARE(del, "DELETE FROM idem_keys WHERE key = ?1");
+        del.bind(1, key);
+        if (del.step() != SQLITE_DONE)
+            return lastError("delete");
+    } else {
+        const bool reset = action == OperatorAction::Reset;
+        QList<HistoryEntry> history = current->history;
+        appendHistory(history, {nowMs, reset ? u"reset"_qs : u"force-failed"_qs, current->token, detail});
+        IDEM_PREPARE(update, "UPDATE idem_keys SET state = ?2, updated_ms = ?3, lease_until_ms = 0,"
+                             " error = CASE WHEN ?2 = 'failed' THEN ?4 ELSE error END, history = ?5"
+                             " WHERE key = ?1");
+        update.bind(1, key).bind(2, reset ? u"reset"_qs : u"failed"_qs).bind(3, nowMs);
+        update.bind(4, detail).bindText(5, jsonText(historyToJson(history)));
+        if (update.step() != SQLITE_DONE)
+            return lastError("update");
+    }
+    if (!tx.commit())
+        return lastError("commit");
+    return verdict;
+}
+
+Result<qint64> SqliteStore::purgeExpired(qint64 nowMs)
+{
+    // In slices, so a purge of a large backlog never holds the write lock for long.
+    qint64 removed = 0;
+    for (;;) {
+        IDEM_PREPARE(purge, "DELETE FROM idem_keys WHERE key IN (SELECT key FROM idem_keys"
+                            " WHERE expires_at_ms <= ?1 LIMIT 2000)");
+        purge.bind(1, nowMs);
+        if (purge.step() != SQLITE_DONE)
+            return lastError("purge");
+        const int n = sqlite3_changes(m_db);
+        removed += n;
+        if (n < 2000)
+            break;
+    }
+    IDEM_PREPARE(old, "DELETE FROM idem_deliveries WHERE at_ms <= ?1");
+    old.bind(1, nowMs - m_options.deliveryRetentionMs);
+    if (old.step() != SQLITE_DONE)
+        return lastError("purge deliveries");
+    return removed;
+}
+
+Result<void> SqliteStore::appendDeliveries(const QList<DeliveryEvent> &events)
+{
+    Transaction tx(m_db);
+    if (!tx.begin())
+        return lastError("begin log");
+    for (const DeliveryEvent &e : events) {
+        IDEM_PREPARE(insert, "INSERT INTO idem_deliveries (at_ms, endpoint, key, outcome, status,"
+                             " latency_us, token, instance, detail) VALUES (?1, ?2, ?3, ?4, ?5, ?6,"
+                             " ?7, ?8, ?9)");
+        insert.bind(1, e.atMs).bind(2, e.endpoint).bind(3, e.key).bind(4, toString(e.outcome));
+        insert.bind(5, qint64(e.status)).bind(6, e.latencyUs).bind(7, e.token).bind(8, e.instance);
+        insert.bind(9, e.detail);
+        if (insert.step() != SQLITE_DONE)
+            return lastError("log");
+    }
+    if (!tx.commit())
+        return lastError("commit log");
+    return {};
+}
+
+Result<QList<DeliveryEvent>> SqliteStore::deliveries(const DeliveryQuery &q)
+{
+    IDEM_PREPARE(select, "SELECT at_ms, endpoint, key, outcome, status, latency_us, token, instance,"
+                         " detail FROM idem_deliveries WHERE at_ms >= ?1 AND (?2 = '' OR key = ?2)"
+                         " AND (?3 = '' OR endpoint = ?3) ORDER BY at_ms DESC, id DESC LIMIT ?4");
+    select.bind(1, q.sinceMs).bind(2, q.key).bind(3, q.endpoint).bind(4, qint64(q.limit));
+    QList<DeliveryEvent> events;
+    int rc;
+    while ((rc = select.step()) == SQLITE_ROW) {
+        DeliveryEvent e;
+        e.atMs = select.i64(0);
+        e.endpoint = select.text(1);
+        e.key = select.text(2);
+        e.outcome = outcomeFromString(select.text(3)).value_or(Outcome::Rejected);
+        e.status = int(select.i64(4));
+        e.latencyUs = select.i64(5);
+        e.token = select.i64(6);
+        e.instance = select.text(7);
+        e.detail = select.text(8);
+        events.append(std::move(e));
+    }
+    if (rc != SQLITE_DONE)
+        return lastError("deliveries");
+    return events;
+}
+
+Result<void> SqliteStore::ping()
+{
+    IDEM_PREPARE(ping, "SELECT 1");
+    if (ping.step() != SQLITE_ROW)
+        return lastError("ping");
+    return {};
+}
+
+} // namespace idem

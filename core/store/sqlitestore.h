@@ -1,0 +1,53 @@
+#pragma once
+
+#include "store/idempotencystore.h"
+
+#include <memory>
+
+struct sqlite3;
+
+namespace idem {
+
+struct SqliteOptions
+{
+    int busyTimeoutMs = 5000;
+    qint64 deliveryRetentionMs = 7LL * 24 * 3600 * 1000;
+};
+
+// The embedded store: one SQLite file in WAL mode. Each transition is one BEGIN IMMEDIATE
+// transaction (read, decide, write), so several threads and processes may share the file.
+// With synchronous=NORMAL a committed transition survives a crash of the process (not a power
+// cut: WAL checkpoints make it durable on disk a little later).
+class SqliteStore final : public IdempotencyStore
+{
+public:
+    static Result<std::unique_ptr<SqliteStore>> open(const QString &path,
+                                                     const SqliteOptions &options = {});
+    ~SqliteStore() override;
+
+    Result<ClaimResult> claim(const ClaimRequest &request) override;
+    Result<FinishVerdict> finish(const FinishRequest &request) override;
+    Result<std::optional<KeyRecord>> key(const QString &key, qint64 nowMs) override;
+    Result<QList<KeyRecord>> listKeys(const KeyQuery &query) override;
+    Result<StateCounts> countKeys(const QString &endpoint, qint64 nowMs) override;
+    Result<OperatorVerdict> applyOperator(const QString &key, OperatorAction action, bool force,
+                                          const QString &detail, qint64 nowMs) override;
+    Result<qint64> purgeExpired(qint64 nowMs) override;
+    Result<void> appendDeliveries(const QList<DeliveryEvent> &events) override;
+    Result<QList<DeliveryEvent>> deliveries(const DeliveryQuery &query) override;
+    Result<void> ping() override;
+
+private:
+    SqliteStore(sqlite3 *db, const SqliteOptions &options);
+    class Statement;
+    struct Cache;
+    Result<void> exec(const char *sql);
+    Result<std::optional<KeyRecord>> readKey(const QString &key);
+    Error lastError(const char *what) const;
+
+    sqlite3 *m_db = nullptr;
+    SqliteOptions m_options;
+    std::unique_ptr<Cache> m_cache;
+};
+
+} // namespace idem

@@ -1,0 +1,48 @@
+#include "store/storefactory.h"
+
+#include "store/sqlitestore.h"
+
+namespace idem {
+
+StoreFactory storeFactory(const StoreUrl &url)
+{
+    switch (url.kind) {
+    case StoreUrl::Kind::Sqlite:
+        return [path = url.path]() -> Result<std::unique_ptr<IdempotencyStore>> {
+            auto store = SqliteStore::open(path);
+            if (!store)
+                return store.error();
+            return std::unique_ptr<IdempotencyStore>(std::move(store.value()));
+        };
+    case StoreUrl::Kind::Redis:
+    case StoreUrl::Kind::Postgres:
+        break;
+    }
+    return [display = url.display()]() -> Result<std::unique_ptr<IdempotencyStore>> {
+        return makeError(ErrorCode::Invalid, u"store %1: this backend is not built in yet"_qs.arg(display));
+    };
+}
+
+int defaultWorkers(const StoreUrl &url)
+{
+    // SQLite serialises writers: two connections keep one writing while the other waits on the
+    // lock. Network stores gain from a few requests in flight.
+    return url.kind == StoreUrl::Kind::Sqlite ? 2 : 8;
+}
+
+Result<std::shared_ptr<StorePool>> openStorePool(const QString &text, int workers)
+{
+    auto url = StoreUrl::parse(text);
+    if (!url)
+        return url.error();
+    auto factory = storeFactory(*url);
+    // Connect once up front so that a wrong URL fails at start with a clear message.
+    auto probe = factory();
+    if (!probe)
+        return probe.error();
+    if (auto ping = (*probe)->ping(); !ping)
+        return ping.error();
+    return std::make_shared<StorePool>(factory, workers > 0 ? workers : defaultWorkers(*url));
+}
+
+} // namespace idem

@@ -1,0 +1,16 @@
+#pragma once
+
+#include "store/storepool.h"
+#include "store/storeurl.h"
+
+#include <memory>
+
+namespace idem {
+
+// Connections for a store URL; one per worker thread.
+StoreFactory storeFactory(const StoreUrl &url);
+int defaultWorkers(const StoreUrl &url);
+// Parses the URL and checks that the store answers (exit 1 on the command line if not).
+Result<std::shared_ptr<StorePool>> openStorePool(const QString &url, int workers = 0);
+
+} // namespace idem

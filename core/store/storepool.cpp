@@ -1,0 +1,142 @@
+#include "store/storepool.h"
+
+#include <QDateTime>
+
+#include <future>
+
+namespace idem {
+
+namespace {
+// Sees every failed call of a worker's connection, so the worker can drop it and reconnect.
+struct StoreWatch final : IdempotencyStore
+{
+    IdempotencyStore &inner;
+    bool &failed;
+    QString &failure;
+    StoreWatch(IdempotencyStore &s, bool &f, QString &m) : inner(s), failed(f), failure(m) {}
+    template<typename R>
+    R seen(R r)
+    {
+        if (!r && (r.error().code == ErrorCode::Unavailable
+                   || r.error().code == ErrorCode::InDoubt)) {
+            failed = true;
+            failure = r.error().message;
+        }
+        return r;
+    }
+    Result<ClaimResult> claim(const ClaimRequest &q) override { return seen(inner.claim(q)); }
+    Result<FinishVerdict> finish(const FinishRequest &q) override { return seen(inner.finish(q)); }
+    Result<std::optional<KeyRecord>> key(const QString &k, qint64 n) override { return seen(inner.key(k, n)); }
+    Result<QList<KeyRecord>> listKeys(const KeyQuery &q) override { return seen(inner.listKeys(q)); }
+    Result<StateCounts> countKeys(const QString &e, qint64 n) override { return seen(inner.countKeys(e, n)); }
+    Result<OperatorVerdict> applyOperator(const QString &k, OperatorAction a, bool f,
+                                          const QString &d, qint64 n) override
+    {
+        return seen(inner.applyOperator(k, a, f, d, n));
+    }
+    Result<qint64> purgeExpired(qint64 n) override { return seen(inner.purgeExpired(n)); }
+    Result<void> appendDeliveries(const QList<DeliveryEvent> &e) override { return seen(inner.appendDeliveries(e)); }
+    Result<QList<DeliveryEvent>> deliveries(const DeliveryQuery &q) override { return seen(inner.deliveries(q)); }
+    Result<void> ping() override { return seen(inner.ping()); }
+};
+} // namespace
+
+StorePool::StorePool(StoreFactory factory, int workers, int maxQueued)
+    : m_factory(std::move(factory)), m_maxQueued(maxQueued)
+{
+    for (int i = 0; i < std::max(1, workers); ++i)
+        m_workers.emplace_back([this] { workerLoop(); });
+}
+
+StorePool::~StorePool()
+{
+    {
+        std::lock_guard lock(m_mutex);
+        m_stopping = true;
+    }
+    m_wake.notify_all();
+    for (auto &worker : m_workers)
+        worker.join();
+}
+
+void StorePool::enqueue(Job job)
+{
+    {
+        std::unique_lock lock(m_mutex);
+        // Back-pressure: a store that cannot keep up refuses at once (503) instead of queueing
+        // deliveries until the senders time out.
+        if (!m_stopping && qint64(m_jobs.size()) < m_maxQueued) {
+            m_jobs.push_back(std::move(job));
+            lock.unlock();
+            m_wake.notify_one();
+            return;
+        }
+    }
+    const Error busy = makeError(ErrorCode::Unavailable,
+                                 m_stopping ? u"the store is shutting down"_qs
+                                            : u"the store is overloaded (%1 operations queued)"_qs.arg(m_maxQueued));
+    job(nullptr, &busy);
+}
+
+void StorePool::workerLoop()
+{
+    std::unique_ptr<IdempotencyStore> store;
+    for (;;) {
+        Job job;
+        {
+            std::unique_lock lock(m_mutex);
+            m_wake.wait(lock, [this] { return m_stopping || !m_jobs.empty(); });
+            if (m_jobs.empty())
+                return; // stopping and drained
+            job = std::move(m_jobs.front());
+            m_jobs.pop_front();
+        }
+        std::optional<Error> connectError;
+        if (!store) {
+            auto created = m_factory();
+            if (created)
+                store = std::move(created.value());
+            else
+                connectError = created.error();
+        }
+        if (store) {
+            // Wrap the store so that a failed call is seen: the connection is then dropped and
+            // made again for the next job.
+            bool failed = false;
+            QString failure;
+            StoreWatch watch(*store, failed, failure);
+            job(&watch, nullptr);
+            std::lock_guard lock(m_mutex);
+            if (failed) {
+                store.reset();
+                m_health.healthy = false;
+                m_health.lastError = failure;
+                m_health.lastErrorAtMs = QDateTime::currentMSecsSinceEpoch();
+            } else {
+                m_health.healthy = true;
+            }
+        } else {
+            job(nullptr, &*connectError);
+            std::lock_guard lock(m_mutex);
+            m_health.healthy = false;
+            m_health.lastError = connectError->message;
+            m_health.lastErrorAtMs = QDateTime::currentMSecsSinceEpoch();
+        }
+    }
+}
+
+StoreHealth StorePool::health() const
+{
+    std::lock_guard lock(m_mutex);
+    StoreHealth h = m_health;
+    h.queued = qint64(m_jobs.size());
+    return h;
+}
+
+qint64 StorePool::queued() const
+{
+    std::lock_guard lock(m_mutex);
+    return qint64(m_jobs.size());
+}
+
+} // namespace idem

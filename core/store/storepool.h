@@ -1,0 +1,92 @@
+#pragma once
+
+#include "store/idempotencystore.h"
+
+#include <QMetaObject>
+#include <QObject>
+#include <QPointer>
+
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <future>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+namespace idem {
+
+using StoreFactory = std::function<Result<std::unique_ptr<IdempotencyStore>>()>;
+
+struct StoreHealth
+{
+    bool healthy = true;
+    QString lastError;
+    qint64 lastErrorAtMs = 0;
+    qint64 queued = 0;
+};
+
+// A few worker threads, each owning one store connection (a hiredis context, a libpqxx
+// connection, a SQLite handle are each used by one thread only). Jobs run in order of arrival
+// on whichever worker is free; their results are delivered on the thread of the context object
+// given to submit(), and dropped when that object is gone. A worker whose connection failed
+// drops it and connects again for its next job, so the pool recovers on its own when the store
+// comes back. Thread-safe.
+class StorePool final
+{
+public:
+    StorePool(StoreFactory factory, int workers, int maxQueued = 20000);
+    ~StorePool(); // finishes queued jobs, then joins the workers
+
+    StorePool(const StorePool &) = delete;
+    StorePool &operator=(const StorePool &) = delete;
+
+    template<typename T>
+    void submit(QObject *context, std::function<Result<T>(IdempotencyStore &)> job,
+                std::function<void(Result<T>)> done)
+    {
+        QPointer<QObject> guard(context);
+        enqueue([job = std::move(job), done = std::move(done), guard](IdempotencyStore *store,
+                                                                       const Error *error) {
+            Result<T> result = store ? job(*store) : Result<T>(*error);
+            if (!guard)
+                return;
+            QMetaObject::invokeMethod(
+                guard.data(), [done, result = std::move(result)]() mutable { done(std::move(result)); },
+                Qt::QueuedConnection);
+        });
+    }
+
+    // Blocks the calling thread until the job ran (CLI and tests; never the GUI thread).
+    template<typename T>
+    Result<T> run(std::function<Result<T>(IdempotencyStore &)> job)
+    {
+        std::promise<Result<T>> promise;
+        auto future = promise.get_future();
+        enqueue([&](IdempotencyStore *store, const Error *error) {
+            promise.set_value(store ? job(*store) : Result<T>(*error));
+        });
+        return future.get();
+    }
+
+    StoreHealth health() const;
+    qint64 queued() const;
+
+private:
+    using Job = std::function<void(IdempotencyStore *, const Error *)>;
+    void enqueue(Job job);
+    void workerLoop();
+
+    StoreFactory m_factory;
+    int m_maxQueued;
+    mutable std::mutex m_mutex;
+    std::condition_variable m_wake;
+    std::deque<Job> m_jobs;
+    bool m_stopping = false;
+    std::vector<std::thread> m_workers;
+    StoreHealth m_health;
+};
+
+} // namespace idem

@@ -1,0 +1,86 @@
+#include "store/storeurl.h"
+
+#include <QDir>
+#include <QStandardPaths>
+#include <QUrl>
+#include <QUrlQuery>
+
+namespace idem {
+
+QString StoreUrl::defaultSqlitePath()
+{
+    QString dir = QStandardPaths::writableLocation(QStandardPaths::AppDataLocation);
+    if (dir.isEmpty())
+        dir = QDir::homePath() + u"/.local/share/idemdesk"_qs;
+    return dir + u"/idemdesk.db"_qs;
+}
+
+Result<StoreUrl> StoreUrl::parse(const QString &text)
+{
+    StoreUrl url;
+    url.original = text;
+    if (text.isEmpty() || text == u"sqlite:"_qs) {
+        url.path = defaultSqlitePath();
+        return url;
+    }
+    if (text.startsWith(u"sqlite:"_qs)) {
+        url.path = text.mid(7);
+        if (url.path.startsWith(u"//"_qs)) // sqlite:///abs/path
+            url.path = url.path.mid(2);
+        return url;
+    }
+    const QUrl parsed(text, QUrl::StrictMode);
+    const QString scheme = parsed.scheme();
+    if (scheme == u"redis"_qs) {
+        url.kind = Kind::Redis;
+        url.port = parsed.port(6379);
+        url.database = parsed.path().mid(1);
+        if (url.database.isEmpty())
+            url.database = u"0"_qs;
+        bool numeric = false;
+        url.database.toInt(&numeric);
+        if (!numeric)
+            return makeError(ErrorCode::Invalid,
+                             u"store URL %1: the Redis database must be a number"_qs.arg(text));
+        url.prefix = QUrlQuery(parsed).queryItemValue(u"prefix"_qs, QUrl::FullyDecoded);
+        if (url.prefix.isEmpty())
+            url.prefix = u"idem:"_qs;
+    } else if (scheme == u"postgresql"_qs || scheme == u"postgres"_qs) {
+        url.kind = Kind::Postgres;
+        url.port = parsed.port(5432);
+        url.database = parsed.path().mid(1);
+        if (url.database.isEmpty())
+            return makeError(ErrorCode::Invalid,
+                             u"store URL %1: missing the database name (postgresql://user@host:port/dbname)"_qs
+                                 .arg(text));
+    } else {
+        return makeError(ErrorCode::Invalid,
+                         u"store URL '%1': unknown scheme; use sqlite:PATH, redis://host:port[/db] or postgresql://user@host:port/dbname"_qs
+                             .arg(text));
+    }
+    if (!parsed.isValid() || parsed.host().isEmpty())
+        return makeError(ErrorCode::Invalid, u"store URL '%1': missing or invalid host"_qs.arg(text));
+    url.host = parsed.host();
+    url.user = parsed.userName(QUrl::FullyDecoded);
+    url.password = parsed.password(QUrl::FullyDecoded);
+    return url;
+}
+
+QString StoreUrl::display() const
+{
+    switch (kind) {
+    case Kind::Sqlite:
+        return u"sqlite:"_qs + path;
+    case Kind::Redis:
+    case Kind::Postgres: {
+        QString s = kind == Kind::Redis ? u"redis://"_qs : u"postgresql://"_qs;
+        if (!user.isEmpty() || !password.isEmpty())
+            s += user + (password.isEmpty() ? QString() : u":***"_qs) + u"@"_qs;
+        s += host + u":"_qs + QString::number(port) + u"/"_qs + database;
+        return s;
+    }
+    }
+    return original;
+}
+
+} // namespace idem

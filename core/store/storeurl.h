@@ -1,0 +1,30 @@
+#pragma once
+
+#include "util/result.h"
+
+#include <QString>
+
+namespace idem {
+
+// A parsed store URL (SPEC §2): sqlite:PATH, redis://[user:pass@]host:port[/db],
+// postgresql://user[:pass]@host:port/dbname.
+struct StoreUrl
+{
+    enum class Kind { Sqlite, Redis, Postgres };
+    Kind kind = Kind::Sqlite;
+    QString original;
+    QString path; // sqlite
+    QString host;
+    int port = 0;
+    QString user;
+    QString password;
+    QString database; // postgres dbname; redis db number as text
+    QString prefix;   // redis key prefix (?prefix=...), default "idem:"
+
+    static Result<StoreUrl> parse(const QString &text);
+    static QString defaultSqlitePath();
+    // The URL with its password masked, for logs, the status bar and `stats`.
+    QString display() const;
+};
+
+} // namespace idem

@@ -1,0 +1,418 @@
+// The store contract (SPEC §5): one suite, run unchanged against every backend.
+//   tst_store_contract sqlite | redis | postgres
+// redis and postgres read IDEM_TEST_REDIS_URL / IDEM_TEST_POSTGRES_URL (./dev test sets them).
+#include "store/storefactory.h"
+#include "util/clock.h"
+
+#include <QRandomGenerator>
+#include <QTemporaryDir>
+#include <QTest>
+
+#include <thread>
+
+using namespace idem;
+
+namespace {
+QString g_backend;
+// Readable names for QCOMPARE of the state machine's enums.
+QString name(ClaimAction a) { return toString(a); }
+QString name(Outcome o) { return toString(o); }
+QString name(KeyState s) { return toString(s); }
+QString name(FinishVerdict v) { return toString(v); }
+QString name(OperatorVerdict v) { return QString::number(int(v)); }
+} // namespace
+
+class TestStoreContract : public QObject
+{
+    Q_OBJECT
+private:
+    QTemporaryDir m_dir;
+    StoreFactory m_factory;
+    std::unique_ptr<IdempotencyStore> m_store;
+    QString m_run; // keeps this run's keys apart from earlier runs on a shared server
+    int m_seq = 0;
+
+    QString endpoint() { return u"ep%1x%2"_qs.arg(m_run).arg(++m_seq); }
+    ClaimRequest request(const QString &ep, const QString &k, const QByteArray &fp = "f1",
+                         qint64 leaseMs = 60'000, qint64 ttlMs = 3'600'000)
+    {
+        ClaimRequest r;
+        r.endpoint = ep;
+        r.key = ep + u":"_qs + k;
+        r.provider = u"generic"_qs;
+        r.fingerprint = fp;
+        r.request = {"POST", "/hooks/" + ep.toUtf8(), {{"Idempotency-Key", k.toUtf8()}, {"X-A", "1"}}, "{\"a\":1}"};
+        r.policy.leaseMs = leaseMs;
+        r.policy.ttlMs = ttlMs;
+        r.nowMs = wallMs();
+        return r;
+    }
+    ClaimResult claim(const ClaimRequest &r)
+    {
+        auto result = m_store->claim(r);
+        if (!result)
+            qFatal("claim failed: %s", qPrintable(result.error().message));
+        return *result;
+    }
+    FinishVerdict finish(const QString &key, qint64 token, KeyState state, int status = 200,
+                         const QByteArray &body = "ok")
+    {
+        FinishRequest f;
+        f.key = key;
+        f.token = token;
+        f.state = state;
+        f.result = {status, {{"Content-Type", "application/json"}, {"X-R", "r"}}, body};
+        f.error = state == KeyState::Failed ? u"boom"_qs : QString();
+        f.nowMs = wallMs();
+        auto v = m_store->finish(f);
+        if (!v)
+            qFatal("finish failed: %s", qPrintable(v.error().message));
+        return *v;
+    }
+
+private Q_SLOTS:
+    void initTestCase()
+    {
+        m_run = QString::number(QRandomGenerator::global()->bounded(1u << 30), 36);
+        QString url;
+        if (g_backend == u"sqlite"_qs) {
+            url = u"sqlite:"_qs + m_dir.filePath(u"contract.db"_qs);
+        } else {
+            const char *var = g_backend == u"redis"_qs ? "IDEM_TEST_REDIS_URL" : "IDEM_TEST_POSTGRES_URL";
+            url = qEnvironmentVariable(var);
+            if (url.isEmpty())
+                QFAIL(qPrintable(u"%1 is not set: run the suite through ./dev test"_qs.arg(QLatin1String(var))));
+        }
+        auto parsed = StoreUrl::parse(url);
+        QVERIFY2(parsed.ok(), parsed.ok() ? "" : qPrintable(parsed.error().message));
+        m_factory = storeFactory(*parsed);
+        auto store = m_factory();
+        QVERIFY2(store.ok(), store.ok() ? "" : qPrintable(store.error().message));
+        m_store = std::move(store.value());
+        QVERIFY(m_store->ping().ok());
+    }
+
+    void claimNewKey()
+    {
+        const QString ep = endpoint();
+        const ClaimResult r = claim(request(ep, u"a"_qs));
+        QCOMPARE(name(r.decision.action), name(ClaimAction::Create));
+        QCOMPARE(name(r.decision.outcome), name(Outcome::Processed));
+        QVERIFY(r.claimed());
+        QCOMPARE(name(r.record.state), name(KeyState::Processing));
+        QVERIFY(r.record.token >= 1);
+        QCOMPARE(r.record.attempts, 1);
+        auto stored = m_store->key(ep + u":a"_qs, wallMs());
+        QVERIFY(stored.ok() && stored->has_value());
+        const KeyRecord &k = **stored;
+        QCOMPARE(name(k.state), name(KeyState::Processing));
+        QCOMPARE(k.endpoint, ep);
+        QCOMPARE(k.provider, u"generic"_qs);
+        QCOMPARE(k.fingerprint, QByteArray("f1"));
+        QCOMPARE(k.token, r.record.token);
+        QCOMPARE(k.request.method, QByteArray("POST"));
+        QCOMPARE(k.request.body, QByteArray("{\"a\":1}"));
+        QCOMPARE(headerValue(k.request.headers, "x-a"), QByteArray("1"));
+        QVERIFY(k.leaseUntilMs > wallMs());
+        QVERIFY(k.expiresAtMs > wallMs() + 3'000'000);
+        QCOMPARE(k.history.size(), 1);
+        QCOMPARE(k.history.first().event, u"claimed"_qs);
+    }
+
+    void duplicateWhileProcessingIsInProgress()
+    {
+        const QString ep = endpoint();
+        const ClaimResult first = claim(request(ep, u"a"_qs));
+        const ClaimResult second = claim(request(ep, u"a"_qs));
+        QCOMPARE(name(second.decision.action), name(ClaimAction::InProgress));
+        QVERIFY(!second.claimed());
+        QCOMPARE(second.record.token, first.record.token);
+        QVERIFY(second.record.leaseUntilMs > wallMs());
+        QCOMPARE((*m_store->key(ep + u":a"_qs, wallMs()))->attempts, 2);
+    }
+
+    void completedIsReplayedByteForByte()
+    {
+        const QString ep = endpoint();
+        const QString key = ep + u":a"_qs;
+        const ClaimResult c = claim(request(ep, u"a"_qs));
+        const QByteArray body("{\"x\":1}\0binary\xff", 15);
+        QCOMPARE(name(finish(key, c.record.token, KeyState::Completed, 201, body)), name(FinishVerdict::Accept));
+        const ClaimResult replay = claim(request(ep, u"a"_qs));
+        QCOMPARE(name(replay.decision.action), name(ClaimAction::Replay));
+        QCOMPARE(name(replay.decision.outcome), name(Outcome::Replayed));
+        QCOMPARE(replay.record.result.status, 201);
+        QCOMPARE(replay.record.result.body, body);
+        QCOMPARE(headerValue(replay.record.result.headers, "X-R"), QByteArray("r"));
+        const KeyRecord k = **m_store->key(key, wallMs());
+        QCOMPARE(name(k.state), name(KeyState::Completed));
+        QCOMPARE(k.attempts, 2);
+        QCOMPARE(k.history.last().event, u"completed"_qs);
+    }
+
+    void onlyTheTokenHolderFinishes()
+    {
+        const QString ep = endpoint();
+        const QString key = ep + u":a"_qs;
+        const ClaimResult c = claim(request(ep, u"a"_qs));
+        QCOMPARE(name(finish(key, c.record.token + 1, KeyState::Completed)), name(FinishVerdict::StaleToken));
+        QCOMPARE(name(finish(key, c.record.token - 1, KeyState::Failed)), name(FinishVerdict::StaleToken));
+        QCOMPARE(name((*m_store->key(key, wallMs()))->state), name(KeyState::Processing));
+        QCOMPARE(name(finish(key, c.record.token, KeyState::Completed)), name(FinishVerdict::Accept));
+        QCOMPARE(name(finish(key, c.record.token, KeyState::Failed)), name(FinishVerdict::NotProcessing));
+        QCOMPARE(name((*m_store->key(key, wallMs()))->state), name(KeyState::Completed));
+        QCOMPARE(name(finish(ep + u":never"_qs, 1, KeyState::Completed)), name(FinishVerdict::Missing));
+    }
+
+    void expiredLeaseIsRecoveredAndTheOldWorkerRefused()
+    {
+        const QString ep = endpoint();
+        const QString key = ep + u":a"_qs;
+        const ClaimResult first = claim(request(ep, u"a"_qs, "f1", 300));
+        QCOMPARE(name(claim(request(ep, u"a"_qs, "f1", 300)).decision.action), name(ClaimAction::InProgress));
+        QTRY_VERIFY_WITH_TIMEOUT(wallMs() > first.record.leaseUntilMs, 5000);
+        const ClaimResult second = claim(request(ep, u"a"_qs, "f1", 300));
+        QVERIFY(second.claimed());
+        QCOMPARE(name(second.decision.outcome), name(Outcome::Recovered));
+        QVERIFY(second.record.token > first.record.token);
+        QCOMPARE(name(finish(key, first.record.token, KeyState::Completed, 200, "old")), name(FinishVerdict::StaleToken));
+        QCOMPARE(name(finish(key, second.record.token, KeyState::Completed, 200, "new")), name(FinishVerdict::Accept));
+        const KeyRecord k = **m_store->key(key, wallMs());
+        QCOMPARE(k.result.body, QByteArray("new"));
+        QStringList events;
+        for (const auto &h : k.history)
+            events << h.event;
+        QCOMPARE(events, QStringList({u"claimed"_qs, u"recovered"_qs, u"completed"_qs}));
+    }
+
+    void failedIsReprocessedOrReplayed()
+    {
+        const QString ep = endpoint();
+        const QString key = ep + u":a"_qs;
+        ClaimResult c = claim(request(ep, u"a"_qs));
+        QCOMPARE(name(finish(key, c.record.token, KeyState::Failed, 502, "down")), name(FinishVerdict::Accept));
+        const KeyRecord failed = **m_store->key(key, wallMs());
+        QCOMPARE(name(failed.state), name(KeyState::Failed));
+        QCOMPARE(failed.error, u"boom"_qs);
+
+        ClaimRequest reject = request(ep, u"a"_qs);
+        reject.policy.onFailed = OnFailed::Reject;
+        const ClaimResult replayed = claim(reject);
+        QCOMPARE(name(replayed.decision.action), name(ClaimAction::Replay));
+        QCOMPARE(replayed.record.result.status, 502);
+        QCOMPARE(replayed.record.result.body, QByteArray("down"));
+
+        const ClaimResult again = claim(request(ep, u"a"_qs));
+        QCOMPARE(name(again.decision.outcome), name(Outcome::Reprocessed));
+        QVERIFY(again.record.token > c.record.token);
+        QCOMPARE(name(finish(key, again.record.token, KeyState::Completed)), name(FinishVerdict::Accept));
+        QCOMPARE((*m_store->key(key, wallMs()))->attempts, 3);
+    }
+
+    void mismatchLeavesTheRecordUntouched()
+    {
+        const QString ep = endpoint();
+        const QString key = ep + u":a"_qs;
+        const ClaimResult c = claim(request(ep, u"a"_qs, "f1"));
+        QCOMPARE(name(finish(key, c.record.token, KeyState::Completed)), name(FinishVerdict::Accept));
+        const KeyRecord before = **m_store->key(key, wallMs());
+        const ClaimResult m = claim(request(ep, u"a"_qs, "f2"));
+        QCOMPARE(name(m.decision.action), name(ClaimAction::Mismatch));
+        QCOMPARE(m.record.fingerprint, QByteArray("f1"));
+        const KeyRecord after = **m_store->key(key, wallMs());
+        QCOMPARE(after.attempts, before.attempts);
+        QCOMPARE(after.fingerprint, QByteArray("f1"));
+        QCOMPARE(after.updatedMs, before.updatedMs);
+        QCOMPARE(name(after.state), name(KeyState::Completed));
+    }
+
+    void expiredRecordsCountAsAbsent()
+    {
+        const QString ep = endpoint();
+        const QString key = ep + u":a"_qs;
+        const ClaimResult c = claim(request(ep, u"a"_qs, "f1", 60'000, 400));
+        QCOMPARE(name(finish(key, c.record.token, KeyState::Completed)), name(FinishVerdict::Accept));
+        QTRY_VERIFY_WITH_TIMEOUT(!m_store->key(key, wallMs())->has_value(), 5000);
+        KeyQuery q;
+        q.endpoint = ep;
+        q.nowMs = wallMs();
+        QCOMPARE(m_store->listKeys(q)->size(), 0);
+        QCOMPARE(m_store->countKeys(ep, wallMs())->total(), 0);
+        const ClaimResult fresh = claim(request(ep, u"a"_qs, "other-payload"));
+        QCOMPARE(name(fresh.decision.action), name(ClaimAction::Create));
+        QCOMPARE(fresh.record.attempts, 1);
+    }
+
+    void purgeRemovesExpired()
+    {
+        const QString ep = endpoint();
+        claim(request(ep, u"gone"_qs, "f1", 60'000, 200));
+        claim(request(ep, u"kept"_qs));
+        const qint64 later = wallMs() + 1000;
+        QTRY_VERIFY_WITH_TIMEOUT(wallMs() > later, 3000);
+        auto purged = m_store->purgeExpired(wallMs());
+        QVERIFY(purged.ok());
+        QVERIFY(!m_store->key(ep + u":gone"_qs, wallMs())->has_value());
+        QVERIFY(m_store->key(ep + u":kept"_qs, wallMs())->has_value());
+    }
+
+    void listAndCountByStateEndpointAndGlob()
+    {
+        const QString ep = endpoint();
+        const QString other = endpoint();
+        for (int i = 0; i < 3; ++i) {
+            const ClaimResult c = claim(request(ep, u"done-%1"_qs.arg(i)));
+            finish(c.record.key.isEmpty() ? ep + u":done-%1"_qs.arg(i) : c.record.key, c.record.token, KeyState::Completed);
+        }
+        for (int i = 0; i < 2; ++i) {
+            const ClaimResult c = claim(request(ep, u"bad-%1"_qs.arg(i)));
+            finish(ep + u":bad-%1"_qs.arg(i), c.record.token, KeyState::Failed);
+        }
+        claim(request(ep, u"busy"_qs));
+        claim(request(other, u"elsewhere"_qs));
+
+        const StateCounts counts = *m_store->countKeys(ep, wallMs());
+        QCOMPARE(counts.completed, 3);
+        QCOMPARE(counts.failed, 2);
+        QCOMPARE(counts.processing, 1);
+        QCOMPARE(counts.total(), 6);
+
+        KeyQuery q;
+        q.endpoint = ep;
+        q.nowMs = wallMs();
+        QCOMPARE(m_store->listKeys(q)->size(), 6);
+        q.state = KeyState::Failed;
+        auto failed = *m_store->listKeys(q);
+        QCOMPARE(failed.size(), 2);
+        for (const auto &k : failed) {
+            QCOMPARE(name(k.state), name(KeyState::Failed));
+            QCOMPARE(k.endpoint, ep);
+        }
+        q.state.reset();
+        q.glob = ep + u":done-*"_qs;
+        QCOMPARE(m_store->listKeys(q)->size(), 3);
+        q.glob.clear();
+        q.limit = 4;
+        QCOMPARE(m_store->listKeys(q)->size(), 4);
+        q.offset = 4;
+        QCOMPARE(m_store->listKeys(q)->size(), 2);
+        KeyQuery all;
+        all.nowMs = wallMs();
+        all.glob = u"*elsewhere"_qs;
+        all.limit = 1000;
+        const auto found = *m_store->listKeys(all);
+        QVERIFY(std::any_of(found.begin(), found.end(), [&](const KeyRecord &k) { return k.endpoint == other; }));
+    }
+
+    void operatorActions()
+    {
+        const QString ep = endpoint();
+        const QString key = ep + u":a"_qs;
+        ClaimRequest reject = request(ep, u"a"_qs);
+        reject.policy.onFailed = OnFailed::Reject;
+        const ClaimResult c = claim(reject);
+        QCOMPARE(name(*m_store->applyOperator(key, OperatorAction::Reset, false, u"op"_qs, wallMs())), name(OperatorVerdict::WrongState));
+        QCOMPARE(name(*m_store->applyOperator(key, OperatorAction::ForceFail, false, u"stuck"_qs, wallMs())), name(OperatorVerdict::Accept));
+        const KeyRecord forced = **m_store->key(key, wallMs());
+        QCOMPARE(name(forced.state), name(KeyState::Failed));
+        QCOMPARE(forced.error, u"stuck"_qs);
+        // The worker that held the claim can no longer finish it.
+        QCOMPARE(name(finish(key, c.record.token, KeyState::Completed)), name(FinishVerdict::NotProcessing));
+        QCOMPARE(name(claim(reject).decision.action), name(ClaimAction::Replay));
+        QCOMPARE(name(*m_store->applyOperator(key, OperatorAction::Reset, false, u"op"_qs, wallMs())), name(OperatorVerdict::Accept));
+        QCOMPARE(name((*m_store->key(key, wallMs()))->state), name(KeyState::Reset));
+        const ClaimResult again = claim(reject);
+        QCOMPARE(name(again.decision.outcome), name(Outcome::Reprocessed));
+        QCOMPARE(name(finish(key, again.record.token, KeyState::Completed)), name(FinishVerdict::Accept));
+        QCOMPARE(name(*m_store->applyOperator(key, OperatorAction::Reset, false, u"op"_qs, wallMs())), name(OperatorVerdict::WrongState));
+        QCOMPARE(name(*m_store->applyOperator(key, OperatorAction::Reset, true, u"op"_qs, wallMs())), name(OperatorVerdict::Accept));
+        QCOMPARE(name(*m_store->applyOperator(key, OperatorAction::Delete, false, {}, wallMs())), name(OperatorVerdict::Accept));
+        QVERIFY(!m_store->key(key, wallMs())->has_value());
+        QCOMPARE(name(*m_store->applyOperator(key, OperatorAction::Delete, false, {}, wallMs())), name(OperatorVerdict::Missing));
+        QCOMPARE(m_store->countKeys(ep, wallMs())->total(), 0);
+    }
+
+    void deliveryLog()
+    {
+        const QString ep = endpoint();
+        const qint64 t0 = wallMs();
+        QList<DeliveryEvent> events;
+        for (int i = 0; i < 3; ++i) {
+            DeliveryEvent e;
+            e.atMs = t0 + i;
+            e.endpoint = ep;
+            e.key = ep + u":a"_qs;
+            e.outcome = i == 0 ? Outcome::Processed : Outcome::Replayed;
+            e.status = 200;
+            e.latencyUs = 100 + i;
+            e.token = 1;
+            e.instance = u"test"_qs;
+            events << e;
+        }
+        DeliveryEvent other = events.first();
+        other.key = ep + u":b"_qs;
+        events << other;
+        QVERIFY(m_store->appendDeliveries(events).ok());
+        DeliveryQuery q;
+        q.key = ep + u":a"_qs;
+        const auto found = *m_store->deliveries(q);
+        QCOMPARE(found.size(), 3);
+        QCOMPARE(found.first().atMs, t0 + 2); // newest first
+        QCOMPARE(name(found.last().outcome), name(Outcome::Processed));
+        QCOMPARE(found.last().latencyUs, 100);
+        QCOMPARE(found.last().instance, u"test"_qs);
+        DeliveryQuery byEndpoint;
+        byEndpoint.endpoint = ep;
+        byEndpoint.sinceMs = t0;
+        QCOMPARE(m_store->deliveries(byEndpoint)->size(), 4);
+    }
+
+    // Many connections racing for the same keys: each key is claimed exactly once.
+    void concurrentClaimsAreExclusive()
+    {
+        const QString ep = endpoint();
+        constexpr int kThreads = 8;
+        constexpr int kKeys = 100;
+        std::vector<std::atomic<int>> claims(kKeys);
+        std::atomic<int> errors{0};
+        std::vector<std::thread> threads;
+        for (int t = 0; t < kThreads; ++t) {
+            threads.emplace_back([&, t] {
+                auto store = m_factory();
+                if (!store) {
+                    ++errors;
+                    return;
+                }
+                for (int i = 0; i < kKeys; ++i) {
+                    const int k = (i * 7 + t * 13) % kKeys; // every thread in its own order
+                    auto r = (*store)->claim(request(ep, QString::number(k)));
+                    if (!r)
+                        ++errors;
+                    else if (r->claimed())
+                        ++claims[k];
+                }
+            });
+        }
+        for (auto &t : threads)
+            t.join();
+        QCOMPARE(errors.load(), 0);
+        for (int k = 0; k < kKeys; ++k)
+            QCOMPARE(claims[k].load(), 1);
+        QCOMPARE((*m_store->key(ep + u":0"_qs, wallMs()))->attempts, kThreads);
+    }
+};
+
+int main(int argc, char **argv)
+{
+    QCoreApplication app(argc, argv);
+    QStringList args = app.arguments();
+    g_backend = args.size() > 1 && !args.at(1).startsWith(u'-') ? args.takeAt(1) : u"sqlite"_qs;
+    if (g_backend != u"sqlite"_qs && g_backend != u"redis"_qs && g_backend != u"postgres"_qs) {
+        qCritical("unknown backend %s", qPrintable(g_backend));
+        return 2;
+    }
+    TestStoreContract suite;
+    return QTest::qExec(&suite, args);
+}
+
+#include "tst_store_contract.moc"

@@ -1,0 +1,205 @@
+// The HTTP layer alone: keep-alive, pipelining, limits, timeouts, hostile input.
+#include "http/httpserver.h"
+#include "support/httpclient.h"
+
+#include <QTest>
+#include <QThread>
+#include <QTimer>
+
+#include <atomic>
+
+using namespace idem;
+using namespace idem::test;
+
+class TestHttp : public QObject
+{
+    Q_OBJECT
+    QThread m_thread;
+    HttpServer *m_server = nullptr;
+    quint16 m_port = 0;
+    std::atomic<int> m_handled{0};
+    std::atomic<int> m_lateAnswers{0};
+
+private Q_SLOTS:
+    void initTestCase()
+    {
+        HttpLimits limits;
+        limits.maxBodyFor = [](const QByteArray &path) -> qint64 { return path == "/small" ? 16 : 1024 * 1024; };
+        limits.idleTimeoutMs = 500;
+        limits.requestTimeoutMs = 700;
+        limits.maxHeaders = 20;
+        limits.maxHeaderBytes = 2048;
+        m_server = new HttpServer(limits, [this](HttpRequest request, Responder responder) {
+            ++m_handled;
+            HttpResponse r;
+            r.status = 200;
+            r.body = request.method + ' ' + request.path + ' ' + request.body;
+            r.setHeader("X-Query", request.query);
+            const int delay = request.header("X-Delay").toInt();
+            if (delay <= 0)
+                return responder.send(r);
+            QTimer::singleShot(delay, m_server, [this, responder, r] {
+                m_lateAnswers += responder.connected() ? 0 : 1;
+                responder.send(r); // a gone client: nothing happens
+            });
+        });
+        m_server->moveToThread(&m_thread);
+        m_thread.start();
+        QMetaObject::invokeMethod(m_server, [this] {
+            QVERIFY(m_server->listen(QHostAddress::LocalHost, 0));
+            m_port = m_server->port();
+        }, Qt::BlockingQueuedConnection);
+    }
+    void cleanupTestCase()
+    {
+        QMetaObject::invokeMethod(m_server, [this] { delete m_server; }, Qt::BlockingQueuedConnection);
+        m_thread.quit();
+        m_thread.wait();
+    }
+
+    void keepAliveServesSeveralRequests()
+    {
+        RawConnection c(m_port);
+        for (int i = 0; i < 3; ++i) {
+            QVERIFY(c.send(buildPost("/echo?i=" + QByteArray::number(i), "b" + QByteArray::number(i), {}, false)));
+            const ClientResponse r = c.readResponse();
+            QCOMPARE(r.status, 200);
+            QCOMPARE(r.body, "POST /echo b" + QByteArray::number(i));
+            QCOMPARE(r.header("X-Query"), "i=" + QByteArray::number(i));
+            QVERIFY(r.header("Connection").isEmpty());
+            QVERIFY(!r.header("Date").isEmpty());
+        }
+    }
+
+    void pipelinedAnswersKeepTheirOrder()
+    {
+        RawConnection c(m_port);
+        // The first is answered last by its handler's clock, yet its answer leaves first.
+        QByteArray burst = buildPost("/one", "1", {{"X-Delay", "150"}}, false)
+                           + buildPost("/two", "2", {}, false) + buildPost("/three", "3", {}, false);
+        QVERIFY(c.send(burst));
+        QCOMPARE(c.readResponse().body, QByteArray("POST /one 1"));
+        QCOMPARE(c.readResponse().body, QByteArray("POST /two 2"));
+        QCOMPARE(c.readResponse().body, QByteArray("POST /three 3"));
+    }
+
+    void oversizedBodyIs413BeforeItIsRead()
+    {
+        RawConnection c(m_port);
+        // Announce 50 MB and send none of it: the answer must not wait for the body.
+        QVERIFY(c.send("POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 52428800\r\n\r\n"));
+        const ClientResponse r = c.readResponse();
+        QCOMPARE(r.status, 413);
+        QCOMPARE(r.header("Content-Type"), QByteArray("application/problem+json"));
+        QCOMPARE(r.header("Connection"), QByteArray("close"));
+        QVERIFY(c.waitClosed(2000));
+    }
+
+    void perPathLimitAndChunkedBodies()
+    {
+        QCOMPARE(post(m_port, "/small", QByteArray(17, 'x')).status, 413);
+        QCOMPARE(post(m_port, "/small", QByteArray(16, 'x')).status, 200);
+        RawConnection c(m_port);
+        QVERIFY(c.send("POST /small HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+                       "a\r\n0123456789\r\na\r\n0123456789\r\n0\r\n\r\n"));
+        QCOMPARE(c.readResponse().status, 413);
+        RawConnection ok(m_port);
+        QVERIFY(ok.send("POST /echo HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+                        "3\r\nabc\r\n2\r\nde\r\n0\r\n\r\n"));
+        QCOMPARE(ok.readResponse().body, QByteArray("POST /echo abcde"));
+    }
+
+    void oversizedHeadersAre431()
+    {
+        QCOMPARE(post(m_port, "/echo", "x", {{"X-Big", QByteArray(4096, 'a')}}).status, 431);
+        HeaderList many;
+        for (int i = 0; i < 30; ++i)
+            many.append({"X-H" + QByteArray::number(i), "v"});
+        QCOMPARE(post(m_port, "/echo", "x", many).status, 431);
+        QCOMPARE(post(m_port, "/" + QByteArray(3000, 'p'), "x").status, 431);
+    }
+
+    void malformedRequestsAre400_data()
+    {
+        QTest::addColumn<QByteArray>("raw");
+        QTest::newRow("garbage") << QByteArray("HELLO\r\n\r\n");
+        QTest::newRow("header without colon") << QByteArray("POST /echo HTTP/1.1\r\nHost: x\r\nBroken\r\nContent-Length: 1\r\n\r\nx");
+        QTest::newRow("two content-lengths") << QByteArray("POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\nxx");
+        QTest::newRow("content-length with chunked") << QByteArray("POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n");
+        QTest::newRow("bad chunk size") << QByteArray("POST /echo HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n");
+        QTest::newRow("control byte in header") << QByteArray("POST /echo HTTP/1.1\r\nHost: x\r\nX-A: a\x01" "b\r\nContent-Length: 0\r\n\r\n");
+        QTest::newRow("bad version") << QByteArray("POST /echo HTTP/9.9\r\nHost: x\r\n\r\n");
+    }
+    void malformedRequestsAre400()
+    {
+        QFETCH(QByteArray, raw);
+        const int before = m_handled.load();
+        RawConnection c(m_port);
+        QVERIFY(c.send(raw));
+        const ClientResponse r = c.readResponse();
+        QCOMPARE(r.status, 400);
+        QCOMPARE(r.header("Connection"), QByteArray("close"));
+        QVERIFY(c.waitClosed(2000));
+        QCOMPARE(m_handled.load(), before); // no handler saw it
+    }
+
+    void expectContinue()
+    {
+        RawConnection c(m_port);
+        QVERIFY(c.send("POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nExpect: 100-continue\r\n\r\n"));
+        // The interim answer arrives before the body is sent.
+        QVERIFY(!c.waitClosed(200));
+        QVERIFY(c.send("hello"));
+        const ClientResponse r = c.readResponse();
+        QCOMPARE(r.status, 200);
+        QCOMPARE(r.body, QByteArray("POST /echo hello"));
+        RawConnection big(m_port);
+        QVERIFY(big.send("POST /small HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\nExpect: 100-continue\r\n\r\n"));
+        QCOMPARE(big.readResponse().status, 413);
+        RawConnection odd(m_port);
+        QVERIFY(odd.send("POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\nExpect: teapot\r\n\r\nx"));
+        QCOMPARE(odd.readResponse().status, 417);
+    }
+
+    void idleConnectionsAreClosed()
+    {
+        RawConnection c(m_port);
+        QVERIFY(c.send(buildPost("/echo", "x", {}, false)));
+        QCOMPARE(c.readResponse().status, 200);
+        QVERIFY(c.waitClosed(3000)); // idle timeout 500 ms
+    }
+
+    void slowClientGets408()
+    {
+        RawConnection c(m_port);
+        QVERIFY(c.send("POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\nabc"));
+        const ClientResponse r = c.readResponse(); // request timeout 700 ms
+        QCOMPARE(r.status, 408);
+        QVERIFY(c.waitClosed(2000));
+    }
+
+    void clientGoneBeforeTheAnswer()
+    {
+        const int late = m_lateAnswers.load();
+        for (int i = 0; i < 20; ++i) {
+            RawConnection c(m_port);
+            QVERIFY(c.send(buildPost("/echo", "x", {{"X-Delay", "100"}})));
+            c.close();
+        }
+        QTRY_COMPARE_WITH_TIMEOUT(m_lateAnswers.load(), late + 20, 5000);
+        // The server is still well.
+        QCOMPARE(post(m_port, "/echo", "alive").body, QByteArray("POST /echo alive"));
+    }
+
+    void http10ClosesAfterTheAnswer()
+    {
+        RawConnection c(m_port);
+        QVERIFY(c.send("POST /echo HTTP/1.0\r\nContent-Length: 2\r\n\r\nhi"));
+        const ClientResponse r = c.readResponse();
+        QCOMPARE(r.status, 200);
+        QVERIFY(c.waitClosed(2000));
+    }
+};
+
+QTEST_GUILESS_MAIN(TestHttp)
+#include "tst_http.moc"

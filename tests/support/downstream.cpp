@@ -1,0 +1,59 @@
+#include "support/downstream.h"
+
+#include <QTimer>
+
+namespace idem::test {
+
+CountingDownstream::CountingDownstream()
+{
+    m_server = new HttpServer({}, [this](HttpRequest request, Responder responder) {
+        ++m_total;
+        {
+            std::lock_guard lock(m_mutex);
+            m_requests.append(request);
+        }
+        HttpResponse r = HttpResponse::json(m_status.load(), {{QStringLiteral("downstream"), true},
+                                                              {QStringLiteral("n"), m_total.load()}});
+        r.setHeader("X-Downstream", "counting");
+        const int delay = m_delayMs.load();
+        if (delay <= 0)
+            responder.send(r);
+        else
+            QTimer::singleShot(delay, m_server, [responder, r] { responder.send(r); });
+    });
+    m_server->moveToThread(&m_thread);
+    m_thread.start();
+    QMetaObject::invokeMethod(m_server, [this] {
+        m_server->listen(QHostAddress::LocalHost, 0);
+        m_port = m_server->port();
+    }, Qt::BlockingQueuedConnection);
+}
+
+CountingDownstream::~CountingDownstream()
+{
+    QMetaObject::invokeMethod(m_server, [this] { delete m_server; }, Qt::BlockingQueuedConnection);
+    m_thread.quit();
+    m_thread.wait();
+}
+
+QUrl CountingDownstream::url() const
+{
+    return QUrl(QStringLiteral("http://127.0.0.1:%1/hook").arg(m_port));
+}
+
+int CountingDownstream::count(const QByteArray &idempotencyKey) const
+{
+    std::lock_guard lock(m_mutex);
+    int n = 0;
+    for (const auto &r : m_requests)
+        n += r.header("Idempotency-Key") == idempotencyKey;
+    return n;
+}
+
+QList<HttpRequest> CountingDownstream::requests() const
+{
+    std::lock_guard lock(m_mutex);
+    return m_requests;
+}
+
+} // namespace idem::test

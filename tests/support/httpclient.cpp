@@ -1,0 +1,157 @@
+#include "support/httpclient.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+
+namespace idem::test {
+
+RawConnection::RawConnection(quint16 port, int timeoutMs) : m_timeoutMs(timeoutMs)
+{
+    m_fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(port);
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (::connect(m_fd, reinterpret_cast<sockaddr *>(&addr), sizeof addr) != 0) {
+        ::close(m_fd);
+        m_fd = -1;
+        return;
+    }
+    int one = 1;
+    ::setsockopt(m_fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+}
+
+RawConnection::~RawConnection()
+{
+    close();
+}
+
+void RawConnection::close()
+{
+    if (m_fd >= 0)
+        ::close(m_fd);
+    m_fd = -1;
+}
+
+bool RawConnection::send(QByteArrayView bytes)
+{
+    qsizetype sent = 0;
+    while (m_fd >= 0 && sent < bytes.size()) {
+        const ssize_t n = ::send(m_fd, bytes.data() + sent, size_t(bytes.size() - sent), MSG_NOSIGNAL);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0)
+            return false;
+        sent += n;
+    }
+    return m_fd >= 0;
+}
+
+bool RawConnection::readMore()
+{
+    pollfd p{m_fd, POLLIN, 0};
+    if (::poll(&p, 1, m_timeoutMs) <= 0)
+        return false;
+    char chunk[65536];
+    const ssize_t n = ::recv(m_fd, chunk, sizeof chunk, 0);
+    if (n <= 0)
+        return false;
+    m_buffer.append(chunk, n);
+    return true;
+}
+
+ClientResponse RawConnection::readResponse()
+{
+    ClientResponse r;
+    if (m_fd < 0) {
+        r.error = QStringLiteral("not connected");
+        return r;
+    }
+    for (;;) {
+        qsizetype end = m_buffer.indexOf("\r\n\r\n");
+        if (end >= 0) {
+            const QList<QByteArray> lines = m_buffer.left(end).split('\n');
+            const QList<QByteArray> statusLine = lines.first().trimmed().split(' ');
+            const int status = statusLine.size() > 1 ? statusLine.at(1).toInt() : 0;
+            HeaderList headers;
+            for (qsizetype i = 1; i < lines.size(); ++i) {
+                const qsizetype colon = lines.at(i).indexOf(':');
+                if (colon > 0)
+                    headers.append({lines.at(i).left(colon).trimmed(), lines.at(i).mid(colon + 1).trimmed()});
+            }
+            if (status == 100) { // interim answer: skip it
+                m_buffer.remove(0, end + 4);
+                continue;
+            }
+            const qsizetype length = headerValue(headers, "Content-Length").toLongLong();
+            while (m_buffer.size() < end + 4 + length)
+                if (!readMore()) {
+                    r.error = QStringLiteral("body cut short");
+                    return r;
+                }
+            r.status = status;
+            r.headers = headers;
+            r.body = m_buffer.mid(end + 4, length);
+            m_buffer.remove(0, end + 4 + length);
+            return r;
+        }
+        if (!readMore()) {
+            r.error = QStringLiteral("no answer");
+            return r;
+        }
+    }
+}
+
+bool RawConnection::waitClosed(int timeoutMs)
+{
+    const int saved = m_timeoutMs;
+    m_timeoutMs = timeoutMs;
+    for (;;) {
+        pollfd p{m_fd, POLLIN, 0};
+        if (::poll(&p, 1, m_timeoutMs) <= 0) {
+            m_timeoutMs = saved;
+            return false;
+        }
+        char chunk[4096];
+        const ssize_t n = ::recv(m_fd, chunk, sizeof chunk, 0);
+        if (n <= 0) {
+            m_timeoutMs = saved;
+            return true;
+        }
+        m_buffer.append(chunk, n);
+    }
+}
+
+QByteArray buildPost(const QByteArray &path, const QByteArray &body, const HeaderList &headers,
+                     bool close)
+{
+    QByteArray out = "POST " + path + " HTTP/1.1\r\nHost: 127.0.0.1\r\n";
+    for (const auto &[n, v] : headers)
+        out += n + ": " + v + "\r\n";
+    out += "Content-Type: application/json\r\nContent-Length: " + QByteArray::number(body.size()) + "\r\n";
+    if (close)
+        out += "Connection: close\r\n";
+    out += "\r\n" + body;
+    return out;
+}
+
+ClientResponse post(quint16 port, const QByteArray &path, const QByteArray &body,
+                    const HeaderList &headers)
+{
+    RawConnection c(port);
+    if (!c.isOpen()) {
+        ClientResponse r;
+        r.error = QStringLiteral("cannot connect");
+        return r;
+    }
+    c.send(buildPost(path, body, headers));
+    return c.readResponse();
+}
+
+} // namespace idem::test

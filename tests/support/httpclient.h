@@ -1,0 +1,48 @@
+#pragma once
+
+#include "engine/keyrecord.h"
+
+#include <QByteArray>
+#include <QString>
+
+// A blocking HTTP/1.1 client on plain sockets, for tests: it may run on any thread (64 at once
+// for a storm) and sends exactly the bytes it is given, malformed ones included.
+namespace idem::test {
+
+struct ClientResponse
+{
+    int status = 0; // 0: no answer (see error)
+    HeaderList headers;
+    QByteArray body;
+    QString error;
+    QByteArray header(QByteArrayView name) const { return headerValue(headers, name); }
+};
+
+class RawConnection
+{
+public:
+    explicit RawConnection(quint16 port, int timeoutMs = 15000);
+    ~RawConnection();
+    RawConnection(const RawConnection &) = delete;
+
+    bool isOpen() const { return m_fd >= 0; }
+    bool send(QByteArrayView bytes);
+    // Reads one response (Content-Length framed); status 0 on timeout or close.
+    ClientResponse readResponse();
+    // True when the server closed the connection (reads EOF) within timeoutMs.
+    bool waitClosed(int timeoutMs);
+    void close();
+
+private:
+    int m_fd = -1;
+    int m_timeoutMs;
+    QByteArray m_buffer;
+    bool readMore();
+};
+
+ClientResponse post(quint16 port, const QByteArray &path, const QByteArray &body,
+                    const HeaderList &headers = {});
+QByteArray buildPost(const QByteArray &path, const QByteArray &body, const HeaderList &headers,
+                     bool close = true);
+
+} // namespace idem::test

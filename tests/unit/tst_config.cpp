@@ -1,0 +1,114 @@
+#include "config/config.h"
+#include "providers/provider.h"
+#include "store/storeurl.h"
+
+#include <QJsonDocument>
+#include <QTest>
+
+using namespace idem;
+
+class TestConfig : public QObject
+{
+    Q_OBJECT
+private Q_SLOTS:
+    void builtinHasOneEndpointPerProvider()
+    {
+        const Config c = Config::builtin();
+        QCOMPARE(c.endpoints.size(), builtinProviders().size());
+        QVERIFY(c.endpoint(u"generic"));
+        QCOMPARE(c.listen.toString(), QStringLiteral("127.0.0.1:8787"));
+        QCOMPARE(c.endpoints.first().settings.ttlSeconds, 604800);
+    }
+
+    void fullConfig()
+    {
+        const QByteArray json = "{" "          \"listen\": \"127.0.0.1:9999\", \"store\": \"sqlite:/tmp/x.db\"," "          \"defaults\": {\"ttl_seconds\": 100, \"lease_seconds\": 5, \"in_progress_status\": 202," "                       \"on_failed\": \"reject\", \"on_mismatch\": \"ignore\", \"on_missing_key\": \"passthrough\"}," "          \"endpoints\": [" "            {\"name\": \"orders\", \"provider\": \"generic\"," "             \"key\": {\"header\": \"X-Key\", \"json_pointer\": \"/id\", \"composite\": [\"/type\", \"/data/order_id\"]}," "             \"simulate\": {\"delay_ms\": 200, \"fail_rate\": 0.1}, \"lease_seconds\": 9}," "            {\"name\": \"fwd\", \"forward_to\": \"http://127.0.0.1:3000/x\", \"secret\": [\"a\", \"b\"]}" "          ]}";
+        auto c = Config::parse(json, QStringLiteral("c.json"));
+        QVERIFY2(c.ok(), c.ok() ? "" : qPrintable(c.error().message));
+        QCOMPARE(c->listen.port, 9999);
+        QCOMPARE(c->store, QStringLiteral("sqlite:/tmp/x.db"));
+        const EndpointConfig *orders = c->endpoint(u"orders");
+        QVERIFY(orders);
+        QCOMPARE(orders->settings.leaseSeconds, 9);     // endpoint override
+        QCOMPARE(orders->settings.ttlSeconds, 100);     // from defaults
+        QCOMPARE(orders->settings.inProgressStatus, 202);
+        QCOMPARE(orders->settings.onFailed, OnFailed::Reject);
+        QCOMPARE(orders->settings.onMismatch, OnMismatch::Ignore);
+        QVERIFY(orders->settings.passthroughMissingKey);
+        QCOMPARE(orders->key.header, QByteArray("X-Key"));
+        QCOMPARE(orders->key.composite.size(), 2);
+        QCOMPARE(orders->simulate.delayMs, 200);
+        const EndpointConfig *fwd = c->endpoint(u"fwd");
+        QCOMPARE(fwd->secrets, QStringList({QStringLiteral("a"), QStringLiteral("b")}));
+        QCOMPARE(fwd->forwardTo.port(), 3000);
+    }
+
+    void errorsNameTheField_data()
+    {
+        QTest::addColumn<QByteArray>("json");
+        QTest::addColumn<QString>("expected");
+        QTest::newRow("not json") << QByteArray("{") << QStringLiteral("c.json: not valid JSON");
+        QTest::newRow("unknown top") << QByteArray("{\"lisen\": \"x\"}") << QStringLiteral("c.json: lisen: unknown field");
+        QTest::newRow("unknown default") << QByteArray("{\"defaults\": {\"ttl\": 1}}") << QStringLiteral("c.json: defaults.ttl: unknown field");
+        QTest::newRow("bad ttl") << QByteArray("{\"defaults\": {\"ttl_seconds\": \"7d\"}}") << QStringLiteral("c.json: defaults.ttl_seconds: must be an integer");
+        QTest::newRow("bad policy") << QByteArray("{\"defaults\": {\"on_failed\": \"retry\"}}") << QStringLiteral("c.json: defaults.on_failed: must be one of");
+        QTest::newRow("bad status") << QByteArray("{\"defaults\": {\"in_progress_status\": 200}}") << QStringLiteral("c.json: defaults.in_progress_status: must be 409, 202");
+        QTest::newRow("missing name") << QByteArray("{\"endpoints\": [{\"provider\": \"generic\"}]}") << QStringLiteral("c.json: endpoints[0].name: is required");
+        QTest::newRow("dup name") << QByteArray("{\"endpoints\": [{\"name\": \"a\"}, {\"name\": \"a\"}]}") << QStringLiteral("c.json: endpoints[1].name: \"a\" is used");
+        QTest::newRow("bad provider") << QByteArray("{\"endpoints\": [{\"name\": \"a\", \"provider\": \"paypal\"}]}") << QStringLiteral("c.json: endpoints[0].provider: must be one of");
+        QTest::newRow("bad forward") << QByteArray("{\"endpoints\": [{\"name\": \"a\", \"forward_to\": \"ftp://x\"}]}") << QStringLiteral("c.json: endpoints[0].forward_to: must be an http");
+        QTest::newRow("bad fail rate") << QByteArray("{\"endpoints\": [{\"name\": \"a\", \"simulate\": {\"fail_rate\": 2}}]}") << QStringLiteral("c.json: endpoints[0].simulate.fail_rate: must be a number");
+        QTest::newRow("bad pointer") << QByteArray("{\"endpoints\": [{\"name\": \"a\", \"key\": {\"json_pointer\": \"id\"}}]}") << QStringLiteral("c.json: endpoints[0].key.json_pointer: must start with '/'");
+        QTest::newRow("unknown key field") << QByteArray("{\"endpoints\": [{\"name\": \"a\", \"key\": {\"jsonpointer\": \"/id\"}}]}") << QStringLiteral("c.json: endpoints[0].key.jsonpointer: unknown field");
+        QTest::newRow("bad listen") << QByteArray("{\"listen\": \"8787\"}") << QStringLiteral("c.json: listen: '8787' is not HOST:PORT");
+        QTest::newRow("empty secret") << QByteArray("{\"endpoints\": [{\"name\": \"a\", \"secret\": \"\"}]}") << QStringLiteral("c.json: endpoints[0].secret: must be a non-empty");
+    }
+    void errorsNameTheField()
+    {
+        QFETCH(QByteArray, json);
+        QFETCH(QString, expected);
+        auto c = Config::parse(json, QStringLiteral("c.json"));
+        QVERIFY(!c.ok());
+        QVERIFY2(c.error().message.startsWith(expected), qPrintable(c.error().message));
+    }
+
+    void storeUrls()
+    {
+        auto sqlite = StoreUrl::parse(QStringLiteral("sqlite:/tmp/a.db"));
+        QVERIFY(sqlite.ok());
+        QCOMPARE(sqlite->path, QStringLiteral("/tmp/a.db"));
+        auto redis = StoreUrl::parse(QStringLiteral("redis://u:secret@127.0.0.1:6380/2"));
+        QVERIFY(redis.ok());
+        QCOMPARE(redis->kind, StoreUrl::Kind::Redis);
+        QCOMPARE(redis->port, 6380);
+        QCOMPARE(redis->database, QStringLiteral("2"));
+        QVERIFY(!redis->display().contains(u"secret"));
+        auto pg = StoreUrl::parse(QStringLiteral("postgresql://idem:pw@localhost:5433/desk"));
+        QVERIFY(pg.ok());
+        QCOMPARE(pg->database, QStringLiteral("desk"));
+        QVERIFY(!pg->display().contains(u"pw"));
+        QVERIFY(!StoreUrl::parse(QStringLiteral("mysql://x")).ok());
+        QVERIFY(!StoreUrl::parse(QStringLiteral("postgresql://localhost:5432")).ok());
+        QVERIFY(StoreUrl::parse(QString()).ok()); // default: the user's data folder
+    }
+
+    void keyNormalisation()
+    {
+        QCOMPARE(*namespacedKey(QStringLiteral("ep"), QStringLiteral(" k1 ")), QStringLiteral("ep:k1"));
+        QVERIFY(!namespacedKey(QStringLiteral("ep"), QStringLiteral("caf\u00e9")).ok());
+        QVERIFY(!namespacedKey(QStringLiteral("ep"), QStringLiteral("a\tb")).ok());
+        QVERIFY(!namespacedKey(QStringLiteral("ep"), QString(253, u'x')).ok());
+        QVERIFY(namespacedKey(QStringLiteral("ep"), QString(252, u'x')).ok());
+    }
+
+    void jsonPointer()
+    {
+        const QJsonValue doc = QJsonDocument::fromJson("{\"a\": {\"b/c\": [1, {\"~d\": \"x\"}]}}").object();
+        QCOMPARE(resolvePointer(doc, QStringLiteral("/a/b~1c/1/~0d"))->toString(), QStringLiteral("x"));
+        QVERIFY(!resolvePointer(doc, QStringLiteral("/a/missing")));
+        QVERIFY(!resolvePointer(doc, QStringLiteral("/a/b~1c/7")));
+    }
+};
+
+QTEST_GUILESS_MAIN(TestConfig)
+#include "tst_config.moc"

@@ -1,0 +1,34 @@
+#pragma once
+
+#include "engine/keyrecord.h"
+
+#include <QAbstractTableModel>
+#include <QList>
+
+namespace idem {
+
+// The live list of deliveries, newest first, capped. Fed by signals from the receiver thread;
+// never reads a store.
+class DeliveriesModel final : public QAbstractTableModel
+{
+    Q_OBJECT
+public:
+    enum Column { Time, Endpoint, Key, Outcome, Status, Latency, ColumnCount };
+    enum Role { RawValueRole = Qt::UserRole + 1 };
+
+    explicit DeliveriesModel(int capacity = 5000, QObject *parent = nullptr);
+
+    int rowCount(const QModelIndex &parent = {}) const override;
+    int columnCount(const QModelIndex &parent = {}) const override;
+    QVariant data(const QModelIndex &index, int role = Qt::DisplayRole) const override;
+    QVariant headerData(int section, Qt::Orientation orientation, int role) const override;
+
+    void append(const DeliveryEvent &event);
+    const DeliveryEvent &at(int row) const { return m_rows.at(row); }
+
+private:
+    QList<DeliveryEvent> m_rows; // newest first
+    int m_capacity;
+};
+
+} // namespace idem
