@@ -148,6 +148,18 @@ void IdempotencyEngine::handle(HttpRequest request, Responder responder)
         [this, d](Result<ClaimResult> result) { onClaimed(d, std::move(result)); });
 }
 
+void IdempotencyEngine::recordRejection(const HttpRequest &partial, int status,
+                                        const QString &detail)
+{
+    auto d = std::make_shared<Delivery>();
+    d->startUs = partial.receivedAtUs ? partial.receivedAtUs : monotonicUs();
+    if (partial.path.startsWith("/hooks/"))
+        d->endpoint = m_config.endpoint(QString::fromUtf8(partial.path.mid(7)));
+    ++m_inFlight;
+    // The answer is already on its way: respond() only counts and logs.
+    respond(d, HttpResponse{status, {}, {}}, Outcome::Rejected, 0, detail);
+}
+
 void IdempotencyEngine::onClaimed(const DeliveryPtr &d, Result<ClaimResult> result)
 {
     if (!result) {

@@ -34,6 +34,8 @@ public:
     ~IdempotencyEngine() override;
 
     void handle(HttpRequest request, Responder responder);
+    // A request the HTTP layer refused itself (413, 431, 400, ...): counted and logged as rejected.
+    void recordRejection(const HttpRequest &partial, int status, const QString &detail);
     EngineCounters counters() const;
     qint64 inFlight() const { return m_inFlight.load(); }
     const Config &config() const { return m_config; }

@@ -374,6 +374,8 @@ void HttpConnection::fail(int status, const QString &detail)
     HttpResponse r = HttpResponse::problem(status, QString::fromLatin1(reasonPhrase(status)), detail);
     r.setHeader("Idempotency-Outcome", "rejected");
     writeResponse(r, true);
+    if (m_server->m_onReject)
+        m_server->m_onReject(m_request, status, detail);
 }
 
 void HttpConnection::writeResponse(const HttpResponse &response, bool closeAfter)

@@ -27,6 +27,8 @@ struct HttpLimits
 };
 
 using HttpHandler = std::function<void(HttpRequest request, Responder responder)>;
+// Told of every request the HTTP layer answers itself (400, 408, 413, 417, 431).
+using HttpRejectObserver = std::function<void(const HttpRequest &partial, int status, const QString &detail)>;
 
 // An HTTP/1.1 server on QTcpServer with llhttp (strict mode) as the parser. Keep-alive;
 // pipelined requests are handled one after the other (the parser pauses while a request is
@@ -47,6 +49,7 @@ public:
     int connectionCount() const { return m_connections; }
     const HttpLimits &limits() const { return m_limits; }
     const HttpHandler &handler() const { return m_handler; }
+    void setRejectObserver(HttpRejectObserver observer) { m_onReject = std::move(observer); }
 
 private:
     void acceptPending();
@@ -54,6 +57,7 @@ private:
     QTcpServer m_server;
     HttpLimits m_limits;
     HttpHandler m_handler;
+    HttpRejectObserver m_onReject;
     int m_connections = 0;
 };
 

@@ -31,6 +31,9 @@ Receiver::Receiver(Config config, std::shared_ptr<StorePool> pool, HttpLimits li
     m_server = new HttpServer(std::move(limits), [engine](HttpRequest request, Responder responder) {
         engine->handle(std::move(request), std::move(responder));
     });
+    m_server->setRejectObserver([engine](const HttpRequest &partial, int status, const QString &detail) {
+        engine->recordRejection(partial, status, detail);
+    });
     m_engine->moveToThread(&m_thread);
     m_server->moveToThread(&m_thread);
     m_thread.start();

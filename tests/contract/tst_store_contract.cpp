@@ -2,6 +2,7 @@
 //   tst_store_contract sqlite | redis | postgres
 // redis and postgres read IDEM_TEST_REDIS_URL / IDEM_TEST_POSTGRES_URL (./dev test sets them).
 #include "store/storefactory.h"
+#include "support/names.h"
 #include "util/clock.h"
 
 #include <QRandomGenerator>
@@ -11,15 +12,10 @@
 #include <thread>
 
 using namespace idem;
+using idem::test::name;
 
 namespace {
 QString g_backend;
-// Readable names for QCOMPARE of the state machine's enums.
-QString name(ClaimAction a) { return toString(a); }
-QString name(Outcome o) { return toString(o); }
-QString name(KeyState s) { return toString(s); }
-QString name(FinishVerdict v) { return toString(v); }
-QString name(OperatorVerdict v) { return QString::number(int(v)); }
 } // namespace
 
 class TestStoreContract : public QObject

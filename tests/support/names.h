@@ -1,0 +1,21 @@
+#pragma once
+
+#include "engine/statemachine.h"
+
+// Readable names for QCOMPARE of the state machine's enums (QTest cannot print them: their
+// toString() returns QString).
+namespace idem::test {
+inline QString name(ClaimAction a) { return toString(a); }
+inline QString name(Outcome o) { return toString(o); }
+inline QString name(KeyState s) { return toString(s); }
+inline QString name(FinishVerdict v) { return toString(v); }
+inline QString name(OperatorVerdict v)
+{
+    switch (v) {
+    case OperatorVerdict::Accept: return QStringLiteral("accept");
+    case OperatorVerdict::WrongState: return QStringLiteral("wrong-state");
+    case OperatorVerdict::Missing: return QStringLiteral("missing");
+    }
+    return {};
+}
+} // namespace idem::test
