@@ -1,5 +1,7 @@
 #include "store/storefactory.h"
 
+#include "store/postgresstore.h"
+#include "store/redisstore.h"
 #include "store/sqlitestore.h"
 
 namespace idem {
@@ -15,11 +17,20 @@ StoreFactory storeFactory(const StoreUrl &url)
             return std::unique_ptr<IdempotencyStore>(std::move(store.value()));
         };
     case StoreUrl::Kind::Redis:
+        return [url]() -> Result<std::unique_ptr<IdempotencyStore>> {
+            auto store = RedisStore::connect(url);
+            if (!store)
+                return store.error();
+            return std::unique_ptr<IdempotencyStore>(std::move(store.value()));
+        };
     case StoreUrl::Kind::Postgres:
         break;
     }
-    return [display = url.display()]() -> Result<std::unique_ptr<IdempotencyStore>> {
-        return makeError(ErrorCode::Invalid, u"store %1: this backend is not built in yet"_qs.arg(display));
+    return [url]() -> Result<std::unique_ptr<IdempotencyStore>> {
+        auto store = PostgresStore::connect(url);
+        if (!store)
+            return store.error();
+        return std::unique_ptr<IdempotencyStore>(std::move(store.value()));
     };
 }
 

@@ -1,0 +1,56 @@
+#pragma once
+
+#include "store/idempotencystore.h"
+#include "store/storeurl.h"
+
+#include <memory>
+
+namespace idem {
+
+struct PostgresOptions
+{
+    int connectTimeoutSeconds = 3;
+    int statementTimeoutMs = 5000; // every statement; a timeout is an error (503)
+    qint64 deliveryRetentionMs = 7LL * 24 * 3600 * 1000;
+};
+
+// PostgreSQL (libpqxx 6.4). The versioned schema from resources/sql/postgres is applied at
+// connect under an advisory lock. A new key is claimed by one INSERT … ON CONFLICT DO NOTHING
+// RETURNING; an existing one is locked (SELECT … FOR UPDATE), decided by decideClaim() and
+// updated in the same transaction. complete/fail is one UPDATE guarded by the fencing token.
+// Prepared statements; libpqxx's in_doubt_error is reported as InDoubt and never retried.
+// NOT thread-safe: a libpqxx connection is "a world of its own" (one per worker).
+class PostgresStore final : public IdempotencyStore
+{
+public:
+    static Result<std::unique_ptr<PostgresStore>> connect(const StoreUrl &url,
+                                                          const PostgresOptions &options = {});
+    ~PostgresStore() override;
+
+    Result<ClaimResult> claim(const ClaimRequest &request) override;
+    Result<FinishVerdict> finish(const FinishRequest &request) override;
+    Result<std::optional<KeyRecord>> key(const QString &key, qint64 nowMs) override;
+    Result<QList<KeyRecord>> listKeys(const KeyQuery &query) override;
+    Result<StateCounts> countKeys(const QString &endpoint, qint64 nowMs) override;
+    Result<OperatorVerdict> applyOperator(const QString &key, OperatorAction action, bool force,
+                                          const QString &detail, qint64 nowMs) override;
+    Result<qint64> purgeExpired(qint64 nowMs) override;
+    Result<void> appendDeliveries(const QList<DeliveryEvent> &events) override;
+    Result<QList<DeliveryEvent>> deliveries(const DeliveryQuery &query) override;
+    Result<void> ping() override;
+
+private:
+    struct Connection;
+    PostgresStore(std::unique_ptr<Connection> connection, StoreUrl url, PostgresOptions options);
+    template<typename F>
+    auto guarded(const char *what, bool writes, F &&body) -> decltype(body());
+
+    std::unique_ptr<Connection> m_conn;
+    StoreUrl m_url;
+    PostgresOptions m_options;
+};
+
+// A shell glob (* ? [...]) as an anchored POSIX regular expression for PostgreSQL's ~.
+QString globToPosixRegex(const QString &glob);
+
+} // namespace idem

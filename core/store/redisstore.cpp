@@ -1,0 +1,452 @@
+#include "store/redisstore.h"
+
+#include <QFile>
+#include <QJsonDocument>
+#include <QRegularExpression>
+
+#include <hiredis.h>
+
+namespace idem {
+
+namespace {
+
+constexpr int kHistoryCap = 64;
+const char *const kScripts[] = {"claim", "finish", "operator", "purge"};
+
+QByteArray num(qint64 v)
+{
+    return QByteArray::number(v);
+}
+
+QByteArray str(const redisReply *r)
+{
+    return r && (r->type == REDIS_REPLY_STRING || r->type == REDIS_REPLY_STATUS)
+               ? QByteArray(r->str, qsizetype(r->len))
+               : QByteArray();
+}
+
+QByteArray jsonText(const QJsonArray &array)
+{
+    return QJsonDocument(array).toJson(QJsonDocument::Compact);
+}
+
+QJsonArray jsonArray(const QByteArray &text)
+{
+    return QJsonDocument::fromJson(text).array();
+}
+
+// A record from HGETALL's flat field/value array (or HMGET's values with `fields`).
+KeyRecord recordFrom(const QHash<QByteArray, QByteArray> &f)
+{
+    KeyRecord r;
+    r.key = QString::fromUtf8(f.value("key"));
+    r.endpoint = QString::fromUtf8(f.value("endpoint"));
+    r.provider = QString::fromUtf8(f.value("provider"));
+    r.state = keyStateFromString(QString::fromLatin1(f.value("state"))).value_or(KeyState::Failed);
+    r.fingerprint = f.value("fingerprint");
+    r.token = f.value("token").toLongLong();
+    r.attempts = f.value("attempts").toInt();
+    r.createdMs = f.value("created").toLongLong();
+    r.updatedMs = f.value("updated").toLongLong();
+    r.leaseUntilMs = f.value("lease_until").toLongLong();
+    r.expiresAtMs = f.value("expires_at").toLongLong();
+    r.request.method = f.value("req_method");
+    r.request.path = f.value("req_path");
+    r.request.headers = headersFromJson(jsonArray(f.value("req_headers")));
+    r.request.body = f.value("req_body");
+    r.result.status = f.value("res_status").toInt();
+    r.result.headers = headersFromJson(jsonArray(f.value("res_headers")));
+    r.result.body = f.value("res_body");
+    r.error = QString::fromUtf8(f.value("error"));
+    r.history = historyFromJson(jsonArray(f.value("history")));
+    return r;
+}
+
+QHash<QByteArray, QByteArray> fieldsFrom(const redisReply *array)
+{
+    QHash<QByteArray, QByteArray> fields;
+    if (!array || array->type != REDIS_REPLY_ARRAY)
+        return fields;
+    for (size_t i = 0; i + 1 < array->elements; i += 2)
+        fields.insert(str(array->element[i]), str(array->element[i + 1]));
+    return fields;
+}
+
+const QList<QByteArray> kSummaryFields = {"key",     "endpoint", "provider",    "state",
+                                          "fingerprint", "token", "attempts",   "created",
+                                          "updated", "lease_until", "expires_at", "res_status",
+                                          "error"};
+
+ClaimAction actionFrom(const QByteArray &text)
+{
+    if (text == "create") return ClaimAction::Create;
+    if (text == "reclaim") return ClaimAction::Reclaim;
+    if (text == "replay") return ClaimAction::Replay;
+    if (text == "in-progress") return ClaimAction::InProgress;
+    return ClaimAction::Mismatch;
+}
+
+} // namespace
+
+RedisStore::RedisStore(redisContext *context, StoreUrl url, RedisOptions options)
+    : m_context(context), m_url(std::move(url)), m_options(options), m_prefix(m_url.prefix.toUtf8())
+{}
+
+RedisStore::~RedisStore()
+{
+    redisFree(m_context);
+}
+
+Result<std::unique_ptr<RedisStore>> RedisStore::connect(const StoreUrl &url, const RedisOptions &options)
+{
+    timeval connectTimeout{options.connectTimeoutMs / 1000, (options.connectTimeoutMs % 1000) * 1000};
+    redisContext *context = redisConnectWithTimeout(url.host.toUtf8().constData(), url.port, connectTimeout);
+    if (!context)
+        return makeError(ErrorCode::Unavailable, u"Redis %1: out of memory"_qs.arg(url.display()));
+    if (context->err) {
+        const QString message = QString::fromUtf8(context->errstr);
+        redisFree(context);
+        return makeError(ErrorCode::Unavailable,
+                         u"cannot connect to Redis at %1: %2"_qs.arg(url.display(), message));
+    }
+    timeval commandTimeout{options.commandTimeoutMs / 1000, (options.commandTimeoutMs % 1000) * 1000};
+    redisSetTimeout(context, commandTimeout);
+    std::unique_ptr<RedisStore> store(new RedisStore(context, url, options));
+    if (!url.password.isEmpty()) {
+        QList<QByteArray> auth{"AUTH"};
+        if (!url.user.isEmpty())
+            auth << url.user.toUtf8();
+        auth << url.password.toUtf8();
+        if (auto r = store->command(auth, false); !r)
+            return makeError(ErrorCode::Unavailable, u"Redis %1: authentication failed: %2"_qs.arg(url.display(), r.error().message));
+    }
+    if (url.database != u"0"_qs) {
+        if (auto r = store->command({"SELECT", url.database.toUtf8()}, false); !r)
+            return r.error();
+    }
+    if (auto r = store->loadScripts(); !r)
+        return r.error();
+    return store;
+}
+
+Error RedisStore::failure(const QString &what, bool writes) const
+{
+    // Without an answer we cannot know whether a write was applied: in doubt, never retried.
+    return makeError(writes ? ErrorCode::InDoubt : ErrorCode::Unavailable,
+                     u"Redis %1: %2"_qs.arg(m_url.display(), what));
+}
+
+Result<RedisStore::Reply> RedisStore::command(const QList<QByteArray> &args, bool writes)
+{
+    std::vector<const char *> argv;
+    std::vector<size_t> lengths;
+    argv.reserve(size_t(args.size()));
+    lengths.reserve(size_t(args.size()));
+    for (const QByteArray &a : args) {
+        argv.push_back(a.constData());
+        lengths.push_back(size_t(a.size()));
+    }
+    if (m_context->err)
+        return failure(u"connection lost: %1"_qs.arg(QString::fromUtf8(m_context->errstr)), false);
+    void *raw = redisCommandArgv(m_context, int(argv.size()), argv.data(), lengths.data());
+    if (!raw)
+        return failure(QString::fromUtf8(m_context->errstr), writes);
+    Reply reply(static_cast<redisReply *>(raw), freeReplyObject);
+    if (reply->type == REDIS_REPLY_ERROR)
+        return makeError(ErrorCode::Unavailable, u"Redis %1: %2"_qs.arg(m_url.display(), QString::fromUtf8(reply->str, int(reply->len))));
+    return reply;
+}
+
+Result<void> RedisStore::loadScripts()
+{
+    QFile commonFile(u":/redis/common.lua"_qs);
+    if (!commonFile.open(QIODevice::ReadOnly))
+        return makeError(ErrorCode::Internal, u"the Redis scripts are missing from the resources"_qs);
+    const QByteArray common = commonFile.readAll();
+    for (const char *name : kScripts) {
+        QFile file(u":/redis/%1.lua"_qs.arg(QLatin1String(name)));
+        if (!file.open(QIODevice::ReadOnly))
+            return makeError(ErrorCode::Internal, u"the Redis script %1.lua is missing"_qs.arg(QLatin1String(name)));
+        auto r = command({"SCRIPT", "LOAD", common + "\n" + file.readAll()}, false);
+        if (!r)
+            return r.error();
+        m_sha.insert(name, str(r->get()));
+    }
+    return {};
+}
+
+Result<RedisStore::Reply> RedisStore::script(const char *name, const QList<QByteArray> &args, bool writes)
+{
+    QList<QByteArray> call{"EVALSHA", m_sha.value(name), "0"};
+    call += args;
+    auto r = command(call, writes);
+    if (!r && r.error().code == ErrorCode::Unavailable && r.error().message.contains(u"NOSCRIPT"_qs)) {
+        // The server lost its script cache (restart, SCRIPT FLUSH): the script did not run.
+        if (auto loaded = loadScripts(); !loaded)
+            return loaded.error();
+        call[1] = m_sha.value(name);
+        return command(call, writes);
+    }
+    return r;
+}
+
+Result<ClaimResult> RedisStore::claim(const ClaimRequest &req)
+{
+    auto r = script("claim",
+                    {m_prefix, req.key.toUtf8(), req.endpoint.toUtf8(), req.provider.toUtf8(),
+                     req.fingerprint, num(req.nowMs), num(req.policy.leaseMs), num(req.policy.ttlMs),
+                     req.policy.onFailed == OnFailed::Reprocess ? "reprocess" : "reject",
+                     req.policy.onMismatch == OnMismatch::Reject ? "reject" : "ignore",
+                     req.request.method, req.request.path, jsonText(headersToJson(req.request.headers)),
+                     req.request.body, num(kHistoryCap)},
+                    true);
+    if (!r)
+        return r.error();
+    const redisReply *reply = r->get();
+    if (reply->type != REDIS_REPLY_ARRAY || reply->elements != 3)
+        return makeError(ErrorCode::Unavailable, u"Redis: unexpected answer from claim.lua"_qs);
+    ClaimResult result;
+    result.decision.action = actionFrom(str(reply->element[0]));
+    result.decision.outcome = outcomeFromString(QString::fromLatin1(str(reply->element[1]))).value_or(Outcome::Mismatch);
+    result.record = recordFrom(fieldsFrom(reply->element[2]));
+    return result;
+}
+
+Result<FinishVerdict> RedisStore::finish(const FinishRequest &req)
+{
+    auto r = script("finish",
+                    {m_prefix, req.key.toUtf8(), num(req.token), toString(req.state).toLatin1(),
+                     num(req.nowMs), num(req.result.status), jsonText(headersToJson(req.result.headers)),
+                     req.result.body, req.error.toUtf8(), num(kHistoryCap)},
+                    true);
+    if (!r)
+        return r.error();
+    const QByteArray verdict = str(r->get());
+    if (verdict == "accept") return FinishVerdict::Accept;
+    if (verdict == "stale-token") return FinishVerdict::StaleToken;
+    if (verdict == "not-processing") return FinishVerdict::NotProcessing;
+    return FinishVerdict::Missing;
+}
+
+Result<std::optional<KeyRecord>> RedisStore::key(const QString &key, qint64 nowMs)
+{
+    auto r = command({"HGETALL", m_prefix + "k:" + key.toUtf8()}, false);
+    if (!r)
+        return r.error();
+    const auto fields = fieldsFrom(r->get());
+    if (fields.isEmpty())
+        return std::optional<KeyRecord>();
+    KeyRecord record = recordFrom(fields);
+    if (record.expiredAt(nowMs))
+        return std::optional<KeyRecord>();
+    return std::optional<KeyRecord>(std::move(record));
+}
+
+Result<qint64> RedisStore::purgeSlice(qint64 nowMs)
+{
+    auto r = script("purge", {m_prefix, num(nowMs), "5000"}, true);
+    if (!r)
+        return r.error();
+    return qint64(r->get()->integer);
+}
+
+Result<QList<KeyRecord>> RedisStore::listKeys(const KeyQuery &q)
+{
+    if (auto purged = purgeSlice(q.nowMs); !purged)
+        return purged.error();
+    QByteArray index;
+    const QByteArray state = q.state ? toString(*q.state).toLatin1() : QByteArray();
+    if (q.state && !q.endpoint.isEmpty())
+        index = m_prefix + "i:es:" + q.endpoint.toUtf8() + ":" + state;
+    else if (!q.endpoint.isEmpty())
+        index = m_prefix + "i:e:" + q.endpoint.toUtf8();
+    else if (q.state)
+        index = m_prefix + "i:s:" + state;
+    else
+        index = m_prefix + "i:all";
+
+    // Keys newest first; a glob filters as it goes (ZSCAN's MATCH would lose the order).
+    const QRegularExpression glob(q.glob.isEmpty() ? QString()
+                                                   : QRegularExpression::wildcardToRegularExpression(
+                                                         q.glob, QRegularExpression::UnanchoredWildcardConversion));
+    const QRegularExpression anchored(glob.pattern().isEmpty() ? QString() : u"\\A(?:"_qs + glob.pattern() + u")\\z"_qs);
+    QList<QByteArray> keys;
+    qint64 skipped = 0;
+    const qint64 chunk = q.glob.isEmpty() ? q.limit : 1000;
+    for (qint64 start = q.glob.isEmpty() ? q.offset : 0;; start += chunk) {
+        auto r = command({"ZREVRANGE", index, num(start), num(start + chunk - 1)}, false);
+        if (!r)
+            return r.error();
+        const redisReply *array = r->get();
+        for (size_t i = 0; i < array->elements && keys.size() < q.limit; ++i) {
+            const QByteArray key = str(array->element[i]);
+            if (!q.glob.isEmpty()) {
+                if (!anchored.match(QString::fromUtf8(key)).hasMatch())
+                    continue;
+                if (skipped++ < q.offset)
+                    continue;
+            }
+            keys.append(key);
+        }
+        if (q.glob.isEmpty() || keys.size() >= q.limit || qint64(array->elements) < chunk)
+            break;
+    }
+
+    // One round trip for all the records.
+    QList<QByteArray> hmget{"HMGET", QByteArray()};
+    hmget += kSummaryFields;
+    for (const QByteArray &key : keys) {
+        hmget[1] = m_prefix + "k:" + key;
+        std::vector<const char *> argv;
+        std::vector<size_t> lengths;
+        for (const auto &a : hmget) {
+            argv.push_back(a.constData());
+            lengths.push_back(size_t(a.size()));
+        }
+        redisAppendCommandArgv(m_context, int(argv.size()), argv.data(), lengths.data());
+    }
+    QList<KeyRecord> records;
+    for (qsizetype i = 0; i < keys.size(); ++i) {
+        void *raw = nullptr;
+        if (redisGetReply(m_context, &raw) != REDIS_OK || !raw)
+            return failure(QString::fromUtf8(m_context->errstr), false);
+        Reply reply(static_cast<redisReply *>(raw), freeReplyObject);
+        QHash<QByteArray, QByteArray> fields;
+        for (size_t f = 0; f < reply->elements && f < size_t(kSummaryFields.size()); ++f)
+            if (reply->element[f]->type == REDIS_REPLY_STRING)
+                fields.insert(kSummaryFields.at(qsizetype(f)), str(reply->element[f]));
+        if (fields.isEmpty())
+            continue; // expired between the index read and now
+        KeyRecord record = recordFrom(fields);
+        if (!record.expiredAt(q.nowMs))
+            records.append(std::move(record));
+    }
+    return records;
+}
+
+Result<StateCounts> RedisStore::countKeys(const QString &endpoint, qint64 nowMs)
+{
+    if (auto purged = purgeSlice(nowMs); !purged)
+        return purged.error();
+    StateCounts counts;
+    qint64 *slots[] = {&counts.processing, &counts.completed, &counts.failed, &counts.reset};
+    for (int s = 0; s < 4; ++s) {
+        const QByteArray state = toString(KeyState(s)).toLatin1();
+        const QByteArray index = endpoint.isEmpty() ? m_prefix + "i:s:" + state
+                                                    : m_prefix + "i:es:" + endpoint.toUtf8() + ":" + state;
+        auto r = command({"ZCARD", index}, false);
+        if (!r)
+            return r.error();
+        *slots[s] = r->get()->integer;
+    }
+    return counts;
+}
+
+Result<OperatorVerdict> RedisStore::applyOperator(const QString &key, OperatorAction action, bool force,
+                                                  const QString &detail, qint64 nowMs)
+{
+    const QByteArray name = action == OperatorAction::Reset       ? "reset"
+                            : action == OperatorAction::ForceFail ? "force-fail"
+                                                                  : "delete";
+    auto r = script("operator", {m_prefix, key.toUtf8(), name, force ? "1" : "0", detail.toUtf8(),
+                                 num(nowMs), num(kHistoryCap)},
+                    true);
+    if (!r)
+        return r.error();
+    const QByteArray verdict = str(r->get());
+    if (verdict == "accept") return OperatorVerdict::Accept;
+    if (verdict == "wrong-state") return OperatorVerdict::WrongState;
+    return OperatorVerdict::Missing;
+}
+
+Result<qint64> RedisStore::purgeExpired(qint64 nowMs)
+{
+    qint64 total = 0;
+    for (;;) {
+        auto n = purgeSlice(nowMs);
+        if (!n)
+            return n.error();
+        total += *n;
+        if (*n < 5000)
+            return total;
+    }
+}
+
+Result<void> RedisStore::appendDeliveries(const QList<DeliveryEvent> &events)
+{
+    const QByteArray stream = m_prefix + "log";
+    const QByteArray maxLen = num(m_options.logMaxLength);
+    for (const DeliveryEvent &e : events) {
+        const QList<QByteArray> args{"XADD", stream, "MAXLEN", "~", maxLen, "*",
+                                     "at", num(e.atMs), "e", e.endpoint.toUtf8(), "k", e.key.toUtf8(),
+                                     "o", toString(e.outcome).toLatin1(), "s", num(e.status),
+                                     "l", num(e.latencyUs), "t", num(e.token), "i", e.instance.toUtf8(),
+                                     "d", e.detail.toUtf8()};
+        std::vector<const char *> argv;
+        std::vector<size_t> lengths;
+        for (const auto &a : args) {
+            argv.push_back(a.constData());
+            lengths.push_back(size_t(a.size()));
+        }
+        redisAppendCommandArgv(m_context, int(argv.size()), argv.data(), lengths.data());
+    }
+    for (qsizetype i = 0; i < events.size(); ++i) {
+        void *raw = nullptr;
+        if (redisGetReply(m_context, &raw) != REDIS_OK || !raw)
+            return failure(QString::fromUtf8(m_context->errstr), true);
+        freeReplyObject(raw);
+    }
+    return {};
+}
+
+Result<QList<DeliveryEvent>> RedisStore::deliveries(const DeliveryQuery &q)
+{
+    QList<DeliveryEvent> events;
+    QByteArray end = "+";
+    qint64 scanned = 0;
+    while (events.size() < q.limit && scanned < m_options.logMaxLength * 2) {
+        auto r = command({"XREVRANGE", m_prefix + "log", end, "-", "COUNT", "1000"}, false);
+        if (!r)
+            return r.error();
+        const redisReply *array = r->get();
+        if (array->elements == 0)
+            break;
+        bool older = false;
+        for (size_t i = 0; i < array->elements && events.size() < q.limit; ++i) {
+            const redisReply *entry = array->element[i];
+            end = "(" + str(entry->element[0]);
+            const auto f = fieldsFrom(entry->element[1]);
+            DeliveryEvent e;
+            e.atMs = f.value("at").toLongLong();
+            if (e.atMs < q.sinceMs) {
+                older = true;
+                break;
+            }
+            e.endpoint = QString::fromUtf8(f.value("e"));
+            e.key = QString::fromUtf8(f.value("k"));
+            if ((!q.key.isEmpty() && e.key != q.key) || (!q.endpoint.isEmpty() && e.endpoint != q.endpoint))
+                continue;
+            e.outcome = outcomeFromString(QString::fromLatin1(f.value("o"))).value_or(Outcome::Rejected);
+            e.status = f.value("s").toInt();
+            e.latencyUs = f.value("l").toLongLong();
+            e.token = f.value("t").toLongLong();
+            e.instance = QString::fromUtf8(f.value("i"));
+            e.detail = QString::fromUtf8(f.value("d"));
+            events.append(e);
+        }
+        scanned += qint64(array->elements);
+        if (older || array->elements < 1000)
+            break;
+    }
+    return events;
+}
+
+Result<void> RedisStore::ping()
+{
+    auto r = command({"PING"}, false);
+    if (!r)
+        return r.error();
+    return {};
+}
+
+} // namespace idem

@@ -1,0 +1,62 @@
+#pragma once
+
+#include "store/idempotencystore.h"
+#include "store/storeurl.h"
+
+#include <QHash>
+
+#include <memory>
+
+struct redisContext;
+struct redisReply;
+
+namespace idem {
+
+struct RedisOptions
+{
+    int connectTimeoutMs = 2000;
+    int commandTimeoutMs = 3000; // every call; a timeout is an error (503), never a retry
+    qint64 logMaxLength = 100000; // the delivery log stream is capped (MAXLEN ~)
+};
+
+// Redis (hiredis 0.14). Each transition is one Lua script from resources/redis, loaded once
+// per connection (SCRIPT LOAD) and run with EVALSHA; on NOSCRIPT it is loaded again — safe,
+// since NOSCRIPT means it did not run. A broken connection during a write is InDoubt: it is
+// never retried here. Records expire natively (PEXPIREAT); sorted-set indexes serve the
+// dashboard without KEYS and are cleaned by purge.lua. NOT thread-safe (one per worker).
+class RedisStore final : public IdempotencyStore
+{
+public:
+    static Result<std::unique_ptr<RedisStore>> connect(const StoreUrl &url,
+                                                       const RedisOptions &options = {});
+    ~RedisStore() override;
+
+    Result<ClaimResult> claim(const ClaimRequest &request) override;
+    Result<FinishVerdict> finish(const FinishRequest &request) override;
+    Result<std::optional<KeyRecord>> key(const QString &key, qint64 nowMs) override;
+    Result<QList<KeyRecord>> listKeys(const KeyQuery &query) override;
+    Result<StateCounts> countKeys(const QString &endpoint, qint64 nowMs) override;
+    Result<OperatorVerdict> applyOperator(const QString &key, OperatorAction action, bool force,
+                                          const QString &detail, qint64 nowMs) override;
+    Result<qint64> purgeExpired(qint64 nowMs) override;
+    Result<void> appendDeliveries(const QList<DeliveryEvent> &events) override;
+    Result<QList<DeliveryEvent>> deliveries(const DeliveryQuery &query) override;
+    Result<void> ping() override;
+
+private:
+    using Reply = std::unique_ptr<redisReply, void (*)(void *)>;
+    RedisStore(redisContext *context, StoreUrl url, RedisOptions options);
+    Result<Reply> command(const QList<QByteArray> &args, bool writes);
+    Result<Reply> script(const char *name, const QList<QByteArray> &args, bool writes);
+    Result<void> loadScripts();
+    Result<qint64> purgeSlice(qint64 nowMs);
+    Error failure(const QString &what, bool writes) const;
+
+    redisContext *m_context;
+    StoreUrl m_url;
+    RedisOptions m_options;
+    QByteArray m_prefix;
+    QHash<QByteArray, QByteArray> m_sha; // script name → SHA1
+};
+
+} // namespace idem

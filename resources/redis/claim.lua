@@ -1,0 +1,74 @@
+-- claim: read the key, decide (the Redis twin of decideClaim() in core/engine/statemachine.cpp,
+-- held to it by the store contract suite), apply; all atomic.
+-- ARGV: prefix key endpoint provider fingerprint now lease_ms ttl_ms on_failed on_mismatch
+--       req_method req_path req_headers req_body history_cap
+-- Returns {action, outcome, HGETALL of the record after the step}.
+local prefix, key, endpoint, provider, fp = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
+local now, leaseMs, ttlMs = tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8])
+local onFailed, onMismatch = ARGV[9], ARGV[10]
+local cap = tonumber(ARGV[15])
+local rk = prefix .. 'k:' .. key
+
+local cur = redis.call('HMGET', rk, 'state', 'fingerprint', 'lease_until', 'expires_at', 'attempts',
+                       'created', 'history')
+local state, oldFp = cur[1], cur[2]
+local leaseUntil, expires = tonumber(cur[3] or '0'), tonumber(cur[4] or '0')
+
+local action, outcome
+if not state or expires <= now then
+  action, outcome = 'create', 'processed'
+elseif state == 'reset' then
+  action, outcome = 'reclaim', 'reprocessed'
+elseif onMismatch == 'reject' and oldFp ~= fp then
+  action, outcome = 'mismatch', 'mismatch'
+elseif state == 'processing' then
+  if leaseUntil > now then
+    action, outcome = 'in-progress', 'in-progress'
+  else
+    action, outcome = 'reclaim', 'recovered'
+  end
+elseif state == 'completed' then
+  action, outcome = 'replay', 'replayed'
+elseif onFailed == 'reprocess' then
+  action, outcome = 'reclaim', 'reprocessed'
+else
+  action, outcome = 'replay', 'replayed'
+end
+
+if action == 'mismatch' then
+  return {action, outcome, redis.call('HGETALL', rk)}
+end
+if action == 'replay' or action == 'in-progress' then
+  redis.call('HINCRBY', rk, 'attempts', 1)
+  redis.call('HSET', rk, 'updated', fmt(now))
+  for _, k in ipairs(indexKeys(prefix, endpoint, state)) do
+    redis.call('ZADD', k, 'XX', now, key)
+  end
+  return {action, outcome, redis.call('HGETALL', rk)}
+end
+
+local token = redis.call('INCR', prefix .. 'tokens')
+local attempts, created, history = 1, now, '[]'
+if state then
+  unindex(prefix, key)
+end
+if action == 'reclaim' then
+  attempts = tonumber(cur[5]) + 1
+  created = tonumber(cur[6])
+  history = cur[7]
+end
+local event = 'claimed'
+if outcome == 'recovered' or outcome == 'reprocessed' then
+  event = outcome
+end
+history = appendHistory(history, {at = now, event = event, token = token}, cap)
+local expiresAt = now + ttlMs
+redis.call('DEL', rk)
+redis.call('HSET', rk, 'key', key, 'endpoint', endpoint, 'provider', provider, 'state', 'processing',
+           'fingerprint', fp, 'token', token, 'attempts', attempts, 'created', fmt(created),
+           'updated', fmt(now), 'lease_until', fmt(now + leaseMs), 'expires_at', fmt(expiresAt),
+           'req_method', ARGV[11], 'req_path', ARGV[12], 'req_headers', ARGV[13], 'req_body', ARGV[14],
+           'res_status', 0, 'res_headers', '[]', 'res_body', '', 'error', '', 'history', history)
+redis.call('PEXPIREAT', rk, fmt(expiresAt))
+index(prefix, key, endpoint, 'processing', now, expiresAt)
+return {action, outcome, redis.call('HGETALL', rk)}
