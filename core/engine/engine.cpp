@@ -31,6 +31,7 @@ HttpResponse fromStored(const StoredResult &stored)
 }
 
 constexpr int kLogBatch = 512;
+constexpr int kLogBacklog = 50000; // deliveries kept in memory while the store is away
 
 } // namespace
 
@@ -284,10 +285,11 @@ void IdempotencyEngine::respond(const DeliveryPtr &d, HttpResponse response, Out
 
 void IdempotencyEngine::flushLog()
 {
-    if (m_logBuffer.isEmpty())
+    if (m_logBuffer.isEmpty() || m_logInFlight)
         return;
     QList<DeliveryEvent> batch;
     batch.swap(m_logBuffer);
+    m_logInFlight = true;
     m_pool->submit<Ok>(
         this,
         [batch](IdempotencyStore &store) -> Result<Ok> {
@@ -295,9 +297,21 @@ void IdempotencyEngine::flushLog()
                 return r.error();
             return Ok{};
         },
-        [](Result<Ok> r) {
-            if (!r)
-                qCWarning(lcEngine, "delivery log not written: %s", qPrintable(r.error().message));
+        [this, batch](Result<Ok> r) {
+            m_logInFlight = false;
+            if (r) {
+                if (m_logFailing)
+                    qCInfo(lcEngine, "delivery log written again");
+                m_logFailing = false;
+                return;
+            }
+            // Kept for the next flush while the store is away, up to a bound.
+            if (!m_logFailing)
+                qCWarning(lcEngine, "delivery log not written, keeping it for later: %s",
+                          qPrintable(r.error().message));
+            m_logFailing = true;
+            if (m_logBuffer.size() + batch.size() <= kLogBacklog)
+                m_logBuffer = batch + m_logBuffer;
         });
 }
 

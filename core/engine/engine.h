@@ -64,6 +64,8 @@ private:
     std::atomic<qint64> m_processorRuns{0};
     std::atomic<qint64> m_inFlight{0};
     QList<DeliveryEvent> m_logBuffer;
+    bool m_logInFlight = false;
+    bool m_logFailing = false;
     QTimer m_logTimer;
     QTimer m_purgeTimer;
 };
