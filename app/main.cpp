@@ -1,4 +1,4 @@
-#include "serve.h"
+#include "cli/common.h"
 
 #include <QCoreApplication>
 
@@ -15,6 +15,9 @@ const char kUsage[] =
     "Commands:\n"
     "  gui     dashboard with the embedded receiver (the default)\n"
     "  serve   headless receiver, one log line per delivery\n"
+    "  keys    list | show | reset | retry | delete | purge-expired\n"
+    "  stats   counts by state and outcome, duplicate ratio, store health\n"
+    "  storm   fire identical signed deliveries at a running receiver\n"
     "\n"
     "Common options: --config FILE, --store URL, --listen HOST:PORT. `idemdesk COMMAND --help`\n"
     "describes a command.\n";
@@ -39,10 +42,15 @@ int main(int argc, char **argv)
     arguments.removeAt(1);
     if (command == u"gui")
         return idem::cli::gui(argc, argv, arguments);
-    if (command == u"serve") {
-        QCoreApplication app(argc, argv);
+    QCoreApplication app(argc, argv);
+    if (command == u"serve")
         return idem::cli::serve(arguments);
-    }
+    if (command == u"keys")
+        return idem::cli::keys(arguments);
+    if (command == u"stats")
+        return idem::cli::stats(arguments);
+    if (command == u"storm")
+        return idem::cli::storm(arguments);
     std::fprintf(stderr, "idemdesk: unknown command '%s'\n%s", qPrintable(command), kUsage);
     return 2;
 }

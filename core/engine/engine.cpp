@@ -283,6 +283,88 @@ void IdempotencyEngine::respond(const DeliveryPtr &d, HttpResponse response, Out
     Q_EMIT delivered(event);
 }
 
+void IdempotencyEngine::retryKey(const QString &key, bool force,
+                                 std::function<void(Result<RetryOutcome>)> done)
+{
+    QHash<QString, ClaimPolicy> policies;
+    for (const auto &e : m_config.endpoints)
+        policies.insert(e.name, e.settings.claimPolicy());
+    ++m_inFlight;
+    const qint64 startUs = monotonicUs();
+    m_pool->submit<ClaimResult>(
+        this,
+        [key, force, policies](IdempotencyStore &store) -> Result<ClaimResult> {
+            const qint64 now = nowMs();
+            auto existing = store.key(key, now);
+            if (!existing)
+                return existing.error();
+            if (!existing->has_value())
+                return makeError(ErrorCode::NotFound, u"no key %1"_qs.arg(key));
+            const KeyRecord &record = **existing;
+            if (!policies.contains(record.endpoint))
+                return makeError(ErrorCode::NotFound,
+                                 u"%1: endpoint \"%2\" is not in the config, so its processor is unknown"_qs
+                                     .arg(key, record.endpoint));
+            if (record.state != KeyState::Reset) {
+                auto verdict = store.applyOperator(key, OperatorAction::Reset, force, u"operator retry"_qs, now);
+                if (!verdict)
+                    return verdict.error();
+                if (*verdict == OperatorVerdict::WrongState)
+                    return makeError(ErrorCode::Conflict,
+                                     u"%1 is %2: not retried (--force retries it anyway)"_qs.arg(key, toString(record.state)));
+                if (*verdict == OperatorVerdict::Missing)
+                    return makeError(ErrorCode::NotFound, u"no key %1"_qs.arg(key));
+            }
+            ClaimRequest claim;
+            claim.key = key;
+            claim.endpoint = record.endpoint;
+            claim.provider = record.provider;
+            claim.fingerprint = record.fingerprint;
+            claim.request = record.request;
+            claim.policy = policies.value(record.endpoint);
+            claim.nowMs = now;
+            auto claimed = store.claim(claim);
+            if (claimed && !claimed->claimed())
+                return makeError(ErrorCode::Conflict,
+                                 u"%1: a delivery claimed it first (%2)"_qs.arg(key, toString(claimed->decision.outcome)));
+            return claimed;
+        },
+        [this, done, startUs](Result<ClaimResult> claimed) {
+            if (!claimed) {
+                --m_inFlight;
+                return done(claimed.error());
+            }
+            const KeyRecord record = claimed->record;
+            auto d = std::make_shared<Delivery>();
+            d->startUs = startUs;
+            d->key = record.key;
+            d->endpoint = m_config.endpoint(record.endpoint);
+            ++m_processorRuns;
+            m_processors.at(record.endpoint)->run(record.key, record.request, [this, d, record, done](ProcessResult processed) {
+                FinishRequest finish;
+                finish.key = record.key;
+                finish.token = record.token;
+                finish.state = processed.success ? KeyState::Completed : KeyState::Failed;
+                finish.result = processed.response;
+                finish.error = processed.error;
+                finish.nowMs = nowMs();
+                m_pool->submit<FinishVerdict>(
+                    this, [finish](IdempotencyStore &store) { return store.finish(finish); },
+                    [this, d, record, processed, done](Result<FinishVerdict> verdict) {
+                        respond(d, fromStored(processed.response), Outcome::Reprocessed, record.token,
+                                u"operator retry"_qs);
+                        if (!verdict)
+                            return done(verdict.error());
+                        if (*verdict != FinishVerdict::Accept)
+                            return done(makeError(ErrorCode::Conflict,
+                                                  u"%1: the result was not stored (%2)"_qs.arg(record.key, toString(*verdict))));
+                        done(RetryOutcome{record.key, Outcome::Reprocessed, processed.success,
+                                          processed.response, processed.error});
+                    });
+            });
+        });
+}
+
 void IdempotencyEngine::flushLog()
 {
     if (m_logBuffer.isEmpty() || m_logInFlight)

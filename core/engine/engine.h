@@ -15,6 +15,15 @@
 
 namespace idem {
 
+struct RetryOutcome
+{
+    QString key;
+    Outcome outcome = Outcome::Reprocessed;
+    bool completed = false; // the processor succeeded and the result is stored
+    StoredResult response;
+    QString error;
+};
+
 struct EngineCounters
 {
     std::array<qint64, 8> byOutcome{}; // indexed by Outcome
@@ -39,6 +48,10 @@ public:
     EngineCounters counters() const;
     qint64 inFlight() const { return m_inFlight.load(); }
     const Config &config() const { return m_config; }
+    // Operator "retry now": runs the stored request of `key` through its endpoint's processor
+    // again (a reset and a claim under a new token), records and returns the result. Failed and
+    // reset keys only, unless `force` (completed, or processing under someone else's lease).
+    void retryKey(const QString &key, bool force, std::function<void(Result<RetryOutcome>)> done);
     // Sends the buffered delivery log to the store now (at shutdown).
     void flushLog();
 

@@ -59,6 +59,17 @@ std::optional<QJsonValue> resolvePointer(const QJsonValue &root, const QString &
 
 namespace {
 
+QJsonValue setPointer(const QJsonValue &node, QStringList tokens, const QString &value)
+{
+    if (tokens.isEmpty())
+        return value;
+    QString token = tokens.takeFirst();
+    token.replace(u"~1"_qs, u"/"_qs).replace(u"~0"_qs, u"~"_qs);
+    QJsonObject object = node.toObject();
+    object.insert(token, setPointer(object.value(token), tokens, value));
+    return object;
+}
+
 QString scalarText(const QJsonValue &v)
 {
     if (v.isString())
@@ -101,6 +112,28 @@ public:
         return makeError(ErrorCode::Invalid,
                          u"the %1 signature does not match the body (HMAC-SHA256, hex)"_qs.arg(
                              QString::fromLatin1(endpoint.signatureHeader)));
+    }
+
+    OutgoingDelivery makeDelivery(const EndpointConfig &e, const QString &eventId, qint64) const override
+    {
+        OutgoingDelivery out;
+        const KeySpec &spec = e.key;
+        QJsonObject body{{u"type"_qs, u"storm.test"_qs}, {u"data"_qs, QJsonObject{{u"event"_qs, eventId}}}};
+        const bool configured = !spec.header.isEmpty() || !spec.jsonPointer.isEmpty() || !spec.composite.isEmpty();
+        if (!configured || !spec.header.isEmpty()) {
+            out.headers.append({configured ? spec.header : QByteArray("Idempotency-Key"), eventId.toUtf8()});
+        } else {
+            // Put the id where the pointer (or the first composite field) reads it.
+            const QString pointer = !spec.jsonPointer.isEmpty() ? spec.jsonPointer : spec.composite.first();
+            body = setPointer(body, pointer.mid(1).split(u'/'), eventId).toObject();
+        }
+        out.headers.append({QByteArray("Content-Type"), QByteArray("application/json")});
+        out.body = QJsonDocument(body).toJson(QJsonDocument::Compact);
+        if (!e.secrets.isEmpty())
+            out.headers.append({e.signatureHeader,
+                                "sha256=" + QMessageAuthenticationCode::hash(out.body, e.secrets.first().toUtf8(),
+                                                                             QCryptographicHash::Sha256).toHex()});
+        return out;
     }
 
     KeyExtraction extractKey(const HttpRequest &request, const EndpointConfig &e) const override

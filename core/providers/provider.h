@@ -17,6 +17,13 @@ struct KeyExtraction
     QString detail; // for Missing / Invalid: what was looked for
 };
 
+// A delivery as a provider's sender makes it: headers and body, signed.
+struct OutgoingDelivery
+{
+    HeaderList headers;
+    QByteArray body;
+};
+
 // One sender's conventions: how it signs and where it puts the event id. Stateless and
 // thread-safe; one instance per provider for the whole process.
 class Provider
@@ -32,6 +39,10 @@ public:
                                      const EndpointConfig &endpoint) const = 0;
     // How long the sender keeps retrying: a TTL shorter than this lets a late retry through.
     virtual qint64 retryWindowSeconds() const = 0;
+    // The event `eventId` as this sender would deliver it to `endpoint`, signed with its first
+    // secret at `nowSeconds` (storms and tests: the key lands where extractKey() reads it).
+    virtual OutgoingDelivery makeDelivery(const EndpointConfig &endpoint, const QString &eventId,
+                                          qint64 nowSeconds) const = 0;
 };
 
 const Provider *providerFor(QStringView name);

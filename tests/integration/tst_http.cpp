@@ -1,6 +1,6 @@
 // The HTTP layer alone: keep-alive, pipelining, limits, timeouts, hostile input.
 #include "http/httpserver.h"
-#include "support/httpclient.h"
+#include "http/blockingclient.h"
 
 #include <QTest>
 #include <QThread>
@@ -9,7 +9,6 @@
 #include <atomic>
 
 using namespace idem;
-using namespace idem::test;
 
 class TestHttp : public QObject
 {

@@ -2,7 +2,7 @@
 // 64 concurrent identical deliveries per key, spread over two processes, for 200 keys,
 // reach a counting downstream exactly 200 times.
 #include "support/downstream.h"
-#include "support/httpclient.h"
+#include "http/blockingclient.h"
 
 #include <QProcess>
 #include <QRandomGenerator>

@@ -3,7 +3,7 @@
 #include "receiver/receiver.h"
 #include "store/storefactory.h"
 #include "support/downstream.h"
-#include "support/httpclient.h"
+#include "http/blockingclient.h"
 #include "support/servers.h"
 
 #include <QTemporaryDir>

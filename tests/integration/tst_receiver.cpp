@@ -3,7 +3,7 @@
 #include "store/storefactory.h"
 #include "store/sqlitestore.h"
 #include "support/downstream.h"
-#include "support/httpclient.h"
+#include "http/blockingclient.h"
 #include "support/names.h"
 #include "util/clock.h"
 

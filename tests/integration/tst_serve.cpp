@@ -1,6 +1,6 @@
 // `idemdesk serve` as a user runs it: a real process, signals, restarts, exit codes.
 #include "store/sqlitestore.h"
-#include "support/httpclient.h"
+#include "http/blockingclient.h"
 #include "support/names.h"
 #include "util/clock.h"
 

@@ -3,7 +3,7 @@
 #include "mainwindow.h"
 #include "receiver/receiver.h"
 #include "store/storefactory.h"
-#include "support/httpclient.h"
+#include "http/blockingclient.h"
 
 #include <QAbstractItemModelTester>
 #include <QLabel>
@@ -14,7 +14,6 @@
 #include <thread>
 
 using namespace idem;
-using namespace idem::test;
 
 class TestUi : public QObject
 {

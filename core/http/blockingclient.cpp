@@ -1,4 +1,4 @@
-#include "support/httpclient.h"
+#include "http/blockingclient.h"
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -9,15 +9,19 @@
 
 #include <cerrno>
 
-namespace idem::test {
+namespace idem {
 
-RawConnection::RawConnection(quint16 port, int timeoutMs) : m_timeoutMs(timeoutMs)
+RawConnection::RawConnection(quint16 port, int timeoutMs, const QByteArray &ipv4) : m_timeoutMs(timeoutMs)
 {
     m_fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
     sockaddr_in addr{};
     addr.sin_family = AF_INET;
     addr.sin_port = htons(port);
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (::inet_pton(AF_INET, ipv4.constData(), &addr.sin_addr) != 1) {
+        ::close(m_fd);
+        m_fd = -1;
+        return;
+    }
     if (::connect(m_fd, reinterpret_cast<sockaddr *>(&addr), sizeof addr) != 0) {
         ::close(m_fd);
         m_fd = -1;
@@ -154,4 +158,4 @@ ClientResponse post(quint16 port, const QByteArray &path, const QByteArray &body
     return c.readResponse();
 }
 
-} // namespace idem::test
+} // namespace idem

@@ -5,9 +5,10 @@
 #include <QByteArray>
 #include <QString>
 
-// A blocking HTTP/1.1 client on plain sockets, for tests: it may run on any thread (64 at once
-// for a storm) and sends exactly the bytes it is given, malformed ones included.
-namespace idem::test {
+// A blocking HTTP/1.1 client on plain sockets (loopback or any IPv4 host), for `storm` and the
+// tests: it may run on any thread (64 at once for a storm) and sends exactly the bytes it is
+// given, malformed ones included. Responses are framed by Content-Length.
+namespace idem {
 
 struct ClientResponse
 {
@@ -21,7 +22,7 @@ struct ClientResponse
 class RawConnection
 {
 public:
-    explicit RawConnection(quint16 port, int timeoutMs = 15000);
+    explicit RawConnection(quint16 port, int timeoutMs = 15000, const QByteArray &ipv4 = "127.0.0.1");
     ~RawConnection();
     RawConnection(const RawConnection &) = delete;
 
@@ -45,4 +46,4 @@ ClientResponse post(quint16 port, const QByteArray &path, const QByteArray &body
 QByteArray buildPost(const QByteArray &path, const QByteArray &body, const HeaderList &headers,
                      bool close = true);
 
-} // namespace idem::test
+} // namespace idem

@@ -1,4 +1,4 @@
-#include "serve.h"
+#include "cli/common.h"
 
 #include "mainwindow.h"
 #include "receiver/receiver.h"
@@ -30,20 +30,6 @@ void onSignal(int)
     [[maybe_unused]] ssize_t n = ::write(g_signalPipe[1], &byte, 1);
 }
 
-void printError(const QString &message)
-{
-    std::fprintf(stderr, "idemdesk: %s\n", qPrintable(message));
-}
-
-void addCommonOptions(QCommandLineParser &parser)
-{
-    parser.addHelpOption();
-    parser.addOption({u"config"_qs, u"JSON config file (SPEC §2)."_qs, u"FILE"_qs});
-    parser.addOption({u"store"_qs, u"Store URL: sqlite:PATH, redis://host:port[/db], postgresql://user@host:port/db."_qs, u"URL"_qs});
-    parser.addOption({u"listen"_qs, u"Address to receive webhooks on (default 127.0.0.1:8787)."_qs, u"HOST:PORT"_qs});
-    parser.addOption({u"allow-remote"_qs, u"Allow --listen on a non-loopback address."_qs});
-}
-
 QString logLine(const DeliveryEvent &e, bool json)
 {
     if (json)
@@ -60,60 +46,20 @@ QString logLine(const DeliveryEvent &e, bool json)
 
 } // namespace
 
-Result<CommonOptions> loadCommon(const QString &configPath, const QString &store,
-                                 const QString &listen, bool allowRemote)
-{
-    CommonOptions options;
-    options.allowRemote = allowRemote;
-    if (!configPath.isEmpty()) {
-        auto config = Config::load(configPath);
-        if (!config)
-            return config.error();
-        options.config = *config;
-    } else {
-        options.config = Config::builtin();
-    }
-    options.storeUrl = !store.isEmpty() ? store : options.config.store;
-    if (auto url = StoreUrl::parse(options.storeUrl); !url)
-        return url.error();
-    if (!listen.isEmpty()) {
-        auto address = ListenAddress::parse(listen);
-        if (!address)
-            return makeError(ErrorCode::Invalid, u"--listen %1"_qs.arg(address.error().message));
-        options.config.listen = *address;
-    }
-    if (!options.config.listen.host.isLoopback() && !allowRemote)
-        return makeError(ErrorCode::Invalid,
-                         u"refusing to listen on %1, which is not a loopback address: add --allow-remote if you mean it"_qs
-                             .arg(options.config.listen.toString()));
-    return options;
-}
-
 int serve(const QStringList &arguments)
 {
     QCommandLineParser parser;
     parser.setApplicationDescription(u"Headless webhook receiver: one log line per delivery on stdout."_qs);
     addCommonOptions(parser);
     parser.addOption({u"log-format"_qs, u"text or json."_qs, u"FORMAT"_qs, u"text"_qs});
-    if (!parser.parse(arguments)) {
-        printError(parser.errorText());
-        return 2;
-    }
-    if (parser.isSet(u"help"_qs)) {
-        std::fputs(qPrintable(parser.helpText()), stdout);
-        return 0;
-    }
-    if (!parser.positionalArguments().isEmpty()) {
-        printError(u"serve: unexpected argument '%1'"_qs.arg(parser.positionalArguments().first()));
-        return 2;
-    }
+    if (const int rc = parseOrExit(parser, arguments, 0); rc >= 0)
+        return rc;
     const QString format = parser.value(u"log-format"_qs);
     if (format != u"text"_qs && format != u"json"_qs) {
         printError(u"--log-format must be text or json"_qs);
         return 2;
     }
-    auto options = loadCommon(parser.value(u"config"_qs), parser.value(u"store"_qs),
-                              parser.value(u"listen"_qs), parser.isSet(u"allow-remote"_qs));
+    auto options = loadCommon(parser);
     if (!options) {
         printError(options.error().message);
         return 2;
@@ -199,16 +145,9 @@ int gui(int argc, char **argv, const QStringList &arguments)
     parser.setApplicationDescription(u"Dashboard with the embedded receiver."_qs);
     addCommonOptions(parser);
     parser.addOption({u"no-receiver"_qs, u"Only watch the store (attach mode)."_qs});
-    if (!parser.parse(arguments)) {
-        printError(parser.errorText());
-        return 2;
-    }
-    if (parser.isSet(u"help"_qs)) {
-        std::fputs(qPrintable(parser.helpText()), stdout);
-        return 0;
-    }
-    auto options = loadCommon(parser.value(u"config"_qs), parser.value(u"store"_qs),
-                              parser.value(u"listen"_qs), parser.isSet(u"allow-remote"_qs));
+    if (const int rc = parseOrExit(parser, arguments, 0); rc >= 0)
+        return rc;
+    auto options = loadCommon(parser);
     if (!options) {
         printError(options.error().message);
         return 2;

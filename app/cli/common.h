@@ -1,0 +1,43 @@
+#pragma once
+
+#include "config/config.h"
+#include "store/storepool.h"
+#include "util/result.h"
+
+#include <QCommandLineParser>
+#include <QStringList>
+
+#include <memory>
+
+namespace idem::cli {
+
+// Exit codes (SPEC §1).
+enum ExitCode { ExitOk = 0, ExitRuntime = 1, ExitUsage = 2 };
+
+// Options shared by every command (SPEC §1).
+struct CommonOptions
+{
+    Config config;
+    QString storeUrl;
+    bool allowRemote = false;
+};
+
+void printError(const QString &message);
+void printOut(const QString &text);
+void addCommonOptions(QCommandLineParser &parser, bool withListen = true);
+// Parses `arguments`; on --help prints it and returns ExitOk, on errors ExitUsage; -1: go on.
+int parseOrExit(QCommandLineParser &parser, const QStringList &arguments, int maxPositional = -1);
+// Loads --config (or the built-in config) and applies --store / --listen; errors are usage
+// errors (exit 2).
+Result<CommonOptions> loadCommon(const QCommandLineParser &parser);
+// Connects to the store of the options (exit 1 when it cannot be reached).
+Result<std::shared_ptr<StorePool>> openStore(const CommonOptions &options, int workers = 2);
+QString storeDisplay(const QString &url);
+
+int serve(const QStringList &arguments);
+int gui(int argc, char **argv, const QStringList &arguments);
+int keys(const QStringList &arguments);
+int stats(const QStringList &arguments);
+int storm(const QStringList &arguments);
+
+} // namespace idem::cli

@@ -1,0 +1,464 @@
+// idemdesk keys list | show | reset | retry | delete | purge-expired
+#include "cli/common.h"
+
+#include "engine/engine.h"
+#include "util/clock.h"
+#include "util/format.h"
+
+#include <QCoreApplication>
+#include <QEventLoop>
+#include <QJsonArray>
+#include <QJsonDocument>
+#include <QJsonObject>
+
+namespace idem::cli {
+
+namespace {
+
+const char kKeysUsage[] =
+    "Usage: idemdesk keys COMMAND [OPTIONS]\n"
+    "\n"
+    "  list [--state S] [--endpoint E] [--match GLOB] [--limit N] [--json]\n"
+    "  show KEY [--json]\n"
+    "  reset KEY... [--force] | reset --all-failed [--endpoint E]\n"
+    "  retry KEY... [--force]\n"
+    "  delete KEY...\n"
+    "  purge-expired\n"
+    "\n"
+    "KEY is the stored key, <endpoint>:<idempotency key> (e.g. orders:evt_123).\n"
+    "Every command takes --store URL and --config FILE; `idemdesk keys COMMAND --help` has more.\n";
+
+template<typename T>
+Result<T> run(StorePool &pool, std::function<Result<T>(IdempotencyStore &)> job)
+{
+    return pool.run<T>(std::move(job));
+}
+
+QString bodyText(const QByteArray &body)
+{
+    QJsonParseError error;
+    const QJsonDocument doc = QJsonDocument::fromJson(body, &error);
+    if (error.error == QJsonParseError::NoError && !doc.isNull())
+        return QString::fromUtf8(doc.toJson(QJsonDocument::Indented)).trimmed();
+    const QString text = QString::fromUtf8(body);
+    if (text.toUtf8() == body)
+        return text;
+    return u"(%1 bytes of binary data, base64) %2"_qs.arg(body.size()).arg(QString::fromLatin1(body.toBase64()));
+}
+
+QJsonValue bodyJson(const QByteArray &body)
+{
+    const QString text = QString::fromUtf8(body);
+    if (text.toUtf8() == body)
+        return text;
+    return QJsonObject{{u"base64"_qs, QString::fromLatin1(body.toBase64())}};
+}
+
+QJsonObject summaryJson(const KeyRecord &r, qint64 now)
+{
+    QJsonObject o{{u"key"_qs, r.key},
+                  {u"endpoint"_qs, r.endpoint},
+                  {u"provider"_qs, r.provider},
+                  {u"state"_qs, toString(r.state)},
+                  {u"deliveries"_qs, r.attempts},
+                  {u"ttl_seconds"_qs, std::max<qint64>(0, (r.expiresAtMs - now) / 1000)},
+                  {u"expires_at"_qs, formatTime(r.expiresAtMs)},
+                  {u"created_at"_qs, formatTime(r.createdMs)},
+                  {u"updated_at"_qs, formatTime(r.updatedMs)},
+                  {u"token"_qs, r.token},
+                  {u"fingerprint"_qs, QString::fromLatin1(r.fingerprint)}};
+    if (r.state == KeyState::Processing)
+        o.insert(u"lease_until"_qs, formatTime(r.leaseUntilMs));
+    if (r.result.status)
+        o.insert(u"result_status"_qs, r.result.status);
+    if (!r.error.isEmpty())
+        o.insert(u"error"_qs, r.error);
+    return o;
+}
+
+QString table(const QList<QStringList> &rows)
+{
+    QList<qsizetype> widths;
+    for (const auto &row : rows)
+        for (qsizetype c = 0; c < row.size(); ++c) {
+            if (widths.size() <= c)
+                widths.append(0);
+            widths[c] = std::max(widths[c], row[c].size());
+        }
+    QString out;
+    for (const auto &row : rows) {
+        QString line;
+        for (qsizetype c = 0; c < row.size(); ++c)
+            line += c + 1 < row.size() ? row[c].leftJustified(widths[c] + 2) : row[c];
+        out += line.trimmed() + u'\n';
+    }
+    return out;
+}
+
+int list(const QStringList &arguments)
+{
+    QCommandLineParser parser;
+    parser.setApplicationDescription(u"List idempotency keys, most recently updated first."_qs);
+    addCommonOptions(parser, false);
+    parser.addOption({u"state"_qs, u"processing, completed, failed or reset."_qs, u"S"_qs});
+    parser.addOption({u"endpoint"_qs, u"Only this endpoint's keys."_qs, u"E"_qs});
+    parser.addOption({u"match"_qs, u"Shell glob on the stored key (* ? [...])."_qs, u"GLOB"_qs});
+    parser.addOption({u"limit"_qs, u"At most N keys (default 100)."_qs, u"N"_qs, u"100"_qs});
+    parser.addOption({u"json"_qs, u"One JSON object per line."_qs});
+    if (const int rc = parseOrExit(parser, arguments, 0); rc >= 0)
+        return rc;
+    KeyQuery query;
+    if (parser.isSet(u"state"_qs)) {
+        query.state = keyStateFromString(parser.value(u"state"_qs));
+        if (!query.state) {
+            printError(u"--state must be processing, completed, failed or reset (got '%1')"_qs.arg(parser.value(u"state"_qs)));
+            return ExitUsage;
+        }
+    }
+    bool ok = false;
+    query.limit = parser.value(u"limit"_qs).toInt(&ok);
+    if (!ok || query.limit < 1) {
+        printError(u"--limit must be a positive number"_qs);
+        return ExitUsage;
+    }
+    query.endpoint = parser.value(u"endpoint"_qs);
+    query.glob = parser.value(u"match"_qs);
+    auto options = loadCommon(parser);
+    if (!options) {
+        printError(options.error().message);
+        return ExitUsage;
+    }
+    auto pool = openStore(*options);
+    if (!pool) {
+        printError(pool.error().message);
+        return ExitRuntime;
+    }
+    query.nowMs = wallMs();
+    query.limit += 1; // one more tells whether there are more
+    auto keys = run<QList<KeyRecord>>(**pool, [&](IdempotencyStore &s) { return s.listKeys(query); });
+    if (!keys) {
+        printError(keys.error().message);
+        return ExitRuntime;
+    }
+    const bool more = keys->size() == query.limit;
+    if (more)
+        keys->removeLast();
+    if (parser.isSet(u"json"_qs)) {
+        for (const KeyRecord &r : *keys)
+            printOut(QString::fromUtf8(QJsonDocument(summaryJson(r, query.nowMs)).toJson(QJsonDocument::Compact)) + u'\n');
+        return ExitOk;
+    }
+    QList<QStringList> rows{{u"KEY"_qs, u"ENDPOINT"_qs, u"STATE"_qs, u"DELIVERIES"_qs, u"TTL"_qs, u"UPDATED"_qs}};
+    for (const KeyRecord &r : *keys)
+        rows.append({r.key, r.endpoint, toString(r.state), QString::number(r.attempts),
+                     formatDuration(r.expiresAtMs - query.nowMs), formatTime(r.updatedMs)});
+    printOut(table(rows));
+    if (more)
+        printOut(u"(more keys: raise --limit or narrow with --state, --endpoint, --match)\n"_qs);
+    else if (keys->isEmpty())
+        printOut(u"(no keys)\n"_qs);
+    return ExitOk;
+}
+
+int show(const QStringList &arguments)
+{
+    QCommandLineParser parser;
+    parser.setApplicationDescription(u"One key: state, TTL, fingerprint, stored request and result, history and delivery timeline."_qs);
+    addCommonOptions(parser, false);
+    parser.addOption({u"json"_qs, u"As one JSON object."_qs});
+    parser.addPositionalArgument(u"KEY"_qs, u"The stored key, <endpoint>:<key>."_qs);
+    if (const int rc = parseOrExit(parser, arguments, 1); rc >= 0)
+        return rc;
+    if (parser.positionalArguments().size() != 1) {
+        printError(u"keys show needs one KEY"_qs);
+        return ExitUsage;
+    }
+    const QString key = parser.positionalArguments().first();
+    auto options = loadCommon(parser);
+    if (!options) {
+        printError(options.error().message);
+        return ExitUsage;
+    }
+    auto pool = openStore(*options);
+    if (!pool) {
+        printError(pool.error().message);
+        return ExitRuntime;
+    }
+    const qint64 now = wallMs();
+    auto record = run<std::optional<KeyRecord>>(**pool, [&](IdempotencyStore &s) { return s.key(key, now); });
+    if (!record) {
+        printError(record.error().message);
+        return ExitRuntime;
+    }
+    if (!record->has_value()) {
+        printError(key.contains(u':') ? u"no key %1 (or it expired)"_qs.arg(key)
+                                      : u"no key %1: stored keys are <endpoint>:<key>, e.g. generic:%1"_qs.arg(key));
+        return ExitRuntime;
+    }
+    const KeyRecord &r = **record;
+    DeliveryQuery dq;
+    dq.key = key;
+    dq.limit = 500;
+    auto timeline = run<QList<DeliveryEvent>>(**pool, [&](IdempotencyStore &s) { return s.deliveries(dq); });
+    QList<DeliveryEvent> events = timeline ? *timeline : QList<DeliveryEvent>();
+    std::reverse(events.begin(), events.end()); // oldest first
+    const HeaderList requestHeaders = maskSecrets(r.request.headers);
+
+    if (parser.isSet(u"json"_qs)) {
+        QJsonObject o = summaryJson(r, now);
+        o.insert(u"request"_qs, QJsonObject{{u"method"_qs, QString::fromLatin1(r.request.method)},
+                                            {u"path"_qs, QString::fromUtf8(r.request.path)},
+                                            {u"headers"_qs, headersToJson(requestHeaders)},
+                                            {u"body"_qs, bodyJson(r.request.body)}});
+        if (r.state != KeyState::Processing && r.result.status)
+            o.insert(u"result"_qs, QJsonObject{{u"status"_qs, r.result.status},
+                                               {u"headers"_qs, headersToJson(r.result.headers)},
+                                               {u"body"_qs, bodyJson(r.result.body)}});
+        o.insert(u"history"_qs, historyToJson(r.history));
+        QJsonArray deliveries;
+        for (const DeliveryEvent &e : events) {
+            QJsonObject d = deliveryToJson(e);
+            d.insert(u"offset_ms"_qs, e.atMs - (events.isEmpty() ? e.atMs : events.first().atMs));
+            deliveries.append(d);
+        }
+        o.insert(u"deliveries"_qs, deliveries);
+        printOut(QString::fromUtf8(QJsonDocument(o).toJson(QJsonDocument::Indented)));
+        return ExitOk;
+    }
+
+    QString out;
+    auto line = [&](const QString &label, const QString &value) { out += label.leftJustified(13) + value + u'\n'; };
+    line(u"key"_qs, r.key);
+    line(u"endpoint"_qs, u"%1 (%2)"_qs.arg(r.endpoint, r.provider));
+    line(u"state"_qs, toString(r.state));
+    if (r.state == KeyState::Processing)
+        line(u"lease"_qs, r.leaseUntilMs > now ? u"%1 left"_qs.arg(formatDuration(r.leaseUntilMs - now))
+                                               : u"expired %1 ago (the next delivery recovers it)"_qs.arg(formatDuration(now - r.leaseUntilMs)));
+    line(u"deliveries"_qs, QString::number(r.attempts));
+    line(u"TTL"_qs, u"%1 (expires %2)"_qs.arg(formatDuration(r.expiresAtMs - now), formatTime(r.expiresAtMs)));
+    line(u"fingerprint"_qs, u"sha256:"_qs + QString::fromLatin1(r.fingerprint));
+    line(u"token"_qs, QString::number(r.token));
+    line(u"created"_qs, formatTime(r.createdMs));
+    line(u"updated"_qs, formatTime(r.updatedMs));
+    if (!r.error.isEmpty())
+        line(u"error"_qs, r.error);
+    out += u"\nrequest      %1 %2\n"_qs.arg(QString::fromLatin1(r.request.method), QString::fromUtf8(r.request.path));
+    for (const auto &[n, v] : requestHeaders)
+        out += u"  %1: %2\n"_qs.arg(QString::fromLatin1(n), QString::fromUtf8(v));
+    out += u"\n"_qs + bodyText(r.request.body).replace(u"\n"_qs, u"\n  "_qs).prepend(u"  "_qs) + u'\n';
+    if (r.state != KeyState::Processing && r.result.status) {
+        out += u"\nresult       %1\n"_qs.arg(r.result.status);
+        for (const auto &[n, v] : r.result.headers)
+            out += u"  %1: %2\n"_qs.arg(QString::fromLatin1(n), QString::fromUtf8(v));
+        out += u"\n"_qs + bodyText(r.result.body).replace(u"\n"_qs, u"\n  "_qs).prepend(u"  "_qs) + u'\n';
+    }
+    out += u"\nhistory\n"_qs;
+    for (const HistoryEntry &h : r.history)
+        out += u"  %1  %2 (token %3)%4\n"_qs.arg(formatTime(h.atMs), h.event.leftJustified(12)).arg(h.token)
+                   .arg(h.detail.isEmpty() ? QString() : u" "_qs + h.detail);
+    out += u"\ndeliveries\n"_qs;
+    for (const DeliveryEvent &e : events)
+        out += u"  +%1s  %2 %3  %4%5\n"_qs.arg(double(e.atMs - events.first().atMs) / 1000.0, 8, 'f', 3)
+                   .arg(toString(e.outcome).leftJustified(12))
+                   .arg(e.status)
+                   .arg(e.instance)
+                   .arg(e.detail.isEmpty() ? QString() : u" ("_qs + e.detail + u")"_qs);
+    if (events.isEmpty())
+        out += u"  (none logged)\n"_qs;
+    printOut(out);
+    return ExitOk;
+}
+
+// reset / delete: one operator transition per key.
+int transition(const QStringList &arguments, OperatorAction action)
+{
+    const bool reset = action == OperatorAction::Reset;
+    QCommandLineParser parser;
+    parser.setApplicationDescription(reset ? u"Make failed keys processable again (history kept): the next delivery processes them."_qs
+                                           : u"Remove keys from the store."_qs);
+    addCommonOptions(parser, false);
+    if (reset) {
+        parser.addOption({u"force"_qs, u"Also reset completed keys and keys being processed."_qs});
+        parser.addOption({u"all-failed"_qs, u"Every failed key (of --endpoint, when given)."_qs});
+        parser.addOption({u"endpoint"_qs, u"With --all-failed: only this endpoint."_qs, u"E"_qs});
+    }
+    parser.addPositionalArgument(u"KEY..."_qs, u"Stored keys, <endpoint>:<key>."_qs);
+    if (const int rc = parseOrExit(parser, arguments); rc >= 0)
+        return rc;
+    const bool allFailed = reset && parser.isSet(u"all-failed"_qs);
+    QStringList keys = parser.positionalArguments();
+    if (keys.isEmpty() == !allFailed) {
+        printError(allFailed ? u"give keys or --all-failed, not both"_qs : u"no KEY given"_qs);
+        return ExitUsage;
+    }
+    auto options = loadCommon(parser);
+    if (!options) {
+        printError(options.error().message);
+        return ExitUsage;
+    }
+    auto pool = openStore(*options);
+    if (!pool) {
+        printError(pool.error().message);
+        return ExitRuntime;
+    }
+    const bool force = reset && parser.isSet(u"force"_qs);
+    int failures = 0;
+    int changed = 0;
+    auto apply = [&](const QString &key) {
+        const qint64 now = wallMs();
+        auto before = run<std::optional<KeyRecord>>(**pool, [&](IdempotencyStore &s) { return s.key(key, now); });
+        auto verdict = run<OperatorVerdict>(**pool, [&](IdempotencyStore &s) {
+            return s.applyOperator(key, action, force, u"operator (cli)"_qs, now);
+        });
+        if (!verdict) {
+            printError(verdict.error().message);
+            ++failures;
+            return false;
+        }
+        const QString was = before && before->has_value() ? toString((*before)->state) : QString();
+        switch (*verdict) {
+        case OperatorVerdict::Accept:
+            printOut(u"%1 %2 (was %3)\n"_qs.arg(reset ? u"reset"_qs : u"deleted"_qs, key, was));
+            ++changed;
+            return true;
+        case OperatorVerdict::WrongState:
+            printError(was == u"reset"_qs ? u"%1 is already reset"_qs.arg(key)
+                                          : u"%1 is %2: not reset (--force resets it anyway)"_qs.arg(key, was));
+            break;
+        case OperatorVerdict::Missing:
+            printError(u"no key %1 (or it expired)"_qs.arg(key));
+            break;
+        }
+        ++failures;
+        return false;
+    };
+    if (allFailed) {
+        KeyQuery q;
+        q.state = KeyState::Failed;
+        q.endpoint = parser.value(u"endpoint"_qs);
+        q.limit = 500;
+        for (int round = 0; round < 100000; ++round) {
+            q.nowMs = wallMs();
+            auto page = run<QList<KeyRecord>>(**pool, [&](IdempotencyStore &s) { return s.listKeys(q); });
+            if (!page) {
+                printError(page.error().message);
+                return ExitRuntime;
+            }
+            if (page->isEmpty())
+                break;
+            bool progressed = false;
+            for (const KeyRecord &r : *page)
+                progressed |= apply(r.key);
+            if (!progressed)
+                break;
+        }
+        printOut(u"reset %1 failed key(s)%2\n"_qs.arg(changed).arg(q.endpoint.isEmpty() ? QString() : u" of "_qs + q.endpoint));
+    } else {
+        for (const QString &key : keys)
+            apply(key);
+    }
+    return failures ? ExitRuntime : ExitOk;
+}
+
+int retry(const QStringList &arguments)
+{
+    QCommandLineParser parser;
+    parser.setApplicationDescription(u"Run the stored request of each key through its endpoint's processor again, now, and print the outcome."_qs);
+    addCommonOptions(parser, false);
+    parser.addOption({u"force"_qs, u"Also retry completed keys and keys being processed."_qs});
+    parser.addPositionalArgument(u"KEY..."_qs, u"Stored keys, <endpoint>:<key>."_qs);
+    if (const int rc = parseOrExit(parser, arguments); rc >= 0)
+        return rc;
+    if (parser.positionalArguments().isEmpty()) {
+        printError(u"no KEY given"_qs);
+        return ExitUsage;
+    }
+    auto options = loadCommon(parser);
+    if (!options) {
+        printError(options.error().message);
+        return ExitUsage;
+    }
+    auto pool = openStore(*options);
+    if (!pool) {
+        printError(pool.error().message);
+        return ExitRuntime;
+    }
+    IdempotencyEngine engine(options->config, *pool, u"cli"_qs);
+    int failures = 0;
+    for (const QString &key : parser.positionalArguments()) {
+        QEventLoop loop;
+        engine.retryKey(key, parser.isSet(u"force"_qs), [&](Result<RetryOutcome> outcome) {
+            if (!outcome) {
+                printError(outcome.error().message);
+                ++failures;
+            } else if (outcome->completed) {
+                printOut(u"%1: reprocessed, %2, completed\n"_qs.arg(key).arg(outcome->response.status));
+            } else {
+                printOut(u"%1: reprocessed, %2, failed: %3\n"_qs.arg(key).arg(outcome->response.status).arg(outcome->error));
+                ++failures;
+            }
+            loop.quit();
+        });
+        loop.exec();
+    }
+    engine.flushLog();
+    return failures ? ExitRuntime : ExitOk;
+}
+
+int purge(const QStringList &arguments)
+{
+    QCommandLineParser parser;
+    parser.setApplicationDescription(u"Remove expired keys (and delivery log entries past retention) now."_qs);
+    addCommonOptions(parser, false);
+    if (const int rc = parseOrExit(parser, arguments, 0); rc >= 0)
+        return rc;
+    auto options = loadCommon(parser);
+    if (!options) {
+        printError(options.error().message);
+        return ExitUsage;
+    }
+    auto pool = openStore(*options);
+    if (!pool) {
+        printError(pool.error().message);
+        return ExitRuntime;
+    }
+    auto removed = run<qint64>(**pool, [](IdempotencyStore &s) { return s.purgeExpired(wallMs()); });
+    if (!removed) {
+        printError(removed.error().message);
+        return ExitRuntime;
+    }
+    printOut(u"removed %1 expired key(s)\n"_qs.arg(*removed));
+    return ExitOk;
+}
+
+} // namespace
+
+int keys(const QStringList &arguments)
+{
+    const QString sub = arguments.size() > 1 ? arguments.at(1) : QString();
+    QStringList rest = arguments;
+    if (rest.size() > 1)
+        rest.removeAt(1);
+    rest[0] = u"idemdesk keys "_qs + sub;
+    if (sub == u"list"_qs)
+        return list(rest);
+    if (sub == u"show"_qs)
+        return show(rest);
+    if (sub == u"reset"_qs)
+        return transition(rest, OperatorAction::Reset);
+    if (sub == u"delete"_qs)
+        return transition(rest, OperatorAction::Delete);
+    if (sub == u"retry"_qs)
+        return retry(rest);
+    if (sub == u"purge-expired"_qs)
+        return purge(rest);
+    if (sub.isEmpty() || sub == u"--help"_qs || sub == u"-h"_qs || sub == u"help"_qs) {
+        printOut(QString::fromLatin1(kKeysUsage));
+        return sub.isEmpty() ? ExitUsage : ExitOk;
+    }
+    printError(u"keys: unknown command '%1'"_qs.arg(sub));
+    printOut(QString::fromLatin1(kKeysUsage));
+    return ExitUsage;
+}
+
+} // namespace idem::cli

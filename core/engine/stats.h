@@ -1,0 +1,41 @@
+#pragma once
+
+#include "config/config.h"
+#include "store/idempotencystore.h"
+
+#include <QJsonObject>
+#include <QMap>
+
+namespace idem {
+
+struct EndpointStats
+{
+    QString name;
+    StateCounts keys;
+    std::array<qint64, 8> outcomes{}; // by Outcome
+    qint64 deliveries() const;
+    qint64 processorRuns() const; // processed + reprocessed + recovered
+    qint64 duplicates() const;    // replayed + in-progress
+    double duplicateRatio() const; // duplicates / deliveries that reached the claim
+};
+
+struct StatsReport
+{
+    QString store;
+    double pingMs = 0;
+    StateCounts keys;
+    std::array<qint64, 8> outcomes{};
+    QList<EndpointStats> endpoints;
+    QStringList warnings;
+    bool logTruncated = false;
+};
+
+// What `stats` and the status bar show: counts by state, outcomes and duplicate ratios of the
+// delivery log since `sinceMs`, and warnings about the config.
+Result<StatsReport> collectStats(IdempotencyStore &store, const Config &config, qint64 sinceMs, qint64 nowMs);
+// Config warnings: signatures not verified, TTL shorter than the provider's retry window.
+QStringList configWarnings(const Config &config);
+QJsonObject statsToJson(const StatsReport &report);
+QString formatStats(const StatsReport &report, qint64 sinceSeconds);
+
+} // namespace idem

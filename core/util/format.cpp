@@ -1,0 +1,59 @@
+#include "util/format.h"
+
+#include <QDateTime>
+
+namespace idem {
+
+QString formatDuration(qint64 ms)
+{
+    if (ms <= 0)
+        return u"0s"_qs;
+    qint64 s = ms / 1000;
+    const qint64 d = s / 86400;
+    const qint64 h = (s % 86400) / 3600;
+    const qint64 m = (s % 3600) / 60;
+    s %= 60;
+    if (d > 0)
+        return u"%1d %2h %3m"_qs.arg(d).arg(h).arg(m);
+    if (h > 0)
+        return u"%1h %2m"_qs.arg(h).arg(m);
+    if (m > 0)
+        return u"%1m %2s"_qs.arg(m).arg(s);
+    if (s > 0)
+        return u"%1s"_qs.arg(s);
+    return u"%1ms"_qs.arg(ms);
+}
+
+QString formatTime(qint64 epochMs)
+{
+    return QDateTime::fromMSecsSinceEpoch(epochMs, Qt::UTC).toString(Qt::ISODateWithMs);
+}
+
+bool isSecretHeader(QByteArrayView name)
+{
+    const QByteArray lower = name.toByteArray().toLower();
+    for (const char *part : {"authorization", "signature", "hmac", "secret", "token", "cookie", "api-key", "apikey"})
+        if (lower.contains(part))
+            return true;
+    return false;
+}
+
+HeaderList maskSecrets(const HeaderList &headers)
+{
+    HeaderList masked = headers;
+    for (auto &[name, value] : masked)
+        if (isSecretHeader(name))
+            value = "•••• (masked)";
+    return masked;
+}
+
+QString maskSecret(const QString &secret)
+{
+    if (secret.size() <= 8)
+        return u"••••"_qs;
+    const qsizetype underscore = secret.indexOf(u'_');
+    const QString head = underscore > 0 && underscore < 8 ? secret.left(underscore + 1) : QString();
+    return head + u"••••"_qs + secret.right(4);
+}
+
+} // namespace idem

@@ -1,0 +1,235 @@
+// The admin CLI against every store: keys list/show/reset/retry/delete/purge-expired, stats, storm.
+#include "http/blockingclient.h"
+
+#include <QJsonArray>
+#include <QJsonDocument>
+#include <QJsonObject>
+#include <QProcess>
+#include <QRandomGenerator>
+#include <QRegularExpression>
+#include <QTemporaryDir>
+#include <QTest>
+
+#include <csignal>
+
+using namespace idem;
+
+namespace {
+
+struct Run
+{
+    int rc = -1;
+    QByteArray out;
+    QByteArray err;
+};
+
+Run idemdesk(const QStringList &args)
+{
+    QProcess p;
+    p.start(QStringLiteral(IDEMDESK_BIN), args);
+    p.waitForFinished(60000);
+    return {p.exitStatus() == QProcess::NormalExit ? p.exitCode() : -2, p.readAllStandardOutput(), p.readAllStandardError()};
+}
+
+QList<QJsonObject> jsonLines(const QByteArray &out)
+{
+    QList<QJsonObject> lines;
+    for (const QByteArray &line : out.split('\n'))
+        if (!line.trimmed().isEmpty())
+            lines << QJsonDocument::fromJson(line).object();
+    return lines;
+}
+
+} // namespace
+
+class TestCli : public QObject
+{
+    Q_OBJECT
+    QTemporaryDir m_dir;
+
+private Q_SLOTS:
+    void everyCommand_data()
+    {
+        QTest::addColumn<QString>("store");
+        QTest::newRow("sqlite") << u"sqlite:"_qs + m_dir.filePath(u"cli.db"_qs);
+        QTest::newRow("redis") << qEnvironmentVariable("IDEM_TEST_REDIS_URL");
+        QTest::newRow("postgres") << qEnvironmentVariable("IDEM_TEST_POSTGRES_URL");
+    }
+    void everyCommand()
+    {
+        QFETCH(QString, store);
+        if (store.isEmpty())
+            QFAIL("IDEM_TEST_REDIS_URL / IDEM_TEST_POSTGRES_URL are not set: run through ./dev test");
+        const QString run = QString::number(QRandomGenerator::global()->bounded(1u << 30), 36);
+        const QString ok = u"ok"_qs + run, bad = u"bad"_qs + run;
+        const QString config = m_dir.filePath(run + u".json"_qs);
+        QFile f(config);
+        QVERIFY(f.open(QIODevice::WriteOnly));
+        f.write(QStringLiteral("{\"store\": \"%1\", \"endpoints\": [{\"name\": \"%2\", \"simulate\": {\"delay_ms\": 20}},"
+                               " {\"name\": \"%3\", \"simulate\": {\"fail_rate\": 1}}]}").arg(store, ok, bad).toUtf8());
+        f.close();
+        const QStringList common{u"--config"_qs, config};
+
+        QProcess serve;
+        serve.start(QStringLiteral(IDEMDESK_BIN), QStringList{u"serve"_qs, u"--listen"_qs, u"127.0.0.1:0"_qs} + common);
+        QVERIFY(serve.waitForStarted());
+        quint16 port = 0;
+        QByteArray err;
+        const QRegularExpression re(u"http://127\\.0\\.0\\.1:(\\d+)/"_qs);
+        for (int i = 0; i < 100 && !port; ++i) {
+            serve.waitForReadyRead(100);
+            err += serve.readAllStandardError();
+            if (auto m = re.match(QString::fromUtf8(err)); m.hasMatch())
+                port = quint16(m.captured(1).toUInt());
+        }
+        QVERIFY2(port, err.constData());
+        auto deliver = [&](const QString &endpoint, const QByteArray &key, const HeaderList &extra = {}) {
+            HeaderList headers{{"Idempotency-Key", key}};
+            headers += extra;
+            return post(port, "/hooks/" + endpoint.toUtf8(), "{\"n\":1}", headers);
+        };
+        QCOMPARE(deliver(ok, "k1").status, 200);
+        QCOMPARE(deliver(ok, "k1").header("Idempotency-Outcome"), QByteArray("replayed"));
+        QCOMPARE(deliver(bad, "b1", {{"Authorization", "Bearer s3cr3t"}}).status, 500);
+        QCOMPARE(deliver(bad, "b2").status, 500);
+        const QString k1 = ok + u":k1"_qs, b1 = bad + u":b1"_qs, b2 = bad + u":b2"_qs;
+
+        // keys list
+        Run r = idemdesk(QStringList{u"keys"_qs, u"list"_qs, u"--endpoint"_qs, ok, u"--json"_qs} + common);
+        QCOMPARE(r.rc, 0);
+        auto lines = jsonLines(r.out);
+        QCOMPARE(lines.size(), 1);
+        QCOMPARE(lines[0].value(u"key").toString(), k1);
+        QCOMPARE(lines[0].value(u"state").toString(), u"completed"_qs);
+        QCOMPARE(lines[0].value(u"deliveries").toInt(), 2);
+        QVERIFY(lines[0].value(u"ttl_seconds").toInteger() > 600000);
+        for (const char *field : {"endpoint", "provider", "expires_at", "created_at", "updated_at", "token", "fingerprint"})
+            QVERIFY2(lines[0].contains(QLatin1String(field)), field);
+        r = idemdesk(QStringList{u"keys"_qs, u"list"_qs, u"--state"_qs, u"failed"_qs, u"--endpoint"_qs, bad, u"--json"_qs} + common);
+        QCOMPARE(jsonLines(r.out).size(), 2);
+        r = idemdesk(QStringList{u"keys"_qs, u"list"_qs, u"--match"_qs, bad + u":b?"_qs} + common);
+        QCOMPARE(r.rc, 0);
+        QVERIFY(r.out.startsWith("KEY "));
+        QVERIFY(r.out.contains(b1.toUtf8()) && r.out.contains(b2.toUtf8()) && !r.out.contains(k1.toUtf8()));
+        QVERIFY(r.out.contains("failed"));
+        r = idemdesk(QStringList{u"keys"_qs, u"list"_qs, u"--endpoint"_qs, bad, u"--limit"_qs, u"1"_qs} + common);
+        QVERIFY(r.out.contains("more keys"));
+
+        // keys show: masked secrets, history, the delivery timeline
+        QJsonObject shown;
+        QTRY_VERIFY_WITH_TIMEOUT((shown = QJsonDocument::fromJson(idemdesk(QStringList{u"keys"_qs, u"show"_qs, b1, u"--json"_qs} + common).out).object())
+                                         .value(u"deliveries").toArray().size() == 1, 10000);
+        QCOMPARE(shown.value(u"state").toString(), u"failed"_qs);
+        QVERIFY(shown.value(u"error").toString().contains(u"simulated failure"));
+        QCOMPARE(shown.value(u"result").toObject().value(u"status").toInt(), 500);
+        QCOMPARE(shown.value(u"request").toObject().value(u"body").toString(), u"{\"n\":1}"_qs);
+        const QByteArray headers = QJsonDocument(shown.value(u"request").toObject().value(u"headers").toArray()).toJson();
+        QVERIFY(headers.contains("Authorization") && !headers.contains("s3cr3t"));
+        QCOMPARE(shown.value(u"history").toArray().size(), 2);
+        QCOMPARE(shown.value(u"deliveries").toArray().first().toObject().value(u"outcome").toString(), u"processed"_qs);
+        r = idemdesk(QStringList{u"keys"_qs, u"show"_qs, b1} + common);
+        QCOMPARE(r.rc, 0);
+        QVERIFY(r.out.contains("fingerprint") && r.out.contains("masked") && !r.out.contains("s3cr3t"));
+        r = idemdesk(QStringList{u"keys"_qs, u"show"_qs, u"k1"_qs} + common);
+        QCOMPARE(r.rc, 1);
+        QVERIFY(r.err.contains("<endpoint>:<key>"));
+
+        // reset: refused for a completed key unless --force
+        r = idemdesk(QStringList{u"keys"_qs, u"reset"_qs, k1} + common);
+        QCOMPARE(r.rc, 1);
+        QVERIFY(r.err.contains("is completed: not reset"));
+        r = idemdesk(QStringList{u"keys"_qs, u"reset"_qs, k1, u"--force"_qs} + common);
+        QCOMPARE(r.rc, 0);
+        QVERIFY(r.out.contains("reset " + k1.toUtf8() + " (was completed)"));
+        QCOMPARE(deliver(ok, "k1").header("Idempotency-Outcome"), QByteArray("reprocessed"));
+
+        // retry: runs the stored request through the processor again
+        r = idemdesk(QStringList{u"keys"_qs, u"retry"_qs, b1} + common);
+        QCOMPARE(r.rc, 1);
+        QVERIFY(r.out.contains("reprocessed, 500, failed"));
+        r = idemdesk(QStringList{u"keys"_qs, u"retry"_qs, k1} + common);
+        QCOMPARE(r.rc, 1);
+        QVERIFY(r.err.contains("is completed: not retried"));
+        r = idemdesk(QStringList{u"keys"_qs, u"retry"_qs, k1, u"--force"_qs} + common);
+        QCOMPARE(r.rc, 0);
+        QVERIFY(r.out.contains(k1.toUtf8() + ": reprocessed, 200, completed"));
+        shown = QJsonDocument::fromJson(idemdesk(QStringList{u"keys"_qs, u"show"_qs, k1, u"--json"_qs} + common).out).object();
+        QCOMPARE(shown.value(u"state").toString(), u"completed"_qs);
+        QVERIFY(shown.value(u"token").toInteger() >= 3);
+
+        // reset --all-failed
+        r = idemdesk(QStringList{u"keys"_qs, u"reset"_qs, u"--all-failed"_qs, u"--endpoint"_qs, bad} + common);
+        QCOMPARE(r.rc, 0);
+        QVERIFY2(r.out.contains("reset 2 failed key(s) of " + bad.toUtf8()), r.out.constData());
+        r = idemdesk(QStringList{u"keys"_qs, u"list"_qs, u"--state"_qs, u"reset"_qs, u"--endpoint"_qs, bad, u"--json"_qs} + common);
+        QCOMPARE(jsonLines(r.out).size(), 2);
+
+        // delete, purge-expired
+        r = idemdesk(QStringList{u"keys"_qs, u"delete"_qs, b2} + common);
+        QCOMPARE(r.rc, 0);
+        QCOMPARE(idemdesk(QStringList{u"keys"_qs, u"show"_qs, b2} + common).rc, 1);
+        QCOMPARE(idemdesk(QStringList{u"keys"_qs, u"delete"_qs, b2} + common).rc, 1);
+        r = idemdesk(QStringList{u"keys"_qs, u"purge-expired"_qs} + common);
+        QCOMPARE(r.rc, 0);
+        QVERIFY(r.out.contains("expired key(s)"));
+
+        // stats
+        r = idemdesk(QStringList{u"stats"_qs, u"--json"_qs} + common);
+        QCOMPARE(r.rc, 0);
+        const QJsonObject stats = QJsonDocument::fromJson(r.out).object();
+        QVERIFY(stats.value(u"store").toObject().value(u"healthy").toBool());
+        QJsonObject okStats;
+        for (const auto &e : stats.value(u"endpoints").toArray())
+            if (e.toObject().value(u"name").toString() == ok)
+                okStats = e.toObject();
+        QVERIFY(okStats.value(u"deliveries").toInt() >= 3);
+        QVERIFY(okStats.value(u"duplicate_ratio").toDouble() > 0);
+        QCOMPARE(okStats.value(u"keys").toObject().value(u"completed").toInt(), 1);
+        QVERIFY(!stats.value(u"warnings").toArray().isEmpty());
+        r = idemdesk(QStringList{u"stats"_qs} + common);
+        QCOMPARE(r.rc, 0);
+        QVERIFY(r.out.contains("DUP RATIO") && r.out.contains(ok.toUtf8()));
+
+        // storm
+        r = idemdesk(QStringList{u"storm"_qs, u"--endpoint"_qs, ok, u"--copies"_qs, u"16"_qs, u"--concurrency"_qs, u"16"_qs,
+                                 u"--keys"_qs, u"3"_qs, u"--url"_qs, u"http://127.0.0.1:%1"_qs.arg(port)} + common);
+        QCOMPARE(r.rc, 0);
+        QVERIFY2(r.out.contains("every key processed exactly once (3 of 3)"), r.out.constData());
+        QVERIFY(r.out.contains("p99"));
+        r = idemdesk(QStringList{u"storm"_qs, u"--endpoint"_qs, bad, u"--copies"_qs, u"2"_qs, u"--concurrency"_qs, u"1"_qs,
+                                 u"--url"_qs, u"http://127.0.0.1:%1"_qs.arg(port)} + common);
+        QCOMPARE(r.rc, 1); // a failing processor runs each key again: not exactly once
+        QVERIFY(r.out.contains("NOT exactly once"));
+
+        ::kill(pid_t(serve.processId()), SIGTERM);
+        QVERIFY(serve.waitForFinished(15000));
+        QCOMPARE(serve.exitCode(), 0);
+    }
+
+    void usageAndRuntimeErrors()
+    {
+        QCOMPARE(idemdesk({u"keys"_qs, u"show"_qs}).rc, 2);
+        QCOMPARE(idemdesk({u"keys"_qs, u"frob"_qs}).rc, 2);
+        QCOMPARE(idemdesk({u"keys"_qs, u"list"_qs, u"--limit"_qs, u"zero"_qs}).rc, 2);
+        QCOMPARE(idemdesk({u"keys"_qs, u"reset"_qs}).rc, 2);
+        QCOMPARE(idemdesk({u"storm"_qs, u"--copies"_qs, u"3"_qs}).rc, 2);
+        QCOMPARE(idemdesk({u"storm"_qs, u"--endpoint"_qs, u"nope"_qs}).rc, 2);
+        QCOMPARE(idemdesk({u"stats"_qs, u"--since"_qs, u"-1"_qs}).rc, 2);
+        const Run down = idemdesk({u"keys"_qs, u"list"_qs, u"--store"_qs, u"redis://127.0.0.1:1/0"_qs});
+        QCOMPARE(down.rc, 1);
+        QVERIFY2(down.err.startsWith("idemdesk: cannot connect to Redis"), down.err.constData());
+        QCOMPARE(down.err.count('\n'), 1); // one line
+        QCOMPARE(idemdesk({u"stats"_qs, u"--store"_qs, u"postgresql://idem@127.0.0.1:1/x"_qs}).rc, 1);
+        for (const QStringList &help : {QStringList{u"keys"_qs, u"list"_qs, u"--help"_qs}, {u"keys"_qs, u"show"_qs, u"--help"_qs},
+                                        {u"keys"_qs, u"reset"_qs, u"--help"_qs}, {u"keys"_qs, u"retry"_qs, u"--help"_qs},
+                                        {u"keys"_qs, u"delete"_qs, u"--help"_qs}, {u"keys"_qs, u"purge-expired"_qs, u"--help"_qs},
+                                        {u"stats"_qs, u"--help"_qs}, {u"storm"_qs, u"--help"_qs}, {u"keys"_qs, u"--help"_qs}}) {
+            const Run r = idemdesk(help);
+            QCOMPARE(r.rc, 0);
+            QVERIFY(r.out.contains("Usage"));
+        }
+    }
+};
+
+QTEST_GUILESS_MAIN(TestCli)
+#include "tst_cli.moc"
