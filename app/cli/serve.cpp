@@ -1,5 +1,6 @@
 #include "cli/common.h"
 
+#include "engine/stats.h"
 #include "mainwindow.h"
 #include "receiver/receiver.h"
 #include "store/storefactory.h"
@@ -91,6 +92,8 @@ int serve(const QStringList &arguments)
                      return names.join(u","_qs);
                  }()),
                  qPrintable(storeDisplay));
+    for (const QString &warning : configWarnings(options->config))
+        printError(u"warning: "_qs + warning);
     std::fflush(stderr);
 
     const bool json = format == u"json"_qs;

@@ -1,5 +1,7 @@
 #include "config/config.h"
 
+#include "util/crypto.h"
+
 #include <QFile>
 #include <QJsonArray>
 #include <QJsonDocument>
@@ -10,7 +12,7 @@ namespace idem {
 
 QStringList builtinProviders()
 {
-    return {u"generic"_qs};
+    return {u"generic"_qs, u"stripe"_qs, u"github"_qs, u"shopify"_qs, u"sendgrid"_qs, u"slack"_qs, u"standard"_qs};
 }
 
 Result<ListenAddress> ListenAddress::parse(const QString &text)
@@ -252,22 +254,57 @@ Result<Config> Config::parse(const QByteArray &json, const QString &sourceName)
         names.insert(e.name);
         e.provider = u"generic"_qs;
         r.choice(u"provider"_qs, e.provider, builtinProviders());
-        if (r.has(u"secret"_qs)) {
-            const QJsonValue v = r.value(u"secret"_qs);
+        const bool sendgrid = e.provider == u"sendgrid"_qs;
+        auto strings = [&](const QString &field, const QString &what) {
+            QStringList values;
+            const QJsonValue v = r.value(field);
             if (v.isString() && !v.toString().isEmpty()) {
-                e.secrets = {v.toString()};
+                values = {v.toString()};
             } else if (v.isArray() && !v.toArray().isEmpty()) {
-                for (const auto &s : v.toArray()) {
-                    if (!s.isString() || s.toString().isEmpty())
-                        r.fail(u"secret"_qs, u"every secret must be a non-empty string"_qs);
-                    e.secrets.append(s.toString());
+                for (const auto &item : v.toArray()) {
+                    if (!item.isString() || item.toString().isEmpty())
+                        r.fail(field, u"every %1 must be a non-empty string"_qs.arg(what));
+                    values.append(item.toString());
                 }
             } else {
-                r.fail(u"secret"_qs, u"must be a non-empty string or an array of them (rotation)"_qs);
+                r.fail(field, u"must be a non-empty string or an array of them (rotation)"_qs);
             }
+            return values;
+        };
+        if (r.has(u"secret"_qs)) {
+            if (sendgrid)
+                r.fail(u"secret"_qs, u"sendgrid signs with ECDSA: give its verification key as public_key"_qs);
+            e.secrets = strings(u"secret"_qs, u"secret"_qs);
+            if (e.provider == u"standard"_qs)
+                for (const QString &secret : std::as_const(e.secrets)) {
+                    const QString b64 = secret.startsWith(u"whsec_"_qs) ? secret.mid(6) : secret;
+                    if (QByteArray::fromBase64Encoding(b64.toLatin1(), QByteArray::AbortOnBase64DecodingErrors).decodingStatus
+                            != QByteArray::Base64DecodingStatus::Ok || b64.isEmpty())
+                        r.fail(u"secret"_qs, u"a Standard Webhooks secret is whsec_ followed by base64"_qs);
+                }
+        }
+        if (r.has(u"public_key"_qs)) {
+            if (!sendgrid)
+                r.fail(u"public_key"_qs, u"only the sendgrid provider verifies with a public key"_qs);
+            for (const QString &key : strings(u"public_key"_qs, u"public key"_qs)) {
+                if (auto ok = checkEcPublicKey(key.toLatin1()); !ok)
+                    r.fail(u"public_key"_qs, ok.error().message);
+                e.publicKeys.append(key.toLatin1());
+            }
+        }
+        if (r.has(u"private_key"_qs)) {
+            if (!sendgrid)
+                r.fail(u"private_key"_qs, u"only the sendgrid provider has a private key (for storms)"_qs);
+            QString pem;
+            r.string(u"private_key"_qs, pem);
+            if (auto ok = checkEcPrivateKey(pem.toLatin1()); !ok)
+                r.fail(u"private_key"_qs, ok.error().message);
+            e.privateKey = pem.toLatin1();
         }
         QString signatureHeader;
         r.string(u"signature_header"_qs, signatureHeader);
+        if (r.has(u"signature_header"_qs) && e.provider != u"generic"_qs)
+            r.fail(u"signature_header"_qs, u"only the generic provider's signature header can be chosen"_qs);
         e.signatureHeader = signatureHeader.isEmpty() ? QByteArray("X-Signature-256") : signatureHeader.toLatin1();
         QString forward;
         r.string(u"forward_to"_qs, forward);
@@ -289,8 +326,11 @@ Result<Config> Config::parse(const QByteArray &json, const QString &sourceName)
             if (s.error && !r.error)
                 r.error = s.error;
         }
-        if (r.has(u"key"_qs))
+        if (r.has(u"key"_qs)) {
+            if (e.provider != u"generic"_qs)
+                r.fail(u"key"_qs, u"only the generic provider's key can be configured; %1 keys come from the provider"_qs.arg(e.provider));
             readKeySpec(r, r.object(u"key"_qs), path + u".key"_qs, e.key);
+        }
         readSettings(r, e.settings);
         r.finish();
         if (r.error && !root.error)

@@ -50,6 +50,8 @@ struct EndpointConfig
     QString provider;
     QStringList secrets; // several during a rotation: any one may sign
     QByteArray signatureHeader; // generic only
+    QList<QByteArray> publicKeys; // sendgrid: ECDSA P-256 verification keys (rotation: several)
+    QByteArray privateKey;        // sendgrid, optional: signs `storm` deliveries (never needed to verify)
     QUrl forwardTo;              // empty: the built-in processor
     SimulateSpec simulate;
     KeySpec key;

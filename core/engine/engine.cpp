@@ -3,6 +3,9 @@
 #include "providers/provider.h"
 
 #include <QCryptographicHash>
+#include <QJsonArray>
+#include <QJsonDocument>
+#include <QSet>
 #include <QDateTime>
 #include "util/clock.h"
 
@@ -41,6 +44,7 @@ struct IdempotencyEngine::Delivery
     Responder responder;
     const EndpointConfig *endpoint = nullptr;
     QString key;
+    QString note; // the provider's: Slack's retry number, Shopify's event id, ...
     qint64 startUs = 0;
 };
 
@@ -116,6 +120,14 @@ void IdempotencyEngine::handle(HttpRequest request, Responder responder)
     const Provider *provider = providerFor(e.provider);
     if (auto verified = provider->verify(d->request, e, nowMs() / 1000); !verified)
         return reject(d, 401, u"Signature check failed"_qs, verified.error().message);
+    if (auto direct = provider->directAnswer(d->request)) {
+        d->responder.send(*direct);
+        --m_inFlight;
+        return;
+    }
+    d->note = provider->note(d->request);
+    if (provider->isBatch())
+        return handleBatch(d, provider);
 
     const KeyExtraction extracted = provider->extractKey(d->request, e);
     if (extracted.kind == KeyExtraction::Kind::Missing && e.settings.passthroughMissingKey) {
@@ -262,25 +274,197 @@ void IdempotencyEngine::respond(const DeliveryPtr &d, HttpResponse response, Out
         response.setHeader("Idempotency-Key", d->key.toLatin1());
     response.setHeader("Idempotency-Outcome", toString(outcome).toLatin1());
     d->responder.send(response);
+    --m_inFlight;
+    record(d, d->key, outcome, response.status, token, detail);
+}
 
+void IdempotencyEngine::record(const DeliveryPtr &d, const QString &key, Outcome outcome, int status,
+                               qint64 token, const QString &detail)
+{
     DeliveryEvent event;
     event.atMs = nowMs();
     event.endpoint = d->endpoint ? d->endpoint->name : QString();
-    event.key = d->key;
+    event.key = key;
     event.outcome = outcome;
-    event.status = response.status;
+    event.status = status;
     event.latencyUs = monotonicUs() - d->startUs;
     event.token = token;
     event.instance = m_instance;
-    event.detail = detail;
+    event.detail = d->note.isEmpty() ? detail : detail.isEmpty() ? d->note : d->note + u"; "_qs + detail;
     ++m_outcomes[size_t(outcome)];
-    --m_inFlight;
     if (!event.endpoint.isEmpty()) {
         m_logBuffer.append(event);
         if (m_logBuffer.size() >= kLogBatch)
             flushLog();
     }
     Q_EMIT delivered(event);
+}
+
+// SendGrid-style batches (SPEC §4): each element is its own key; only the elements not yet
+// completed are forwarded, as one array; the answer is 2xx only when every element is completed.
+void IdempotencyEngine::handleBatch(const DeliveryPtr &d, const Provider *provider)
+{
+    auto elements = provider->splitBatch(d->request);
+    if (!elements)
+        return reject(d, 400, u"Malformed batch"_qs, elements.error().message);
+    const EndpointConfig &e = *d->endpoint;
+    QList<ClaimRequest> claims;
+    QList<QJsonValue> bodies;
+    QSet<QString> seen;
+    for (const BatchElement &element : *elements) {
+        auto key = namespacedKey(e.name, element.key);
+        if (!key)
+            return reject(d, 400, u"Invalid idempotency key"_qs, key.error().message);
+        if (seen.contains(*key))
+            continue; // the same event twice in one batch: once is enough
+        seen.insert(*key);
+        ClaimRequest claim;
+        claim.key = *key;
+        claim.endpoint = e.name;
+        claim.provider = e.provider;
+        claim.fingerprint = element.fingerprint;
+        claim.request = {d->request.method, d->request.target, d->request.headers,
+                         QJsonDocument(QJsonArray{element.element}).toJson(QJsonDocument::Compact)};
+        claim.policy = e.settings.claimPolicy();
+        claim.nowMs = nowMs();
+        claims.append(claim);
+        bodies.append(element.element);
+    }
+    d->key = claims.size() == 1 ? claims.first().key : QString();
+    m_pool->submit<QList<ClaimResult>>(
+        this,
+        [claims](IdempotencyStore &store) -> Result<QList<ClaimResult>> {
+            QList<ClaimResult> results;
+            for (const ClaimRequest &claim : claims) {
+                auto r = store.claim(claim);
+                if (!r)
+                    return r.error(); // claims made so far stay processing until their lease ends
+                results.append(*r);
+            }
+            return results;
+        },
+        [this, d, claims, bodies](Result<QList<ClaimResult>> results) {
+            if (!results) {
+                HttpResponse r = HttpResponse::problem(503, u"Store unavailable"_qs,
+                                                       u"the idempotency store could not be reached, so nothing was processed; retry later (%1)"_qs
+                                                           .arg(results.error().message));
+                r.setHeader("Retry-After", "5");
+                return respond(d, r, Outcome::Unavailable, 0, results.error().message);
+            }
+            QJsonArray forward;
+            QStringList forwardKeys;
+            QList<qsizetype> claimedIndexes;
+            for (qsizetype i = 0; i < results->size(); ++i)
+                if (results->at(i).claimed()) {
+                    forward.append(bodies.at(i));
+                    forwardKeys.append(claims.at(i).key);
+                    claimedIndexes.append(i);
+                }
+            if (forward.isEmpty())
+                return finishBatch(d, claims, *results, {}, {});
+            StoredRequest request{d->request.method, d->request.target, d->request.headers,
+                                  QJsonDocument(forward).toJson(QJsonDocument::Compact)};
+            ++m_processorRuns;
+            m_processors.at(d->endpoint->name)
+                ->run(forwardKeys.join(u","_qs), request, [this, d, claims, results = *results, claimedIndexes](ProcessResult processed) {
+                    QList<FinishRequest> finishes;
+                    for (qsizetype i : claimedIndexes) {
+                        FinishRequest f;
+                        f.key = claims.at(i).key;
+                        f.token = results.at(i).record.token;
+                        f.state = processed.success ? KeyState::Completed : KeyState::Failed;
+                        f.result = processed.response;
+                        f.error = processed.error;
+                        f.nowMs = nowMs();
+                        finishes.append(f);
+                    }
+                    m_pool->submit<QList<FinishVerdict>>(
+                        this,
+                        [finishes](IdempotencyStore &store) -> Result<QList<FinishVerdict>> {
+                            QList<FinishVerdict> verdicts;
+                            for (const FinishRequest &f : finishes) {
+                                auto v = store.finish(f);
+                                if (!v)
+                                    return v.error();
+                                verdicts.append(*v);
+                            }
+                            return verdicts;
+                        },
+                        [this, d, claims, results, processed](Result<QList<FinishVerdict>> verdicts) {
+                            if (!verdicts) {
+                                HttpResponse r = HttpResponse::problem(503, u"Result not recorded"_qs,
+                                                                       u"the events were processed but the store did not record the result (%1)"_qs
+                                                                           .arg(verdicts.error().message));
+                                r.setHeader("Retry-After", "5");
+                                return respond(d, r, Outcome::Unavailable, 0, verdicts.error().message);
+                            }
+                            finishBatch(d, claims, results, processed, *verdicts);
+                        });
+                });
+        });
+}
+
+void IdempotencyEngine::finishBatch(const DeliveryPtr &d, const QList<ClaimRequest> &claims,
+                                    const QList<ClaimResult> &results, const ProcessResult &processed,
+                                    const QList<FinishVerdict> &verdicts)
+{
+    int completed = 0, processedNow = 0, inProgress = 0, mismatched = 0;
+    qint64 leaseLeftMs = 0;
+    std::optional<StoredResult> failure; // the first stored or fresh failure
+    qsizetype v = 0;
+    for (const ClaimResult &r : results) {
+        if (r.claimed()) {
+            const bool stored = v < verdicts.size() && verdicts.at(v++) == FinishVerdict::Accept;
+            ++processedNow;
+            if (processed.success && stored)
+                ++completed;
+            else if (!failure)
+                failure = processed.response;
+        } else if (r.decision.action == ClaimAction::Replay) {
+            if (r.record.state == KeyState::Completed)
+                ++completed;
+            else if (!failure)
+                failure = r.record.result;
+        } else if (r.decision.action == ClaimAction::InProgress) {
+            ++inProgress;
+            leaseLeftMs = std::max(leaseLeftMs, r.record.leaseUntilMs - nowMs());
+        } else {
+            ++mismatched;
+        }
+    }
+    const int total = int(results.size());
+    HttpResponse response;
+    Outcome outcome = processedNow ? Outcome::Processed : Outcome::Replayed;
+    if (completed == total) {
+        response = HttpResponse::json(200, {{u"events"_qs, total}, {u"processed"_qs, processedNow},
+                                            {u"replayed"_qs, total - processedNow}});
+        if (!processedNow)
+            response.setHeader("Idempotent-Replayed", "true");
+    } else if (failure) {
+        response = fromStored(*failure);
+    } else if (mismatched) {
+        response = HttpResponse::problem(422, u"Idempotency key reused with a different payload"_qs,
+                                         u"%1 of the %2 events reuse an sg_event_id with a different body; they were not processed"_qs
+                                             .arg(mismatched).arg(total));
+        outcome = Outcome::Mismatch;
+    } else {
+        const qint64 retryAfter = std::clamp<qint64>((leaseLeftMs + 999) / 1000, 1, 10);
+        response = HttpResponse::problem(d->endpoint->settings.inProgressStatus, u"Delivery in progress"_qs,
+                                         u"%1 of the %2 events are being processed by an earlier delivery; retry in %3 s"_qs
+                                             .arg(inProgress).arg(total).arg(retryAfter));
+        response.setHeader("Retry-After", QByteArray::number(retryAfter));
+        outcome = Outcome::InProgress;
+    }
+    QStringList keys;
+    for (const ClaimRequest &c : claims)
+        keys << c.key;
+    response.setHeader("Idempotency-Key", (keys.size() > 10 ? keys.mid(0, 10).join(u","_qs) + u",…"_qs : keys.join(u","_qs)).toLatin1());
+    response.setHeader("Idempotency-Outcome", toString(outcome).toLatin1());
+    d->responder.send(response);
+    --m_inFlight;
+    const QString detail = u"batch of %1"_qs.arg(total);
+    for (qsizetype i = 0; i < results.size(); ++i)
+        record(d, claims.at(i).key, results.at(i).decision.outcome, response.status, results.at(i).record.token, detail);
 }
 
 void IdempotencyEngine::retryKey(const QString &key, bool force,

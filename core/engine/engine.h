@@ -15,6 +15,8 @@
 
 namespace idem {
 
+class Provider;
+
 struct RetryOutcome
 {
     QString key;
@@ -66,6 +68,12 @@ private:
     void onProcessed(const DeliveryPtr &d, qint64 token, Outcome outcome, ProcessResult result);
     void respond(const DeliveryPtr &d, HttpResponse response, Outcome outcome, qint64 token = 0,
                  const QString &detail = {});
+    void record(const DeliveryPtr &d, const QString &key, Outcome outcome, int status, qint64 token,
+                const QString &detail);
+    void handleBatch(const DeliveryPtr &d, const Provider *provider);
+    void finishBatch(const DeliveryPtr &d, const QList<ClaimRequest> &claims,
+                     const QList<ClaimResult> &results, const ProcessResult &processed,
+                     const QList<FinishVerdict> &verdicts);
     void reject(const DeliveryPtr &d, int status, const QString &title, const QString &detail);
     void purge();
 

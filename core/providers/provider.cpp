@@ -57,7 +57,32 @@ std::optional<QJsonValue> resolvePointer(const QJsonValue &root, const QString &
     return current;
 }
 
-namespace {
+QByteArray hmacSha256(const QByteArray &key, const QByteArray &data)
+{
+    return QMessageAuthenticationCode::hash(data, key, QCryptographicHash::Sha256);
+}
+
+Result<void> checkTimestamp(const QByteArray &timestamp, qint64 nowSeconds, qint64 toleranceSeconds)
+{
+    bool ok = false;
+    const qint64 t = timestamp.toLongLong(&ok);
+    if (!ok)
+        return makeError(ErrorCode::Invalid, u"the signed timestamp '%1' is not a number"_qs.arg(QString::fromLatin1(timestamp.left(32))));
+    if (toleranceSeconds <= 0)
+        return {};
+    if (nowSeconds - t > toleranceSeconds)
+        return makeError(ErrorCode::Invalid, u"the signed timestamp is %1 s old, beyond the %2 s tolerance (a replay?)"_qs
+                                                 .arg(nowSeconds - t).arg(toleranceSeconds));
+    if (t - nowSeconds > toleranceSeconds)
+        return makeError(ErrorCode::Invalid, u"the signed timestamp is %1 s in the future, beyond the %2 s tolerance (check the clocks)"_qs
+                                                 .arg(t - nowSeconds).arg(toleranceSeconds));
+    return {};
+}
+
+Result<QList<BatchElement>> Provider::splitBatch(const HttpRequest &) const
+{
+    return makeError(ErrorCode::Internal, u"%1 does not send batches"_qs.arg(name()));
+}
 
 QJsonValue setPointer(const QJsonValue &node, QStringList tokens, const QString &value)
 {
@@ -82,6 +107,8 @@ QString scalarText(const QJsonValue &v)
         return v.toBool() ? u"true"_qs : u"false"_qs;
     return {};
 }
+
+namespace {
 
 // Idempotency-Key header by default; or a configured header, JSON pointer, or the SHA-256 of
 // composite fields, tried in that order. Optional HMAC-SHA256 of the body in a header.
@@ -191,6 +218,10 @@ const Provider *providerFor(QStringView name)
     static const GenericProvider generic;
     if (name == u"generic")
         return &generic;
+    for (const Provider *p : {stripeProvider(), githubProvider(), shopifyProvider(), sendgridProvider(),
+                              slackProvider(), standardProvider()})
+        if (name == p->name())
+            return p;
     return nullptr;
 }
 

@@ -17,6 +17,14 @@ struct KeyExtraction
     QString detail; // for Missing / Invalid: what was looked for
 };
 
+// One element of a batch delivery (SendGrid): its own key, fingerprint and bytes.
+struct BatchElement
+{
+    QString key; // raw, before namespacing
+    QByteArray fingerprint;
+    QJsonValue element;
+};
+
 // A delivery as a provider's sender makes it: headers and body, signed.
 struct OutgoingDelivery
 {
@@ -43,6 +51,14 @@ public:
     // secret at `nowSeconds` (storms and tests: the key lands where extractKey() reads it).
     virtual OutgoingDelivery makeDelivery(const EndpointConfig &endpoint, const QString &eventId,
                                           qint64 nowSeconds) const = 0;
+
+    // Batch senders (SendGrid) put several events in one delivery: each element is its own key.
+    virtual bool isBatch() const { return false; }
+    virtual Result<QList<BatchElement>> splitBatch(const HttpRequest &request) const;
+    // An answer the provider's protocol expects instead of processing (Slack's URL check).
+    virtual std::optional<HttpResponse> directAnswer(const HttpRequest &) const { return std::nullopt; }
+    // Worth keeping with the delivery (Slack's retry number, Shopify's event id): for the log.
+    virtual QString note(const HttpRequest &) const { return {}; }
 };
 
 const Provider *providerFor(QStringView name);
@@ -55,5 +71,18 @@ std::optional<QJsonValue> resolvePointer(const QJsonValue &root, const QString &
 
 // Equal-length, constant-time comparison (OpenSSL's CRYPTO_memcmp).
 bool constantTimeEquals(QByteArrayView a, QByteArrayView b);
+QByteArray hmacSha256(const QByteArray &key, const QByteArray &data);
+// The signed timestamp against the endpoint's window (0 = not checked); the error says which way.
+Result<void> checkTimestamp(const QByteArray &timestamp, qint64 nowSeconds, qint64 toleranceSeconds);
+QString scalarText(const QJsonValue &value);
+QJsonValue setPointer(const QJsonValue &node, QStringList tokens, const QString &value);
+
+// The signed providers of SPEC §3 (providers/signed.cpp).
+const Provider *stripeProvider();
+const Provider *githubProvider();
+const Provider *shopifyProvider();
+const Provider *sendgridProvider();
+const Provider *slackProvider();
+const Provider *standardProvider();
 
 } // namespace idem

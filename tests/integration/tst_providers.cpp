@@ -1,0 +1,376 @@
+// Every provider of SPEC §3: signed the way the sender signs (signatures computed by the
+// openssl command line, independently of the code under test), keyed and deduplicated.
+#include "engine/stats.h"
+#include "http/blockingclient.h"
+#include "providers/provider.h"
+#include "receiver/receiver.h"
+#include "store/storefactory.h"
+#include "support/downstream.h"
+#include "support/names.h"
+#include "util/clock.h"
+
+#include <QJsonArray>
+#include <QJsonDocument>
+#include <QJsonObject>
+#include <QProcess>
+#include <QTemporaryDir>
+#include <QTest>
+
+using namespace idem;
+using namespace idem::test;
+
+namespace {
+
+QByteArray openssl(const QStringList &args, const QByteArray &input)
+{
+    QProcess p;
+    p.start(QStringLiteral("openssl"), args);
+    p.write(input);
+    p.closeWriteChannel();
+    p.waitForFinished(20000);
+    if (p.exitCode() != 0)
+        qFatal("openssl %s failed: %s", qPrintable(args.join(u' ')), p.readAllStandardError().constData());
+    return p.readAllStandardOutput();
+}
+
+// HMAC-SHA256 by `openssl dgst`, hex. `hexKey` for binary keys (Standard Webhooks).
+QByteArray hmacHex(const QByteArray &key, const QByteArray &data, bool hexKey = false)
+{
+    const QByteArray out = openssl({u"dgst"_qs, u"-sha256"_qs, u"-mac"_qs, u"HMAC"_qs, u"-macopt"_qs,
+                                    (hexKey ? u"hexkey:"_qs : u"key:"_qs) + QString::fromLatin1(key)},
+                                   data);
+    return out.mid(out.lastIndexOf("= ") + 2).trimmed();
+}
+
+const QByteArray kStripeSecret = "whsec_test_5f2b8c1e9a";
+const QByteArray kStripeRotated = "whsec_rotated_77aa01";
+const QByteArray kGithubSecret = "It's a Secret to Everybody";
+const QByteArray kShopifySecret = "shpss_3c1d5e7f9a";
+const QByteArray kSlackSecret = "8f742231b10e8888abcd99yyyzzz85a5";
+const QByteArray kStandardSecret = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
+const QByteArray kStandardRotated = "whsec_cm90YXRlZC1zZWNyZXQtZm9yLXRlc3Rz";
+
+struct Signed
+{
+    HeaderList headers;
+    QByteArray body;
+};
+
+} // namespace
+
+class TestProviders : public QObject
+{
+    Q_OBJECT
+    QTemporaryDir m_dir;
+    CountingDownstream m_down;
+    std::shared_ptr<StorePool> m_pool;
+    std::unique_ptr<Receiver> m_receiver;
+    quint16 m_port = 0;
+    QByteArray m_sgPrivate, m_sgPublic, m_sgRotatedPrivate, m_sgRotatedPublic;
+    int m_seq = 0;
+
+    QString pemFile(const QByteArray &pem)
+    {
+        const QString path = m_dir.filePath(u"k%1.pem"_qs.arg(++m_seq));
+        QFile f(path);
+        f.open(QIODevice::WriteOnly);
+        f.write(pem);
+        return path;
+    }
+
+    // The delivery `provider` would send for event `id`, signed with `secret` at `t`.
+    Signed make(const QString &provider, const QByteArray &id, const QByteArray &secret, qint64 t)
+    {
+        Signed s;
+        const QByteArray ts = QByteArray::number(t);
+        if (provider == u"stripe"_qs) {
+            s.body = "{\"id\":\"" + id + "\",\"object\":\"event\",\"type\":\"charge.succeeded\"}";
+            s.headers = {{"Stripe-Signature", "t=" + ts + ",v1=" + hmacHex(secret, ts + "." + s.body) + ",v0=deadbeef"}};
+        } else if (provider == u"github"_qs) {
+            s.body = "{\"action\":\"opened\",\"n\":\"" + id + "\"}";
+            s.headers = {{"X-GitHub-Event", "issues"}, {"X-GitHub-Hook-ID", "99"}, {"X-GitHub-Delivery", id},
+                         {"X-Hub-Signature-256", "sha256=" + hmacHex(secret, s.body)}};
+        } else if (provider == u"shopify"_qs) {
+            s.body = "{\"id\":1,\"n\":\"" + id + "\"}";
+            s.headers = {{"X-Shopify-Webhook-Id", id}, {"X-Shopify-Event-Id", "ev-" + id},
+                         {"X-Shopify-Hmac-Sha256", QByteArray::fromHex(hmacHex(secret, s.body)).toBase64()}};
+        } else if (provider == u"slack"_qs) {
+            s.body = "{\"type\":\"event_callback\",\"event_id\":\"" + id + "\"}";
+            s.headers = {{"X-Slack-Request-Timestamp", ts},
+                         {"X-Slack-Signature", "v0=" + hmacHex(secret, "v0:" + ts + ":" + s.body)}};
+        } else if (provider == u"standard"_qs) {
+            s.body = "{\"type\":\"invoice.paid\",\"n\":\"" + id + "\"}";
+            const QByteArray key = QByteArray::fromBase64(secret.mid(6)).toHex();
+            const QByteArray sig = QByteArray::fromHex(hmacHex(key, id + "." + ts + "." + s.body, true)).toBase64();
+            s.headers = {{"webhook-id", id}, {"webhook-timestamp", ts}, {"webhook-signature", "v1a,AAAA v1," + sig}};
+        } else { // sendgrid: `secret` is the PEM private key
+            s.body = "[{\"email\":\"a@example.com\",\"event\":\"delivered\",\"sg_event_id\":\"" + id + "\",\"timestamp\":" + ts + "}]";
+            const QByteArray der = openssl({u"dgst"_qs, u"-sha256"_qs, u"-sign"_qs, pemFile(secret)}, ts + s.body);
+            s.headers = {{"X-Twilio-Email-Event-Webhook-Timestamp", ts},
+                         {"X-Twilio-Email-Event-Webhook-Signature", der.toBase64()}};
+        }
+        s.headers.append({QByteArray("Content-Type"), QByteArray("application/json")});
+        return s;
+    }
+    QByteArray secretOf(const QString &provider, bool rotated = false) const
+    {
+        if (provider == u"stripe"_qs) return rotated ? kStripeRotated : kStripeSecret;
+        if (provider == u"github"_qs) return kGithubSecret;
+        if (provider == u"shopify"_qs) return kShopifySecret;
+        if (provider == u"slack"_qs) return kSlackSecret;
+        if (provider == u"standard"_qs) return rotated ? kStandardRotated : kStandardSecret;
+        return rotated ? m_sgRotatedPrivate : m_sgPrivate;
+    }
+    ClientResponse send(const QString &endpoint, const Signed &s)
+    {
+        return post(m_port, "/hooks/" + endpoint.toUtf8(), s.body, s.headers);
+    }
+    qint64 storedKeys(const QString &endpoint)
+    {
+        return m_pool->run<StateCounts>([&](IdempotencyStore &st) { return st.countKeys(endpoint, wallMs()); })->total();
+    }
+
+private Q_SLOTS:
+    void initTestCase()
+    {
+        m_sgPrivate = openssl({u"genpkey"_qs, u"-algorithm"_qs, u"EC"_qs, u"-pkeyopt"_qs, u"ec_paramgen_curve:P-256"_qs}, {});
+        m_sgPublic = openssl({u"pkey"_qs, u"-pubout"_qs}, m_sgPrivate);
+        m_sgRotatedPrivate = openssl({u"genpkey"_qs, u"-algorithm"_qs, u"EC"_qs, u"-pkeyopt"_qs, u"ec_paramgen_curve:P-256"_qs}, {});
+        // SendGrid shows its key as base64 DER, without PEM armour: accept that form too.
+        m_sgRotatedPublic = openssl({u"pkey"_qs, u"-pubout"_qs, u"-outform"_qs, u"DER"_qs}, m_sgRotatedPrivate).toBase64();
+        const QByteArray forward = m_down.url().toString().toUtf8();
+        auto jsonString = [](const QByteArray &v) { return QJsonDocument(QJsonArray{QString::fromUtf8(v)}).toJson(QJsonDocument::Compact).mid(1).chopped(1); };
+        const QByteArray config =
+            "{\"endpoints\": ["
+            "{\"name\": \"stripe\", \"provider\": \"stripe\", \"secret\": [" + jsonString(kStripeSecret) + "," + jsonString(kStripeRotated) + "], \"forward_to\": \"" + forward + "\"},"
+            "{\"name\": \"github\", \"provider\": \"github\", \"secret\": " + jsonString(kGithubSecret) + ", \"forward_to\": \"" + forward + "\"},"
+            "{\"name\": \"shopify\", \"provider\": \"shopify\", \"secret\": " + jsonString(kShopifySecret) + ", \"forward_to\": \"" + forward + "\"},"
+            "{\"name\": \"slack\", \"provider\": \"slack\", \"secret\": " + jsonString(kSlackSecret) + ", \"forward_to\": \"" + forward + "\"},"
+            "{\"name\": \"standard\", \"provider\": \"standard\", \"secret\": [" + jsonString(kStandardSecret) + "," + jsonString(kStandardRotated) + "], \"forward_to\": \"" + forward + "\"},"
+            "{\"name\": \"sendgrid\", \"provider\": \"sendgrid\", \"public_key\": [" + jsonString(m_sgPublic) + "," + jsonString(m_sgRotatedPublic) + "], \"forward_to\": \"" + forward + "\"},"
+            "{\"name\": \"fixtures\", \"provider\": \"stripe\", \"secret\": " + jsonString(kStripeSecret) + ", \"signature_tolerance_seconds\": 0}"
+            "]}";
+        auto parsed = Config::parse(config, u"providers.json"_qs);
+        QVERIFY2(parsed.ok(), parsed.ok() ? "" : qPrintable(parsed.error().message));
+        m_pool = *openStorePool(u"sqlite:"_qs + m_dir.filePath(u"p.db"_qs));
+        m_receiver = std::make_unique<Receiver>(*parsed, m_pool);
+        ListenAddress any;
+        any.port = 0;
+        m_port = m_receiver->start(any)->port;
+    }
+
+    void githubPublishedVector()
+    {
+        // From GitHub's "Validating webhook deliveries".
+        EndpointConfig e;
+        e.secrets = {QString::fromUtf8(kGithubSecret)};
+        HttpRequest r;
+        r.body = "Hello, World!";
+        r.headers = {{"X-Hub-Signature-256", "sha256=757107ea0eb2509fc211221cce984b8a37570b6d7586c22c46f4379c8b043e17"}};
+        QVERIFY(providerFor(u"github")->verify(r, e, 0).ok());
+        r.body = "Hello, World?";
+        QVERIFY(!providerFor(u"github")->verify(r, e, 0).ok());
+    }
+
+    void signedDeliveries_data()
+    {
+        QTest::addColumn<QString>("provider");
+        QTest::addColumn<QByteArray>("expectedKeyPrefix");
+        QTest::addColumn<bool>("timestamped");
+        QTest::newRow("stripe") << u"stripe"_qs << QByteArray("stripe:") << true;
+        QTest::newRow("github") << u"github"_qs << QByteArray("github:hook-99/") << false;
+        QTest::newRow("shopify") << u"shopify"_qs << QByteArray("shopify:") << false;
+        QTest::newRow("slack") << u"slack"_qs << QByteArray("slack:") << true;
+        QTest::newRow("standard") << u"standard"_qs << QByteArray("standard:") << true;
+        QTest::newRow("sendgrid") << u"sendgrid"_qs << QByteArray("sendgrid:") << true;
+    }
+    void signedDeliveries()
+    {
+        QFETCH(QString, provider);
+        QFETCH(QByteArray, expectedKeyPrefix);
+        QFETCH(bool, timestamped);
+        const qint64 now = wallMs() / 1000;
+        const QByteArray id = "evt_" + provider.toUtf8() + "_1";
+        const int forwardedBefore = m_down.total();
+
+        // A valid delivery is processed once; its duplicate is replayed.
+        const Signed valid = make(provider, id, secretOf(provider), now);
+        ClientResponse r = send(provider, valid);
+        QVERIFY2(r.status == 200, r.body.constData());
+        QCOMPARE(r.header("Idempotency-Outcome"), QByteArray("processed"));
+        QCOMPARE(r.header("Idempotency-Key"), expectedKeyPrefix + id);
+        r = send(provider, valid);
+        QCOMPARE(r.status, 200);
+        QCOMPARE(r.header("Idempotency-Outcome"), QByteArray("replayed"));
+        QCOMPARE(m_down.total(), forwardedBefore + 1);
+        const qint64 keys = storedKeys(provider);
+        QCOMPARE(keys, 1);
+
+        // Each broken delivery: 401, which check failed, nothing stored.
+        auto refused = [&](const Signed &s, const char *expectedDetail) {
+            const ClientResponse answer = send(provider, s);
+            QCOMPARE(answer.status, 401);
+            QCOMPARE(answer.header("Idempotency-Outcome"), QByteArray("rejected"));
+            const QString detail = QJsonDocument::fromJson(answer.body).object().value(u"detail").toString();
+            QVERIFY2(detail.contains(QLatin1String(expectedDetail)), qPrintable(detail));
+            for (const auto &[name, value] : valid.headers) // never the expected signature
+                if (value.size() > 20)
+                    QVERIFY(!answer.body.contains(value));
+            QCOMPARE(storedKeys(provider), keys);
+        };
+        Signed tampered = make(provider, "evt_tampered", secretOf(provider), now);
+        tampered.body.replace("evt_tampered", "evt_tampereD");
+        refused(tampered, provider == u"sendgrid"_qs ? "does not verify" : "match");
+        const QByteArray wrong = provider == u"sendgrid"_qs ? openssl({u"genpkey"_qs, u"-algorithm"_qs, u"EC"_qs, u"-pkeyopt"_qs, u"ec_paramgen_curve:P-256"_qs}, {})
+                                                            : provider == u"standard"_qs ? QByteArray("whsec_d3Jvbmctc2VjcmV0LXZhbHVl") : QByteArray("wrong-secret");
+        refused(make(provider, "evt_wrong", wrong, now), provider == u"sendgrid"_qs ? "does not verify" : "match");
+        Signed unsigned_ = make(provider, "evt_unsigned", secretOf(provider), now);
+        unsigned_.headers.removeIf([](const auto &h) {
+            return h.first.toLower().contains("signature") || h.first.toLower().contains("hmac");
+        });
+        refused(unsigned_, "missing");
+        if (timestamped) {
+            refused(make(provider, "evt_stale", secretOf(provider), now - 1000), "old");
+            refused(make(provider, "evt_future", secretOf(provider), now + 1000), "future");
+        }
+
+        // During a rotation any configured secret verifies.
+        if (provider == u"stripe"_qs || provider == u"standard"_qs || provider == u"sendgrid"_qs) {
+            r = send(provider, make(provider, "evt_rotated", secretOf(provider, true), now));
+            QVERIFY2(r.status == 200, r.body.constData());
+            QCOMPARE(r.header("Idempotency-Outcome"), QByteArray("processed"));
+        }
+    }
+
+    void capturedFixturesReplayWithoutTheTimestampCheck()
+    {
+        // signature_tolerance_seconds: 0 accepts an old capture; its signature is still checked.
+        Signed old = make(u"stripe"_qs, "evt_fixture", kStripeSecret, 1600000000);
+        QCOMPARE(send(u"fixtures"_qs, old).status, 200);
+        old.body.replace("charge", "chargE");
+        QCOMPARE(send(u"fixtures"_qs, old).status, 401);
+    }
+
+    void sendgridBatchForwardsOnlyNewElements()
+    {
+        const qint64 now = wallMs() / 1000;
+        auto batch = [&](const QList<QByteArray> &ids) {
+            QByteArray body = "[";
+            for (const QByteArray &id : ids)
+                body += (body.size() > 1 ? "," : "") + QByteArray("{\"event\":\"open\",\"sg_event_id\":\"") + id + "\",\"timestamp\":1}";
+            body += "]";
+            const QByteArray ts = QByteArray::number(now);
+            const QByteArray der = openssl({u"dgst"_qs, u"-sha256"_qs, u"-sign"_qs, pemFile(m_sgPrivate)}, ts + body);
+            return Signed{{{"X-Twilio-Email-Event-Webhook-Timestamp", ts}, {"X-Twilio-Email-Event-Webhook-Signature", der.toBase64()}}, body};
+        };
+        const int before = m_down.total();
+        ClientResponse r = send(u"sendgrid"_qs, batch({"sg-a", "sg-b"}));
+        QCOMPARE(r.status, 200);
+        QCOMPARE(m_down.total(), before + 1);
+        QCOMPARE(QJsonDocument::fromJson(m_down.requests().last().body).array().size(), 2);
+        // Re-sent with one new element: only that element is forwarded.
+        r = send(u"sendgrid"_qs, batch({"sg-a", "sg-b", "sg-c"}));
+        QCOMPARE(r.status, 200);
+        QCOMPARE(m_down.total(), before + 2);
+        const QJsonArray forwarded = QJsonDocument::fromJson(m_down.requests().last().body).array();
+        QCOMPARE(forwarded.size(), 1);
+        QCOMPARE(forwarded.first().toObject().value(u"sg_event_id").toString(), u"sg-c"_qs);
+        QCOMPARE(QJsonDocument::fromJson(r.body).object().value(u"replayed").toInt(), 2);
+        // Entirely seen before: nothing forwarded, replayed.
+        r = send(u"sendgrid"_qs, batch({"sg-b", "sg-c"}));
+        QCOMPARE(r.status, 200);
+        QCOMPARE(r.header("Idempotency-Outcome"), QByteArray("replayed"));
+        QCOMPARE(m_down.total(), before + 2);
+        // Every element has its own record.
+        auto k = m_pool->run<std::optional<KeyRecord>>([](IdempotencyStore &s) { return s.key(u"sendgrid:sg-c"_qs, wallMs()); });
+        QVERIFY(k->has_value());
+        QCOMPARE(name((*k)->state), name(KeyState::Completed));
+        QCOMPARE(QJsonDocument::fromJson((*k)->request.body).array().size(), 1);
+    }
+
+    void sendgridBatchIsNot2xxUntilEveryElementCompleted()
+    {
+        m_down.setStatus(500);
+        const qint64 now = wallMs() / 1000;
+        const QByteArray body = "[{\"event\":\"open\",\"sg_event_id\":\"sg-fail\"},{\"event\":\"click\",\"email\":\"x@y.z\",\"timestamp\":5}]";
+        const QByteArray ts = QByteArray::number(now);
+        const QByteArray der = openssl({u"dgst"_qs, u"-sha256"_qs, u"-sign"_qs, pemFile(m_sgPrivate)}, ts + body);
+        const Signed s{{{"X-Twilio-Email-Event-Webhook-Timestamp", ts}, {"X-Twilio-Email-Event-Webhook-Signature", der.toBase64()}}, body};
+        ClientResponse r = send(u"sendgrid"_qs, s);
+        QCOMPARE(r.status, 500);
+        m_down.setStatus(200);
+        r = send(u"sendgrid"_qs, s);
+        QCOMPARE(r.status, 200);
+        // The element without sg_event_id got a composite key.
+        KeyQuery q;
+        q.endpoint = u"sendgrid"_qs;
+        q.glob = u"sendgrid:c-*"_qs;
+        q.nowMs = wallMs();
+        QCOMPARE(m_pool->run<QList<KeyRecord>>([&](IdempotencyStore &st) { return st.listKeys(q); })->size(), 1);
+    }
+
+    void slackUrlVerificationAndRetries()
+    {
+        const qint64 now = wallMs() / 1000;
+        Signed challenge;
+        challenge.body = "{\"type\":\"url_verification\",\"challenge\":\"3eZbrw1aBm2rZgRNFdxV2595E9CY3gmdALWMmHkvFXO7tYXAYM8P\"}";
+        const QByteArray ts = QByteArray::number(now);
+        challenge.headers = {{"X-Slack-Request-Timestamp", ts}, {"X-Slack-Signature", "v0=" + hmacHex(kSlackSecret, "v0:" + ts + ":" + challenge.body)}};
+        const ClientResponse r = send(u"slack"_qs, challenge);
+        QCOMPARE(r.status, 200);
+        QCOMPARE(QJsonDocument::fromJson(r.body).object().value(u"challenge").toString(),
+                 u"3eZbrw1aBm2rZgRNFdxV2595E9CY3gmdALWMmHkvFXO7tYXAYM8P"_qs);
+        Signed retry = make(u"slack"_qs, "Ev_retry", kSlackSecret, now);
+        QCOMPARE(send(u"slack"_qs, retry).status, 200);
+        retry.headers.append({QByteArray("X-Slack-Retry-Num"), QByteArray("1")});
+        retry.headers.append({QByteArray("X-Slack-Retry-Reason"), QByteArray("http_timeout")});
+        QCOMPARE(send(u"slack"_qs, retry).header("Idempotency-Outcome"), QByteArray("replayed"));
+        DeliveryQuery dq;
+        dq.key = u"slack:Ev_retry"_qs;
+        QTRY_VERIFY_WITH_TIMEOUT(m_pool->run<QList<DeliveryEvent>>([&](IdempotencyStore &s) { return s.deliveries(dq); })->size() == 2, 5000);
+        const auto events = *m_pool->run<QList<DeliveryEvent>>([&](IdempotencyStore &s) { return s.deliveries(dq); });
+        QVERIFY2(events.first().detail.contains(u"slack retry 1 (http_timeout)"), qPrintable(events.first().detail));
+    }
+
+    void providerConfigIsValidated_data()
+    {
+        QTest::addColumn<QByteArray>("endpoint");
+        QTest::addColumn<QString>("expected");
+        QTest::newRow("sendgrid secret") << QByteArray("{\"name\": \"s\", \"provider\": \"sendgrid\", \"secret\": \"x\"}") << u"endpoints[0].secret: sendgrid signs with ECDSA"_qs;
+        QTest::newRow("bad public key") << QByteArray("{\"name\": \"s\", \"provider\": \"sendgrid\", \"public_key\": \"bm9wZQ==\"}") << u"endpoints[0].public_key: not a public key"_qs;
+        QTest::newRow("public key elsewhere") << QByteArray("{\"name\": \"s\", \"provider\": \"stripe\", \"public_key\": \"x\"}") << u"endpoints[0].public_key: only the sendgrid"_qs;
+        QTest::newRow("standard secret") << QByteArray("{\"name\": \"s\", \"provider\": \"standard\", \"secret\": \"whsec_***\"}") << u"endpoints[0].secret: a Standard Webhooks secret"_qs;
+        QTest::newRow("key on stripe") << QByteArray("{\"name\": \"s\", \"provider\": \"stripe\", \"key\": {\"header\": \"X\"}}") << u"endpoints[0].key: only the generic"_qs;
+        QTest::newRow("signature header on github") << QByteArray("{\"name\": \"s\", \"provider\": \"github\", \"signature_header\": \"X\"}") << u"endpoints[0].signature_header: only the generic"_qs;
+    }
+    void providerConfigIsValidated()
+    {
+        QFETCH(QByteArray, endpoint);
+        QFETCH(QString, expected);
+        auto c = Config::parse("{\"endpoints\": [" + endpoint + "]}", u"c.json"_qs);
+        QVERIFY(!c.ok());
+        QVERIFY2(c.error().message.contains(expected), qPrintable(c.error().message));
+    }
+
+    void retryWindowsAndWarnings()
+    {
+        const Config builtin = Config::builtin();
+        QCOMPARE(builtin.endpoints.size(), 7);
+        for (const EndpointConfig &e : builtin.endpoints) {
+            QCOMPARE(e.name, e.provider); // /hooks/<provider>
+            QVERIFY(e.settings.ttlSeconds >= providerFor(e.provider)->retryWindowSeconds());
+        }
+        QCOMPARE(providerFor(u"stripe")->retryWindowSeconds(), 3 * 86400);
+        QCOMPARE(providerFor(u"shopify")->retryWindowSeconds(), 4 * 3600);
+        QCOMPARE(providerFor(u"sendgrid")->retryWindowSeconds(), 86400);
+        QCOMPARE(providerFor(u"standard")->retryWindowSeconds(), 76 * 3600);
+        auto c = Config::parse("{\"endpoints\": [{\"name\": \"s\", \"provider\": \"stripe\", \"secret\": \"whsec_x\", \"ttl_seconds\": 3600}]}", u"c"_qs);
+        const QStringList warnings = configWarnings(*c);
+        QCOMPARE(warnings.size(), 1);
+        QVERIFY2(warnings.first().contains(u"shorter than stripe's retry window"), qPrintable(warnings.first()));
+        QVERIFY(configWarnings(builtin).first().contains(u"signatures are not verified"));
+    }
+};
+
+QTEST_GUILESS_MAIN(TestProviders)
+#include "tst_providers.moc"
