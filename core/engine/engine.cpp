@@ -45,6 +45,7 @@ struct IdempotencyEngine::Delivery
     const EndpointConfig *endpoint = nullptr;
     QString key;
     QString note; // the provider's: Slack's retry number, Shopify's event id, ...
+    QByteArray payload; // kept in the delivery log for a mismatch
     qint64 startUs = 0;
 };
 
@@ -210,6 +211,7 @@ void IdempotencyEngine::onClaimed(const DeliveryPtr &d, Result<ClaimResult> resu
             422, u"Idempotency key reused with a different payload"_qs,
             u"the key %1 was first seen with a body of SHA-256 %2; this body differs, so it was not processed"_qs
                 .arg(d->key, QString::fromLatin1(claim.record.fingerprint)));
+        d->payload = d->request.body.left(64 * 1024);
         return respond(d, r, Outcome::Mismatch, claim.record.token);
     }
     }
@@ -291,6 +293,7 @@ void IdempotencyEngine::record(const DeliveryPtr &d, const QString &key, Outcome
     event.token = token;
     event.instance = m_instance;
     event.detail = d->note.isEmpty() ? detail : detail.isEmpty() ? d->note : d->note + u"; "_qs + detail;
+    event.payload = d->payload;
     ++m_outcomes[size_t(outcome)];
     if (!event.endpoint.isEmpty()) {
         m_logBuffer.append(event);

@@ -98,6 +98,7 @@ struct DeliveryEvent
     qint64 token = 0; // the claim's token for processed / reprocessed / recovered
     QString instance;
     QString detail;
+    QByteArray payload; // a mismatch's rejected body (capped), to show what differed
 };
 
 QJsonObject deliveryToJson(const DeliveryEvent &event);

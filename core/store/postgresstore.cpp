@@ -226,9 +226,9 @@ Result<std::unique_ptr<PostgresStore>> PostgresStore::connect(const StoreUrl &ur
         c.prepare("count", "SELECT state, count(*) FROM idem_keys WHERE expires_at_ms > $1"
                            " AND ($2 = '' OR endpoint = $2) GROUP BY state");
         c.prepare("log", "INSERT INTO idem_deliveries (at_ms, endpoint, key, outcome, status, latency_us,"
-                         " token, instance, detail) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)");
+                         " token, instance, detail, payload) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)");
         c.prepare("deliveries", "SELECT at_ms, endpoint, key, outcome, status, latency_us, token, instance,"
-                                " detail FROM idem_deliveries WHERE at_ms >= $1 AND ($2 = '' OR key = $2)"
+                                " detail, payload FROM idem_deliveries WHERE at_ms >= $1 AND ($2 = '' OR key = $2)"
                                 " AND ($3 = '' OR endpoint = $3) ORDER BY at_ms DESC, id DESC LIMIT $4");
         return {};
     });
@@ -447,7 +447,7 @@ Result<void> PostgresStore::appendDeliveries(const QList<DeliveryEvent> &events)
         pqxx::work w(m_conn->c);
         for (const DeliveryEvent &e : events)
             w.exec_prepared("log", e.atMs, s(e.endpoint), s(e.key), s(toString(e.outcome)), e.status,
-                            e.latencyUs, e.token, s(e.instance), s(e.detail));
+                            e.latencyUs, e.token, s(e.instance), s(e.detail), bin(e.payload));
         w.commit();
         return {};
     });
@@ -469,6 +469,7 @@ Result<QList<DeliveryEvent>> PostgresStore::deliveries(const DeliveryQuery &q)
             e.token = row[6].as<qint64>();
             e.instance = text(row[7]);
             e.detail = text(row[8]);
+            e.payload = bytes(row[9]);
             events.append(e);
         }
         return events;

@@ -381,7 +381,7 @@ Result<void> RedisStore::appendDeliveries(const QList<DeliveryEvent> &events)
                                      "at", num(e.atMs), "e", e.endpoint.toUtf8(), "k", e.key.toUtf8(),
                                      "o", toString(e.outcome).toLatin1(), "s", num(e.status),
                                      "l", num(e.latencyUs), "t", num(e.token), "i", e.instance.toUtf8(),
-                                     "d", e.detail.toUtf8()};
+                                     "d", e.detail.toUtf8(), "b", e.payload};
         std::vector<const char *> argv;
         std::vector<size_t> lengths;
         for (const auto &a : args) {
@@ -432,6 +432,7 @@ Result<QList<DeliveryEvent>> RedisStore::deliveries(const DeliveryQuery &q)
             e.token = f.value("t").toLongLong();
             e.instance = QString::fromUtf8(f.value("i"));
             e.detail = QString::fromUtf8(f.value("d"));
+            e.payload = f.value("b");
             events.append(e);
         }
         scanned += qint64(array->elements);

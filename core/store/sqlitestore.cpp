@@ -487,11 +487,13 @@ Result<void> SqliteStore::appendDeliveries(const QList<DeliveryEvent> &events)
         return lastError("begin log");
     for (const DeliveryEvent &e : events) {
         IDEM_PREPARE(insert, "INSERT INTO idem_deliveries (at_ms, endpoint, key, outcome, status,"
-                             " latency_us, token, instance, detail) VALUES (?1, ?2, ?3, ?4, ?5, ?6,"
-                             " ?7, ?8, ?9)");
+                             " latency_us, token, instance, detail, payload) VALUES (?1, ?2, ?3, ?4, ?5,"
+                             " ?6, ?7, ?8, ?9, ?10)");
         insert.bind(1, e.atMs).bind(2, e.endpoint).bind(3, e.key).bind(4, toString(e.outcome));
         insert.bind(5, qint64(e.status)).bind(6, e.latencyUs).bind(7, e.token).bind(8, e.instance);
         insert.bind(9, e.detail);
+        if (!e.payload.isNull())
+            insert.bindBlob(10, e.payload);
         if (insert.step() != SQLITE_DONE)
             return lastError("log");
     }
@@ -503,7 +505,7 @@ Result<void> SqliteStore::appendDeliveries(const QList<DeliveryEvent> &events)
 Result<QList<DeliveryEvent>> SqliteStore::deliveries(const DeliveryQuery &q)
 {
     IDEM_PREPARE(select, "SELECT at_ms, endpoint, key, outcome, status, latency_us, token, instance,"
-                         " detail FROM idem_deliveries WHERE at_ms >= ?1 AND (?2 = '' OR key = ?2)"
+                         " detail, payload FROM idem_deliveries WHERE at_ms >= ?1 AND (?2 = '' OR key = ?2)"
                          " AND (?3 = '' OR endpoint = ?3) ORDER BY at_ms DESC, id DESC LIMIT ?4");
     select.bind(1, q.sinceMs).bind(2, q.key).bind(3, q.endpoint).bind(4, qint64(q.limit));
     QList<DeliveryEvent> events;
@@ -519,6 +521,7 @@ Result<QList<DeliveryEvent>> SqliteStore::deliveries(const DeliveryQuery &q)
         e.token = select.i64(6);
         e.instance = select.text(7);
         e.detail = select.text(8);
+        e.payload = select.bytes(9);
         events.append(std::move(e));
     }
     if (rc != SQLITE_DONE)

@@ -347,6 +347,8 @@ private Q_SLOTS:
         }
         DeliveryEvent other = events.first();
         other.key = ep + u":b"_qs;
+        other.outcome = Outcome::Mismatch;
+        other.payload = QByteArray("{\"changed\":true}\0\xff", 18);
         events << other;
         QVERIFY(m_store->appendDeliveries(events).ok());
         DeliveryQuery q;
@@ -360,7 +362,11 @@ private Q_SLOTS:
         DeliveryQuery byEndpoint;
         byEndpoint.endpoint = ep;
         byEndpoint.sinceMs = t0;
-        QCOMPARE(m_store->deliveries(byEndpoint)->size(), 4);
+        const auto all = *m_store->deliveries(byEndpoint);
+        QCOMPARE(all.size(), 4);
+        const auto mismatch = std::find_if(all.begin(), all.end(), [](const DeliveryEvent &e) { return e.outcome == Outcome::Mismatch; });
+        QVERIFY(mismatch != all.end());
+        QCOMPARE(mismatch->payload, QByteArray("{\"changed\":true}\0\xff", 18));
     }
 
     // Many connections racing for the same keys: each key is claimed exactly once.

@@ -41,7 +41,8 @@ CREATE TABLE IF NOT EXISTS idem_deliveries (
     latency_us bigint NOT NULL,
     token      bigint NOT NULL,
     instance   text NOT NULL,
-    detail     text NOT NULL DEFAULT ''
+    detail     text NOT NULL DEFAULT '',
+    payload    bytea
 );
 
 -- The dashboard's time queries, and a key's timeline.

@@ -37,7 +37,8 @@ CREATE TABLE IF NOT EXISTS idem_deliveries (
     latency_us INTEGER NOT NULL,
     token      INTEGER NOT NULL,
     instance   TEXT NOT NULL,
-    detail     TEXT NOT NULL DEFAULT ''
+    detail     TEXT NOT NULL DEFAULT '',
+    payload    BLOB
 );
 
 CREATE INDEX IF NOT EXISTS idem_deliveries_at ON idem_deliveries (at_ms);
