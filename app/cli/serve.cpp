@@ -7,6 +7,9 @@
 #include "store/storeurl.h"
 
 #include <QApplication>
+#include <QFile>
+#include <QMessageBox>
+#include <QSettings>
 #include <QCommandLineParser>
 #include <QDateTime>
 #include <QJsonDocument>
@@ -145,34 +148,56 @@ int gui(int argc, char **argv, const QStringList &arguments)
 {
     QApplication app(argc, argv);
     QCommandLineParser parser;
-    parser.setApplicationDescription(u"Dashboard with the embedded receiver."_qs);
+    parser.setApplicationDescription(u"The dashboard, with the embedded receiver (or attached to a shared store with --no-receiver)."_qs);
     addCommonOptions(parser);
-    parser.addOption({u"no-receiver"_qs, u"Only watch the store (attach mode)."_qs});
+    parser.addOption({u"no-receiver"_qs, u"Attach mode: watch the store (every instance writing to it) without receiving here."_qs});
     if (const int rc = parseOrExit(parser, arguments, 0); rc >= 0)
         return rc;
+    // Without --config, the file the settings dialog saved last, if any.
+    QStringList effective = arguments;
+    QString configPath = parser.value(u"config"_qs);
+    if (configPath.isEmpty()) {
+        const QString saved = QSettings().value(u"configPath"_qs).toString();
+        if (!saved.isEmpty() && QFile::exists(saved)) {
+            configPath = saved;
+            effective << u"--config"_qs << saved;
+            parser.parse(effective);
+        }
+    }
     auto options = loadCommon(parser);
     if (!options) {
         printError(options.error().message);
-        return 2;
+        QMessageBox::critical(nullptr, u"Idempotency Desk"_qs, options.error().message);
+        return ExitUsage;
     }
-    if (parser.isSet(u"no-receiver"_qs)) {
-        printError(u"--no-receiver (attach mode) is not available yet"_qs);
-        return 2;
+    const bool attach = parser.isSet(u"no-receiver"_qs);
+    if (attach && options->storeUrl.isEmpty()) {
+        printError(u"--no-receiver needs --store URL (the shared store to watch)"_qs);
+        return ExitUsage;
     }
     auto pool = openStorePool(options->storeUrl);
     if (!pool) {
         printError(pool.error().message);
-        return 1;
+        QMessageBox::critical(nullptr, u"Idempotency Desk"_qs,
+                              u"The store cannot be reached:\n%1\n\nStart the store, or choose another with --store (or the settings)."_qs
+                                  .arg(pool.error().message));
+        return ExitRuntime;
     }
-    Receiver receiver(options->config, *pool);
-    auto bound = receiver.start(options->config.listen);
-    if (!bound) {
-        printError(bound.error().message);
-        return 1;
+    std::unique_ptr<Receiver> receiver;
+    if (!attach) {
+        receiver = std::make_unique<Receiver>(options->config, *pool);
+        auto bound = receiver->start(options->config.listen);
+        if (!bound) {
+            printError(bound.error().message);
+            QMessageBox::critical(nullptr, u"Idempotency Desk"_qs, bound.error().message);
+            return ExitRuntime;
+        }
     }
-    MainWindow window(&receiver, StoreUrl::parse(options->storeUrl)->display());
+    DeskSession session{options->config, options->storeUrl, configPath, *pool, receiver.get()};
+    MainWindow window(session);
     window.show();
-    return app.exec();
+    const int rc = app.exec();
+    return rc;
 }
 
 } // namespace idem::cli

@@ -362,6 +362,65 @@ Config Config::builtin()
     return config;
 }
 
+namespace {
+void writeSettings(QJsonObject &o, const EndpointSettings &s)
+{
+    o.insert(u"ttl_seconds"_qs, s.ttlSeconds);
+    o.insert(u"lease_seconds"_qs, s.leaseSeconds);
+    o.insert(u"forward_timeout_seconds"_qs, s.forwardTimeoutSeconds);
+    o.insert(u"max_body_bytes"_qs, s.maxBodyBytes);
+    o.insert(u"in_progress_status"_qs, s.inProgressStatus);
+    o.insert(u"signature_tolerance_seconds"_qs, s.signatureToleranceSeconds);
+    o.insert(u"on_failed"_qs, s.onFailed == OnFailed::Reject ? u"reject"_qs : u"reprocess"_qs);
+    o.insert(u"on_mismatch"_qs, s.onMismatch == OnMismatch::Ignore ? u"ignore"_qs : u"reject"_qs);
+    o.insert(u"on_missing_key"_qs, s.passthroughMissingKey ? u"passthrough"_qs : u"reject"_qs);
+}
+} // namespace
+
+QJsonObject Config::toJson() const
+{
+    QJsonObject root{{u"listen"_qs, listen.toString()}};
+    if (!store.isEmpty())
+        root.insert(u"store"_qs, store);
+    QJsonObject d;
+    writeSettings(d, defaults);
+    root.insert(u"defaults"_qs, d);
+    QJsonArray list;
+    for (const EndpointConfig &e : endpoints) {
+        QJsonObject o{{u"name"_qs, e.name}, {u"provider"_qs, e.provider}};
+        if (!e.secrets.isEmpty())
+            o.insert(u"secret"_qs, e.secrets.size() == 1 ? QJsonValue(e.secrets.first()) : QJsonValue(QJsonArray::fromStringList(e.secrets)));
+        if (!e.publicKeys.isEmpty()) {
+            QJsonArray keys;
+            for (const QByteArray &k : e.publicKeys)
+                keys.append(QString::fromLatin1(k));
+            o.insert(u"public_key"_qs, keys);
+        }
+        if (!e.privateKey.isEmpty())
+            o.insert(u"private_key"_qs, QString::fromLatin1(e.privateKey));
+        if (e.provider == u"generic"_qs && e.signatureHeader != "X-Signature-256")
+            o.insert(u"signature_header"_qs, QString::fromLatin1(e.signatureHeader));
+        if (!e.forwardTo.isEmpty())
+            o.insert(u"forward_to"_qs, e.forwardTo.toString());
+        else if (e.simulate.delayMs || e.simulate.failRate > 0)
+            o.insert(u"simulate"_qs, QJsonObject{{u"delay_ms"_qs, e.simulate.delayMs}, {u"fail_rate"_qs, e.simulate.failRate}});
+        if (!e.key.header.isEmpty() || !e.key.jsonPointer.isEmpty() || !e.key.composite.isEmpty()) {
+            QJsonObject k;
+            if (!e.key.header.isEmpty())
+                k.insert(u"header"_qs, QString::fromLatin1(e.key.header));
+            if (!e.key.jsonPointer.isEmpty())
+                k.insert(u"json_pointer"_qs, e.key.jsonPointer);
+            if (!e.key.composite.isEmpty())
+                k.insert(u"composite"_qs, QJsonArray::fromStringList(e.key.composite));
+            o.insert(u"key"_qs, k);
+        }
+        writeSettings(o, e.settings);
+        list.append(o);
+    }
+    root.insert(u"endpoints"_qs, list);
+    return root;
+}
+
 const EndpointConfig *Config::endpoint(QStringView name) const
 {
     for (const auto &e : endpoints)

@@ -81,6 +81,8 @@ struct Config
     static Config builtin();
 
     const EndpointConfig *endpoint(QStringView name) const;
+    // The JSON form (what the dashboard's settings write); parse(toJson()) gives this back.
+    QJsonObject toJson() const;
 };
 
 QStringList builtinProviders();

@@ -284,12 +284,12 @@ void IdempotencyEngine::record(const DeliveryPtr &d, const QString &key, Outcome
                                qint64 token, const QString &detail)
 {
     DeliveryEvent event;
-    event.atMs = nowMs();
+    event.latencyUs = monotonicUs() - d->startUs;
+    event.atMs = nowMs() - event.latencyUs / 1000; // when it arrived: the timeline's order
     event.endpoint = d->endpoint ? d->endpoint->name : QString();
     event.key = key;
     event.outcome = outcome;
     event.status = status;
-    event.latencyUs = monotonicUs() - d->startUs;
     event.token = token;
     event.instance = m_instance;
     event.detail = d->note.isEmpty() ? detail : detail.isEmpty() ? d->note : d->note + u"; "_qs + detail;

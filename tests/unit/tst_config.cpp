@@ -72,6 +72,23 @@ private Q_SLOTS:
         QVERIFY2(c.error().message.startsWith(expected), qPrintable(c.error().message));
     }
 
+    void jsonRoundTrip()
+    {
+        const QByteArray json = "{\"listen\": \"127.0.0.1:9000\", \"endpoints\": [{\"name\": \"o\", \"secret\": [\"a\", \"b\"], \"lease_seconds\": 7,"
+                                " \"on_failed\": \"reject\", \"key\": {\"json_pointer\": \"/id\"}, \"simulate\": {\"delay_ms\": 5, \"fail_rate\": 0.5}},"
+                                " {\"name\": \"f\", \"forward_to\": \"http://127.0.0.1:1/x\", \"in_progress_status\": 202}]}";
+        auto first = Config::parse(json, QStringLiteral("a"));
+        QVERIFY(first.ok());
+        auto second = Config::parse(QJsonDocument(first->toJson()).toJson(), QStringLiteral("b"));
+        QVERIFY2(second.ok(), second.ok() ? "" : qPrintable(second.error().message));
+        QCOMPARE(QJsonDocument(second->toJson()).toJson(), QJsonDocument(first->toJson()).toJson());
+        QCOMPARE(second->endpoint(u"o")->settings.leaseSeconds, 7);
+        QCOMPARE(second->endpoint(u"o")->secrets.size(), 2);
+        QCOMPARE(second->endpoint(u"o")->simulate.failRate, 0.5);
+        QCOMPARE(second->endpoint(u"f")->settings.inProgressStatus, 202);
+        QCOMPARE(second->listen.port, 9000);
+    }
+
     void storeUrls()
     {
         auto sqlite = StoreUrl::parse(QStringLiteral("sqlite:/tmp/a.db"));

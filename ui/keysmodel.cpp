@@ -1,0 +1,260 @@
+#include "keysmodel.h"
+
+#include "util/clock.h"
+#include "util/format.h"
+
+#include <QBrush>
+#include <QColor>
+#include <QDateTime>
+
+namespace idem {
+
+namespace {
+// Today's times as hh:mm:ss, older ones with their date.
+QString shortTime(qint64 ms)
+{
+    const QDateTime t = QDateTime::fromMSecsSinceEpoch(ms);
+    return t.date() == QDate::currentDate() ? t.toString(u"hh:mm:ss"_qs) : t.toString(u"yyyy-MM-dd hh:mm"_qs);
+}
+} // namespace
+
+KeysModel::KeysModel(std::shared_ptr<StorePool> pool, int pageSize, QObject *parent)
+    : QAbstractTableModel(parent), m_pool(std::move(pool)), m_pageSize(pageSize)
+{
+    // The TTL and lease columns count down; nothing is read for that.
+    m_tick.setInterval(1000);
+    connect(&m_tick, &QTimer::timeout, this, [this] {
+        if (!m_rows.isEmpty())
+            Q_EMIT dataChanged(index(0, Ttl), index(int(m_rows.size()) - 1, Lease), {Qt::DisplayRole, RawValueRole});
+    });
+    m_tick.start();
+}
+
+int KeysModel::rowCount(const QModelIndex &parent) const
+{
+    return parent.isValid() ? 0 : int(m_rows.size());
+}
+
+int KeysModel::columnCount(const QModelIndex &parent) const
+{
+    return parent.isValid() ? 0 : ColumnCount;
+}
+
+QVariant KeysModel::headerData(int section, Qt::Orientation orientation, int role) const
+{
+    if (orientation != Qt::Horizontal || role != Qt::DisplayRole)
+        return {};
+    switch (section) {
+    case Key: return tr("Key");
+    case Endpoint: return tr("Endpoint");
+    case State: return tr("State");
+    case Deliveries: return tr("Deliveries");
+    case FirstSeen: return tr("First seen");
+    case LastSeen: return tr("Last seen");
+    case Ttl: return tr("TTL");
+    case Lease: return tr("Lease");
+    }
+    return {};
+}
+
+QVariant KeysModel::data(const QModelIndex &index, int role) const
+{
+    if (!checkIndex(index, CheckIndexOption::IndexIsValid | CheckIndexOption::ParentIsInvalid))
+        return {};
+    const KeyRecord &r = m_rows.at(index.row());
+    const qint64 now = wallMs();
+    const bool processing = r.state == KeyState::Processing;
+    const bool stuck = processing && r.leaseUntilMs <= now;
+    switch (role) {
+    case KeyRole:
+        return r.key;
+    case StuckRole:
+        return stuck;
+    case RawValueRole:
+        switch (index.column()) {
+        case Key: return r.key;
+        case Endpoint: return r.endpoint;
+        case State: return int(r.state);
+        case Deliveries: return r.attempts;
+        case FirstSeen: return r.createdMs;
+        case LastSeen: return r.updatedMs;
+        case Ttl: return r.expiresAtMs - now;
+        case Lease: return processing ? r.leaseUntilMs - now : std::numeric_limits<qint64>::max();
+        }
+        return {};
+    case Qt::DisplayRole:
+        switch (index.column()) {
+        case Key: return r.key;
+        case Endpoint: return r.endpoint;
+        case State: return toString(r.state);
+        case Deliveries: return r.attempts;
+        case FirstSeen: return shortTime(r.createdMs);
+        case LastSeen: return shortTime(r.updatedMs);
+        case Ttl: return formatDuration(r.expiresAtMs - now);
+        case Lease:
+            if (!processing)
+                return QString();
+            return stuck ? tr("stuck %1").arg(formatDuration(now - r.leaseUntilMs))
+                         : tr("%1 left").arg(formatDuration(r.leaseUntilMs - now));
+        }
+        return {};
+    case Qt::ForegroundRole:
+        if (index.column() == State) {
+            switch (r.state) {
+            case KeyState::Completed: return QBrush(QColor(0x1b, 0x7f, 0x3b));
+            case KeyState::Failed: return QBrush(QColor(0xb0, 0x20, 0x20));
+            case KeyState::Processing: return QBrush(QColor(0xb0, 0x6a, 0x00));
+            case KeyState::Reset: return QBrush(QColor(0x1f, 0x5f, 0xb0));
+            }
+        }
+        return {};
+    case Qt::BackgroundRole:
+        if (stuck)
+            return QBrush(QColor(0xff, 0xe0, 0xe0)); // a processing key whose worker is gone
+        return {};
+    case Qt::ToolTipRole:
+        if (stuck)
+            return tr("The lease ran out %1 ago: the worker likely died. The next delivery recovers it; or force-fail it.")
+                .arg(formatDuration(now - r.leaseUntilMs));
+        if (!r.error.isEmpty())
+            return r.error;
+        return {};
+    }
+    return {};
+}
+
+KeyQuery KeysModel::query(int offset, int limit) const
+{
+    KeyQuery q;
+    q.state = m_state;
+    q.endpoint = m_endpoint;
+    q.glob = m_glob;
+    q.offset = offset;
+    q.limit = limit;
+    q.nowMs = wallMs();
+    return q;
+}
+
+bool KeysModel::canFetchMore(const QModelIndex &parent) const
+{
+    return !parent.isValid() && !m_atEnd && !m_loading;
+}
+
+void KeysModel::fetchMore(const QModelIndex &parent)
+{
+    if (!canFetchMore(parent))
+        return;
+    m_loading = true;
+    const KeyQuery q = query(int(m_rows.size()), m_pageSize);
+    const quint64 generation = m_generation;
+    m_pool->submit<QList<KeyRecord>>(
+        this, [q](IdempotencyStore &s) { return s.listKeys(q); },
+        [this, generation, q](Result<QList<KeyRecord>> page) {
+            if (generation != m_generation)
+                return; // the filter changed meanwhile
+            if (!page) {
+                m_loading = false;
+                m_atEnd = true;
+                Q_EMIT storeError(page.error().message);
+                return;
+            }
+            m_atEnd = page->size() < q.limit;
+            if (!page->isEmpty()) {
+                // Still "loading" while the rows go in: a view asking for more from inside
+                // the insertion must not fetch the same offset again.
+                beginInsertRows({}, int(m_rows.size()), int(m_rows.size() + page->size()) - 1);
+                m_rows += *page;
+                endInsertRows();
+            }
+            m_loading = false;
+            Q_EMIT loaded();
+        });
+}
+
+void KeysModel::setFilter(std::optional<KeyState> state, const QString &endpoint, const QString &text)
+{
+    QString glob = text.trimmed();
+    if (!glob.isEmpty() && !glob.contains(u'*') && !glob.contains(u'?') && !glob.contains(u'['))
+        glob = u"*"_qs + glob + u"*"_qs;
+    const bool endpointChanged = endpoint != m_endpoint;
+    ++m_generation;
+    beginResetModel();
+    m_state = state;
+    m_endpoint = endpoint;
+    m_glob = glob;
+    m_rows.clear();
+    m_atEnd = false;
+    m_loading = false;
+    m_refreshing = false;
+    endResetModel();
+    fetchMore({});
+    if (endpointChanged || m_counts.total() == 0)
+        requestCounts();
+}
+
+void KeysModel::requestCounts()
+{
+    const QString endpoint = m_endpoint;
+    m_pool->submit<StateCounts>(
+        this, [endpoint](IdempotencyStore &s) { return s.countKeys(endpoint, wallMs()); },
+        [this, endpoint](Result<StateCounts> counts) {
+            if (!counts) {
+                Q_EMIT storeError(counts.error().message);
+                return;
+            }
+            if (endpoint != m_endpoint)
+                return;
+            m_counts = *counts;
+            Q_EMIT countsChanged();
+        });
+}
+
+void KeysModel::refresh()
+{
+    requestCounts();
+    if (m_refreshing || m_loading)
+        return;
+    m_refreshing = true;
+    const KeyQuery q = query(0, std::max(m_pageSize, int(std::min<qsizetype>(m_rows.size(), 5000))));
+    const quint64 generation = m_generation;
+    m_pool->submit<QList<KeyRecord>>(
+        this, [q](IdempotencyStore &s) { return s.listKeys(q); },
+        [this, generation, q](Result<QList<KeyRecord>> rows) {
+            if (generation != m_generation)
+                return;
+            m_refreshing = false;
+            if (!rows) {
+                Q_EMIT storeError(rows.error().message);
+                return;
+            }
+            bool sameKeys = rows->size() == m_rows.size();
+            for (qsizetype i = 0; sameKeys && i < rows->size(); ++i)
+                sameKeys = rows->at(i).key == m_rows.at(i).key;
+            if (sameKeys) {
+                m_rows = *rows;
+                if (!m_rows.isEmpty())
+                    Q_EMIT dataChanged(index(0, 0), index(int(m_rows.size()) - 1, ColumnCount - 1));
+            } else {
+                beginResetModel();
+                m_rows = *rows;
+                m_atEnd = rows->size() < q.limit;
+                endResetModel();
+            }
+            Q_EMIT loaded();
+        });
+}
+
+const KeyRecord *KeysModel::record(int row) const
+{
+    return row >= 0 && row < m_rows.size() ? &m_rows.at(row) : nullptr;
+}
+
+int KeysModel::rowOfKey(const QString &key) const
+{
+    for (qsizetype i = 0; i < m_rows.size(); ++i)
+        if (m_rows.at(i).key == key)
+            return int(i);
+    return -1;
+}
+
+} // namespace idem

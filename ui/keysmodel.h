@@ -1,0 +1,65 @@
+#pragma once
+
+#include "store/storepool.h"
+
+#include <QAbstractTableModel>
+#include <QTimer>
+
+#include <memory>
+#include <optional>
+
+namespace idem {
+
+// The keys of a store, newest activity first, a page at a time (fetchMore as the view
+// scrolls). Every read runs on a store worker; answers come back to the GUI thread and are
+// dropped when stale (the filter changed meanwhile). TTL and lease columns count down live.
+class KeysModel final : public QAbstractTableModel
+{
+    Q_OBJECT
+public:
+    enum Column { Key, Endpoint, State, Deliveries, FirstSeen, LastSeen, Ttl, Lease, ColumnCount };
+    enum Role { RawValueRole = Qt::UserRole + 1, KeyRole, StuckRole };
+
+    explicit KeysModel(std::shared_ptr<StorePool> pool, int pageSize = 200, QObject *parent = nullptr);
+
+    int rowCount(const QModelIndex &parent = {}) const override;
+    int columnCount(const QModelIndex &parent = {}) const override;
+    QVariant data(const QModelIndex &index, int role = Qt::DisplayRole) const override;
+    QVariant headerData(int section, Qt::Orientation orientation, int role) const override;
+    bool canFetchMore(const QModelIndex &parent) const override;
+    void fetchMore(const QModelIndex &parent) override;
+
+    // Text with * ? [ is a glob on the key; other text matches anywhere in the key.
+    void setFilter(std::optional<KeyState> state, const QString &endpoint, const QString &text);
+    // Re-reads the loaded rows and the counts (after an action, or on a timer).
+    void refresh();
+    const KeyRecord *record(int row) const;
+    int rowOfKey(const QString &key) const;
+    // Counts of the current endpoint filter, by state.
+    StateCounts counts() const { return m_counts; }
+    bool isLoading() const { return m_loading; }
+
+Q_SIGNALS:
+    void countsChanged();
+    void loaded(); // a page or a refresh arrived
+    void storeError(const QString &message);
+
+private:
+    void requestCounts();
+    KeyQuery query(int offset, int limit) const;
+
+    std::shared_ptr<StorePool> m_pool;
+    int m_pageSize;
+    QList<KeyRecord> m_rows;
+    std::optional<KeyState> m_state;
+    QString m_endpoint;
+    QString m_glob;
+    bool m_atEnd = false;
+    bool m_loading = false;
+    bool m_refreshing = false;
+    quint64 m_generation = 0;
+    StateCounts m_counts;
+    QTimer m_tick;
+};
+
+} // namespace idem

@@ -1,0 +1,52 @@
+#pragma once
+
+#include "config/config.h"
+
+#include <QDialog>
+
+class QLabel;
+class QLineEdit;
+class QPushButton;
+class QTableWidget;
+class QThread;
+
+namespace idem {
+
+// Endpoints (secrets masked), store URL with "Test connection", listen address; saved as the
+// JSON config file the desk starts with next time (its path is remembered in QSettings).
+class SettingsDialog final : public QDialog
+{
+    Q_OBJECT
+public:
+    SettingsDialog(Config config, QString storeUrl, QString configPath, QWidget *parent = nullptr);
+    ~SettingsDialog() override;
+
+    // The config as edited, validated like a config file (errors name the field).
+    Result<Config> edited() const;
+    bool save();
+    void testConnection();
+    QString testResult() const;
+    QTableWidget *endpointTable() const { return m_endpoints; }
+    QLineEdit *storeEdit() const { return m_store; }
+    QString configPath() const { return m_path; }
+    void editEndpoint(int row); // opens the endpoint form (row -1: a new endpoint)
+
+    static QString defaultConfigPath();
+
+Q_SIGNALS:
+    void connectionTested(bool ok);
+
+private:
+    void fillEndpoints();
+
+    Config m_config;
+    QString m_path;
+    QLineEdit *m_listen;
+    QLineEdit *m_store;
+    QLabel *m_test;
+    QTableWidget *m_endpoints;
+    QLabel *m_status;
+    QThread *m_tester = nullptr;
+};
+
+} // namespace idem
