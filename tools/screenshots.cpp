@@ -72,15 +72,15 @@ int main(int argc, char **argv)
     storm.keys()->setValue(3);
     storm.show();
     storm.start();
-    QTest::qWaitFor([&] { return !storm.running(); }, 20000);
+    (void)QTest::qWaitFor([&] { return !storm.running(); }, 20000);
     wait(1500);
     save(&storm, out + u"/storm.png"_qs);
     storm.hide();
 
     auto select = [&](const QString &key, int tab) {
-        QTest::qWaitFor([&] { return window.keys()->rowOfKey(key) >= 0; }, 5000);
+        (void)QTest::qWaitFor([&] { return window.keys()->rowOfKey(key) >= 0; }, 5000);
         window.selectKey(key);
-        QTest::qWaitFor([&] { return window.detail()->currentKey() == key; }, 5000);
+        (void)QTest::qWaitFor([&] { return window.detail()->currentKey() == key; }, 5000);
         window.detail()->tabs()->setCurrentIndex(tab);
         wait(300);
     };

@@ -100,11 +100,26 @@ int serve(const QStringList &arguments)
     std::fflush(stderr);
 
     const bool json = format == u"json"_qs;
+    // One line per delivery, written in slices (every 100 ms or 64 KB) rather than one
+    // write per line: under load the log must not cost more than the delivery.
     QObject logContext;
+    QByteArray logBuffer;
+    auto flushLog = [&logBuffer] {
+        if (logBuffer.isEmpty())
+            return;
+        std::fwrite(logBuffer.constData(), 1, size_t(logBuffer.size()), stdout);
+        std::fflush(stdout);
+        logBuffer.clear();
+    };
+    QTimer logTimer;
+    logTimer.setInterval(100);
+    QObject::connect(&logTimer, &QTimer::timeout, &logContext, flushLog);
+    logTimer.start();
     QObject::connect(receiver->engine(), &IdempotencyEngine::delivered, &logContext,
-                     [json](const DeliveryEvent &e) {
-                         std::fputs(qPrintable(logLine(e, json) + u'\n'), stdout);
-                         std::fflush(stdout);
+                     [json, &logBuffer, &flushLog](const DeliveryEvent &e) {
+                         logBuffer += logLine(e, json).toUtf8() + '\n';
+                         if (logBuffer.size() > 65536)
+                             flushLog();
                      });
 
     // SIGINT / SIGTERM: stop accepting, let in-flight deliveries finish, exit 0.
@@ -138,7 +153,9 @@ int serve(const QStringList &arguments)
         QCoreApplication::quit();
     });
     const int rc = QCoreApplication::exec();
-    receiver.reset(); // flushes the delivery log
+    receiver.reset(); // joins the receiver thread and flushes the delivery log to the store
+    QCoreApplication::sendPostedEvents(); // the last deliveries' log lines
+    flushLog();
     pool->reset();    // waits for queued store work
     std::fprintf(stderr, "idemdesk: stopped\n");
     return rc;

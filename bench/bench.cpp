@@ -1,0 +1,184 @@
+// Helpers for ./dev bench (not a test):
+//   idemdesk_bench http PORT            the HTTP layer alone: answers 200 at once, no store
+//   idemdesk_bench sqlite PATH SECONDS  the embedded store alone: claim + complete in a loop (2 threads)
+//   idemdesk_bench ui                   the dashboard over one million keys: first page, RSS, stalls
+#include "engine/storm.h"
+#include "http/httpserver.h"
+#include "keysmodel.h"
+#include "mainwindow.h"
+#include "receiver/receiver.h"
+#include "store/sqlitestore.h"
+#include "store/storefactory.h"
+#include "util/clock.h"
+
+#include <QApplication>
+#include <QElapsedTimer>
+#include <QFile>
+#include <QSocketNotifier>
+#include <QTemporaryDir>
+#include <QTest>
+#include <QThread>
+
+#include <sqlite3.h>
+
+#include <atomic>
+#include <csignal>
+#include <cstdio>
+#include <thread>
+
+using namespace idem;
+
+namespace {
+
+qint64 rssKb(const char *field = "VmRSS:")
+{
+    QFile status(QStringLiteral("/proc/self/status"));
+    status.open(QIODevice::ReadOnly);
+    for (const QByteArray &line : status.readAll().split('\n'))
+        if (line.startsWith(field))
+            return line.mid(qsizetype(strlen(field))).trimmed().split(' ').first().toLongLong();
+    return 0;
+}
+
+int httpOnly(int argc, char **argv)
+{
+    QCoreApplication app(argc, argv);
+    const quint16 port = quint16(QByteArray(argv[2]).toUInt());
+    HttpServer server({}, [](HttpRequest, Responder responder) {
+        HttpResponse r = HttpResponse::json(200, {{QStringLiteral("ok"), true}});
+        r.setHeader("Idempotency-Outcome", "processed");
+        responder.send(r);
+    });
+    if (!server.listen(QHostAddress::LocalHost, port))
+        return 1;
+    std::signal(SIGTERM, [](int) { std::_Exit(0); });
+    return app.exec();
+}
+
+int sqliteLoop(const char *path, int seconds)
+{
+    std::atomic<qint64> ops{0};
+    std::atomic<bool> stop{false};
+    std::vector<std::thread> threads;
+    for (int t = 0; t < 2; ++t) {
+        threads.emplace_back([&, t] {
+            auto store = SqliteStore::open(QString::fromLocal8Bit(path));
+            if (!store)
+                return;
+            for (qint64 i = 0; !stop; ++i) {
+                ClaimRequest c;
+                c.key = u"bench:%1-%2-%3"_qs.arg(t).arg(i).arg(wallMs());
+                c.endpoint = u"bench"_qs;
+                c.provider = u"generic"_qs;
+                c.fingerprint = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
+                c.request = {"POST", "/hooks/bench", {{"Content-Type", "application/json"}}, QByteArray(1000, 'x')};
+                c.nowMs = wallMs();
+                auto claimed = (*store)->claim(c);
+                FinishRequest f;
+                f.key = c.key;
+                f.token = claimed ? claimed->record.token : 0;
+                f.result = {200, {{"Content-Type", "application/json"}}, "{\"processed\":true}"};
+                f.nowMs = wallMs();
+                if ((*store)->finish(f))
+                    ++ops;
+            }
+        });
+    }
+    QThread::sleep(seconds);
+    stop = true;
+    for (auto &t : threads)
+        t.join();
+    std::printf("%.0f\n", double(ops.load()) / seconds);
+    return 0;
+}
+
+int uiBench(int argc, char **argv)
+{
+    QApplication app(argc, argv);
+    QTemporaryDir dir;
+    const QString path = dir.filePath(u"million.db"_qs);
+    (void)SqliteStore::open(path);
+    sqlite3 *db = nullptr;
+    sqlite3_open(QFile::encodeName(path).constData(), &db);
+    sqlite3_exec(db, "PRAGMA synchronous=OFF; BEGIN", nullptr, nullptr, nullptr);
+    sqlite3_stmt *insert = nullptr;
+    sqlite3_prepare_v2(db, "INSERT INTO idem_keys (key, endpoint, provider, state, fingerprint, token, attempts, created_ms,"
+                           " updated_ms, lease_until_ms, expires_at_ms, req_body, res_status, res_body) VALUES (?1, 'big', 'generic', ?2, 'f', 1, 1,"
+                           " ?3, ?3, 0, ?4, ?5, 200, '{\"ok\":true}')", -1, &insert, nullptr);
+    const qint64 now = wallMs();
+    const QByteArray body(1000, 'x');
+    static const char *states[] = {"completed", "completed", "completed", "failed"};
+    for (int i = 0; i < 1'000'000; ++i) {
+        const QByteArray key = "big:evt_" + QByteArray::number(i);
+        sqlite3_bind_text(insert, 1, key.constData(), int(key.size()), SQLITE_TRANSIENT);
+        sqlite3_bind_text(insert, 2, states[i % 4], -1, SQLITE_STATIC);
+        sqlite3_bind_int64(insert, 3, now - 1'000'000 + i);
+        sqlite3_bind_int64(insert, 4, now + 86'400'000);
+        sqlite3_bind_blob(insert, 5, body.constData(), int(body.size()), SQLITE_STATIC);
+        sqlite3_step(insert);
+        sqlite3_reset(insert);
+    }
+    sqlite3_finalize(insert);
+    sqlite3_exec(db, "COMMIT", nullptr, nullptr, nullptr);
+    sqlite3_close(db);
+
+    const QString url = u"sqlite:"_qs + path;
+    auto config = *Config::parse("{\"endpoints\": [{\"name\": \"big\", \"simulate\": {\"delay_ms\": 5}}]}", u"bench"_qs);
+    auto pool = *openStorePool(url);
+    Receiver receiver(config, pool);
+    ListenAddress any;
+    any.port = 0;
+    const quint16 port = receiver.start(any)->port;
+
+    QElapsedTimer shown;
+    shown.start();
+    MainWindow window(DeskSession{config, url, {}, pool, &receiver});
+    window.show();
+    (void)QTest::qWaitFor([&] { return window.keys()->rowCount() >= 200; }, 60000);
+    const qint64 firstPageMs = shown.elapsed();
+    (void)QTest::qWaitFor([&] { return window.keys()->counts().total() >= 1'000'000; }, 60000);
+
+    // The GUI event loop during a storm: the longest gap between 5 ms ticks.
+    qint64 worstGapMs = 0;
+    QElapsedTimer gap;
+    gap.start();
+    QTimer tick;
+    QObject::connect(&tick, &QTimer::timeout, &tick, [&] {
+        worstGapMs = std::max(worstGapMs, gap.restart());
+    });
+    tick.start(5);
+    std::atomic<bool> done{false};
+    StormReport report;
+    std::thread storm([&] {
+        StormPlan plan;
+        plan.copies = 64;
+        plan.concurrency = 64;
+        plan.keys = 100;
+        plan.port = port;
+        report = runStorm(plan, *config.endpoint(u"big"));
+        done = true;
+    });
+    (void)QTest::qWaitFor([&] { return done.load(); }, 120000);
+    storm.join();
+    QTest::qWait(1500); // the dashboard catches up with the storm
+    std::printf("first_page_ms %lld\nrss_mb %lld\npeak_rss_mb %lld\nworst_gui_stall_ms %lld\nstorm_exactly_once %d\n",
+                static_cast<long long>(firstPageMs), static_cast<long long>(rssKb() / 1024),
+                static_cast<long long>(rssKb("VmHWM:") / 1024), static_cast<long long>(worstGapMs),
+                report.exactlyOnce() ? 1 : 0);
+    return 0;
+}
+
+} // namespace
+
+int main(int argc, char **argv)
+{
+    const QByteArray mode = argc > 1 ? argv[1] : "";
+    if (mode == "http" && argc == 3)
+        return httpOnly(argc, argv);
+    if (mode == "sqlite" && argc == 4)
+        return sqliteLoop(argv[2], QByteArray(argv[3]).toInt());
+    if (mode == "ui")
+        return uiBench(argc, argv);
+    std::fprintf(stderr, "usage: idemdesk_bench http PORT | sqlite PATH SECONDS | ui\n");
+    return 2;
+}
