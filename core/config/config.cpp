@@ -194,7 +194,15 @@ Result<Config> Config::load(const QString &path)
     if (!file.open(QIODevice::ReadOnly))
         return makeError(ErrorCode::Invalid,
                          u"%1: cannot read the config file: %2"_qs.arg(path, file.errorString()));
-    return parse(file.readAll(), path);
+    auto config = parse(file.readAll(), path);
+    if (!config)
+        return config;
+    bool secrets = false;
+    for (const EndpointConfig &e : config->endpoints)
+        secrets |= !e.secrets.isEmpty() || !e.privateKey.isEmpty();
+    if (secrets && (file.permissions() & (QFileDevice::ReadGroup | QFileDevice::ReadOther)))
+        config->loadWarnings << u"%1 holds secrets and others may read it: chmod 600 %1"_qs.arg(path);
+    return config;
 }
 
 Result<Config> Config::parse(const QByteArray &json, const QString &sourceName)
@@ -221,6 +229,9 @@ Result<Config> Config::parse(const QByteArray &json, const QString &sourceName)
             root.fail(u"listen"_qs, address.error().message);
     }
     root.string(u"store"_qs, config.store);
+    qint64 maxConnections = config.maxConnections;
+    root.integer(u"max_connections"_qs, maxConnections, 1, 100000);
+    config.maxConnections = int(maxConnections);
     {
         Reader defaults(sourceName, u"defaults"_qs, root.object(u"defaults"_qs));
         readSettings(defaults, config.defaults);
@@ -379,7 +390,7 @@ void writeSettings(QJsonObject &o, const EndpointSettings &s)
 
 QJsonObject Config::toJson() const
 {
-    QJsonObject root{{u"listen"_qs, listen.toString()}};
+    QJsonObject root{{u"listen"_qs, listen.toString()}, {u"max_connections"_qs, maxConnections}};
     if (!store.isEmpty())
         root.insert(u"store"_qs, store);
     QJsonObject d;

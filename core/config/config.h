@@ -73,6 +73,8 @@ struct Config
     QString store; // empty: sqlite in the user's data folder
     EndpointSettings defaults;
     QList<EndpointConfig> endpoints;
+    int maxConnections = 4096;  // beyond: 503 and closed
+    QStringList loadWarnings;   // e.g. secrets in a file others may read
 
     // Errors name the file, the field and what is wrong; unknown fields are errors.
     static Result<Config> load(const QString &path);

@@ -1,6 +1,7 @@
 #include "engine/engine.h"
 
 #include "providers/provider.h"
+#include "util/format.h"
 
 #include <QCryptographicHash>
 #include <QJsonArray>
@@ -154,7 +155,9 @@ void IdempotencyEngine::handle(HttpRequest request, Responder responder)
     claim.endpoint = e.name;
     claim.provider = e.provider;
     claim.fingerprint = QCryptographicHash::hash(d->request.body, QCryptographicHash::Sha256).toHex();
-    claim.request = {d->request.method, d->request.target, d->request.headers, d->request.body};
+    // The stored request keeps no secrets (Authorization, signatures): the live delivery is
+    // forwarded with them, an operator's retry of the stored one without.
+    claim.request = {d->request.method, d->request.target, maskSecrets(d->request.headers), d->request.body};
     claim.policy = e.settings.claimPolicy();
     claim.nowMs = nowMs();
     m_pool->submit<ClaimResult>(
@@ -326,7 +329,7 @@ void IdempotencyEngine::handleBatch(const DeliveryPtr &d, const Provider *provid
         claim.endpoint = e.name;
         claim.provider = e.provider;
         claim.fingerprint = element.fingerprint;
-        claim.request = {d->request.method, d->request.target, d->request.headers,
+        claim.request = {d->request.method, d->request.target, maskSecrets(d->request.headers),
                          QJsonDocument(QJsonArray{element.element}).toJson(QJsonDocument::Compact)};
         claim.policy = e.settings.claimPolicy();
         claim.nowMs = nowMs();

@@ -57,7 +57,7 @@ double EndpointStats::duplicateRatio() const
 
 QStringList configWarnings(const Config &config)
 {
-    QStringList warnings;
+    QStringList warnings = config.loadWarnings;
     for (const EndpointConfig &e : config.endpoints) {
         if (e.secrets.isEmpty())
             warnings << u"%1: no secret, so signatures are not verified"_qs.arg(e.name);

@@ -12,6 +12,7 @@ HttpLimits limitsFor(const Config &config, HttpLimits base)
         perPath.insert("/hooks/" + e.name.toUtf8(), e.settings.maxBodyBytes);
     const qint64 fallback = config.defaults.maxBodyBytes;
     base.defaultMaxBody = fallback;
+    base.maxConnections = config.maxConnections;
     base.maxBodyFor = [perPath, fallback](const QByteArray &path) {
         return perPath.value(path, fallback);
     };

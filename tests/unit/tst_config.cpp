@@ -3,6 +3,7 @@
 #include "store/storeurl.h"
 
 #include <QJsonDocument>
+#include <QTemporaryDir>
 #include <QTest>
 
 using namespace idem;
@@ -87,6 +88,24 @@ private Q_SLOTS:
         QCOMPARE(second->endpoint(u"o")->simulate.failRate, 0.5);
         QCOMPARE(second->endpoint(u"f")->settings.inProgressStatus, 202);
         QCOMPARE(second->listen.port, 9000);
+    }
+
+    void secretsInAReadableFileAreWarnedAbout()
+    {
+        QTemporaryDir dir;
+        const QString path = dir.filePath(QStringLiteral("c.json"));
+        QFile f(path);
+        QVERIFY(f.open(QIODevice::WriteOnly));
+        f.write("{\"max_connections\": 10, \"endpoints\": [{\"name\": \"s\", \"provider\": \"stripe\", \"secret\": \"whsec_x\"}]}");
+        f.close();
+        QFile::setPermissions(path, QFileDevice::ReadOwner | QFileDevice::WriteOwner | QFileDevice::ReadOther);
+        auto open = Config::load(path);
+        QVERIFY(open.ok());
+        QCOMPARE(open->maxConnections, 10);
+        QCOMPARE(open->loadWarnings.size(), 1);
+        QVERIFY(open->loadWarnings.first().contains(QStringLiteral("chmod 600")));
+        QFile::setPermissions(path, QFileDevice::ReadOwner | QFileDevice::WriteOwner);
+        QVERIFY(Config::load(path)->loadWarnings.isEmpty());
     }
 
     void storeUrls()
