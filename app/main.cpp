@@ -27,7 +27,6 @@ const char kUsage[] =
 int main(int argc, char **argv)
 {
     QCoreApplication::setApplicationName(QStringLiteral("idemdesk"));
-    QCoreApplication::setOrganizationName(QStringLiteral("idemdesk"));
     QStringList arguments;
     for (int i = 0; i < argc; ++i)
         arguments << QString::fromLocal8Bit(argv[i]);

@@ -50,8 +50,8 @@ claim_sha=$(cat resources/redis/common.lua <(echo) resources/redis/claim.lua | r
 finish_sha=$(cat resources/redis/common.lua <(echo) resources/redis/finish.lua | redis-cli -p "$redis_port" -x SCRIPT LOAD)
 body=$(head -c 1000 /dev/zero | tr '\0' 'x')
 now=$(($(date +%s) * 1000))
-claims=$(redis-benchmark -p "$redis_port" -c 50 -n 300000 -r 100000000 -q EVALSHA "$claim_sha" 0 ceil: "k:__rand_int__" ceil generic fp "$now" 60000 604800000 reprocess reject POST /hooks/ceil '[]' "$body" 64 | awk '{print $2}' | tail -n 1)
-finishes=$(redis-benchmark -p "$redis_port" -c 50 -n 300000 -r 100000000 -q EVALSHA "$finish_sha" 0 ceil: "k:__rand_int__" 1 completed "$now" 200 '[]' '{}' '' 64 | awk '{print $2}' | tail -n 1)
+claims=$(redis-benchmark -p "$redis_port" -c 50 -n 300000 -r 100000000 -q EVALSHA "$claim_sha" 0 ceil: "k:__rand_int__" ceil generic fp "$now" 60000 604800000 reprocess reject POST /hooks/ceil '[]' "$body" 64 | tr '\r' '\n' | grep -oE '[0-9.]+ requests per second' | tail -n 1 | cut -d' ' -f1)
+finishes=$(redis-benchmark -p "$redis_port" -c 50 -n 300000 -r 100000000 -q EVALSHA "$finish_sha" 0 ceil: "k:__rand_int__" 1 completed "$now" 200 '[]' '{}' '' 64 | tr '\r' '\n' | grep -oE '[0-9.]+ requests per second' | tail -n 1 | cut -d' ' -f1)
 CEILING[redis]=$(awk -v a="$claims" -v b="$finishes" 'BEGIN { printf "%.0f", 1 / (1/a + 1/b) }')
 echo "   Redis alone: claim.lua $claims/s, finish.lua $finishes/s => ${CEILING[redis]} claim+complete/s"
 redis-cli -p "$redis_port" --scan --pattern 'ceil:*' | xargs -r -n 1000 redis-cli -p "$redis_port" DEL > /dev/null

@@ -210,6 +210,12 @@ Result<std::unique_ptr<PostgresStore>> PostgresStore::connect(const StoreUrl &ur
                   " expires_at_ms = $10, req_method = $11, req_path = $12, req_headers = $13, req_body = $14,"
                   " res_status = 0, res_headers = '[]', res_body = '', error = '', history = $15 WHERE key = $1");
         c.prepare("touch", "UPDATE idem_keys SET attempts = attempts + 1, updated_ms = $2 WHERE key = $1");
+        // A duplicate of a completed key, or of one whose lease is live, with the same payload:
+        // answered in one statement (decideClaim() says Replay / InProgress for these rows).
+        c.prepare("touch_duplicate",
+                  "UPDATE idem_keys SET attempts = attempts + 1, updated_ms = $2 WHERE key = $1 AND fingerprint = $3"
+                  " AND expires_at_ms > $2 AND (state = 'completed' OR (state = 'processing' AND lease_until_ms > $2))"
+                  " RETURNING " + cols);
         c.prepare("finish",
                   "UPDATE idem_keys SET state = $3, updated_ms = $4, lease_until_ms = 0, res_status = $5,"
                   " res_headers = $6, res_body = $7, error = $8,"
@@ -267,6 +273,21 @@ Result<ClaimResult> PostgresStore::claim(const ClaimRequest &req)
                     r.request = req.request;
                     r.history = {{req.nowMs, u"claimed"_qs, r.token, {}}};
                     return result;
+                }
+            }
+            {
+                pqxx::nontransaction n(m_conn->c);
+                const pqxx::result touched = n.exec_prepared("touch_duplicate", key, req.nowMs, s(req.fingerprint));
+                if (!touched.empty()) {
+                    ClaimResult result;
+                    result.record = recordFrom(touched[0], true);
+                    // The row as it was: the update only counted this delivery.
+                    KeyRecord before = result.record;
+                    before.attempts -= 1;
+                    result.decision = decideClaim(&before, req.fingerprint, req.nowMs, req.policy);
+                    if (result.decision.action == ClaimAction::Replay || result.decision.action == ClaimAction::InProgress)
+                        return result;
+                    // Not reachable with the statement's conditions; counted once too many at worst.
                 }
             }
             // The key exists: lock it, decide, apply, in one transaction.

@@ -37,8 +37,14 @@ StoreFactory storeFactory(const StoreUrl &url)
 int defaultWorkers(const StoreUrl &url)
 {
     // SQLite serialises writers: two connections keep one writing while the other waits on the
-    // lock. Network stores gain from a few requests in flight.
-    return url.kind == StoreUrl::Kind::Sqlite ? 2 : 8;
+    // lock. Redis answers in microseconds: a few connections keep it busy without the context
+    // switches of many. PostgreSQL gains from more transactions in flight (group commit).
+    switch (url.kind) {
+    case StoreUrl::Kind::Sqlite: return 2;
+    case StoreUrl::Kind::Redis: return 4;
+    case StoreUrl::Kind::Postgres: return 8;
+    }
+    return 2;
 }
 
 Result<std::shared_ptr<StorePool>> openStorePool(const QString &text, int workers)

@@ -1,0 +1,56 @@
+// The HTTP layer (llhttp and the connection glue around it) fed arbitrary bytes over a real
+// loopback socket; the server must answer or close, and keep serving.
+#include "http/blockingclient.h"
+#include "http/httpserver.h"
+
+#include <QCoreApplication>
+#include <QThread>
+
+#include <cstddef>
+#include <cstdint>
+#include <sys/socket.h>
+
+namespace {
+quint16 g_port = 0;
+
+void startServer()
+{
+    static int argc = 1;
+    static char name[] = "fuzz_http";
+    static char *argv[] = {name, nullptr};
+    static QCoreApplication *app = new QCoreApplication(argc, argv);
+    Q_UNUSED(app);
+    auto *thread = new QThread;
+    idem::HttpLimits limits;
+    limits.maxBodyFor = [](const QByteArray &path) -> qint64 { return path == "/small" ? 64 : 65536; };
+    limits.requestTimeoutMs = 200;
+    limits.idleTimeoutMs = 200;
+    auto *server = new idem::HttpServer(limits, [](idem::HttpRequest request, idem::Responder responder) {
+        idem::HttpResponse r;
+        r.body = request.method + ' ' + request.path + ' ' + QByteArray::number(request.body.size());
+        responder.send(r);
+    });
+    server->moveToThread(thread);
+    thread->start();
+    QMetaObject::invokeMethod(server, [server] {
+        server->listen(QHostAddress::LocalHost, 0);
+        g_port = server->port();
+    }, Qt::BlockingQueuedConnection);
+}
+} // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    if (!g_port)
+        startServer();
+    {
+        idem::RawConnection c(g_port, 300);
+        c.send(QByteArrayView(reinterpret_cast<const char *>(data), qsizetype(size)));
+        while (c.readResponse().status != 0) {
+        }
+    }
+    // Still serving.
+    if (idem::post(g_port, "/alive", "x").status != 200)
+        __builtin_trap();
+    return 0;
+}

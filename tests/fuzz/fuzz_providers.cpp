@@ -1,0 +1,56 @@
+// Every provider's signature check and key extraction on arbitrary headers and bodies.
+// Input: one byte choosing the provider, then "name: value" lines, a blank line, the body.
+#include "providers/provider.h"
+
+#include <QJsonDocument>
+
+#include <cstddef>
+#include <cstdint>
+
+namespace {
+idem::EndpointConfig endpoint(const QString &provider)
+{
+    idem::EndpointConfig e;
+    e.name = provider;
+    e.provider = provider;
+    e.secrets = {provider == u"standard"_qs ? QStringLiteral("whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw") : QStringLiteral("whsec_fuzz_secret")};
+    e.signatureHeader = "X-Signature-256";
+    e.key.jsonPointer = QStringLiteral("/a/0/~1b");
+    e.key.composite = {QStringLiteral("/type"), QStringLiteral("/data/id")};
+    if (provider == u"sendgrid"_qs)
+        e.publicKeys = {"MFkwEwYHKoZIzj0CAQYIKoZIzj0DAQcDQgAE83T4O/n84iotIvIW4mdBgQ/7dAfSmpqIM8kF9mN1flpVKS3GRqe62gw+2fNNRaINXvVpiglSI8eNEc6wEA3F+g=="};
+    return e;
+}
+} // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    if (size < 1)
+        return 0;
+    static const QStringList providers = idem::builtinProviders();
+    const QString provider = providers.at(data[0] % providers.size());
+    const QByteArray rest(reinterpret_cast<const char *>(data + 1), qsizetype(size - 1));
+    idem::HttpRequest request;
+    const qsizetype split = rest.indexOf("\n\n");
+    const QByteArray head = split < 0 ? rest : rest.left(split);
+    request.body = split < 0 ? QByteArray() : rest.mid(split + 2);
+    for (const QByteArray &line : head.split('\n')) {
+        const qsizetype colon = line.indexOf(':');
+        if (colon > 0)
+            request.headers.append({line.left(colon), line.mid(colon + 1).trimmed()});
+    }
+    static const idem::EndpointConfig endpoints[] = {endpoint(providers[0]), endpoint(providers[1]), endpoint(providers[2]),
+                                                     endpoint(providers[3]), endpoint(providers[4]), endpoint(providers[5]),
+                                                     endpoint(providers[6])};
+    const idem::EndpointConfig &e = endpoints[data[0] % providers.size()];
+    const idem::Provider *p = idem::providerFor(provider);
+    (void)p->verify(request, e, 1'700'000'000);
+    const idem::KeyExtraction key = p->extractKey(request, e);
+    if (key.kind == idem::KeyExtraction::Kind::Found)
+        (void)idem::namespacedKey(e.name, key.key);
+    if (p->isBatch())
+        (void)p->splitBatch(request);
+    (void)p->directAnswer(request);
+    (void)p->note(request);
+    return 0;
+}
