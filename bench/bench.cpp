@@ -9,6 +9,7 @@
 #include "receiver/receiver.h"
 #include "store/sqlitestore.h"
 #include "store/storefactory.h"
+#include "support/serveprocess.h"
 #include "util/clock.h"
 
 #include <QApplication>
@@ -19,7 +20,6 @@
 #include <QTest>
 #include <QThread>
 
-#include <sqlite3.h>
 
 #include <atomic>
 #include <csignal>
@@ -97,30 +97,7 @@ int uiBench(int argc, char **argv)
     QApplication app(argc, argv);
     QTemporaryDir dir;
     const QString path = dir.filePath(u"million.db"_qs);
-    (void)SqliteStore::open(path);
-    sqlite3 *db = nullptr;
-    sqlite3_open(QFile::encodeName(path).constData(), &db);
-    sqlite3_exec(db, "PRAGMA synchronous=OFF; BEGIN", nullptr, nullptr, nullptr);
-    sqlite3_stmt *insert = nullptr;
-    sqlite3_prepare_v2(db, "INSERT INTO idem_keys (key, endpoint, provider, state, fingerprint, token, attempts, created_ms,"
-                           " updated_ms, lease_until_ms, expires_at_ms, req_body, res_status, res_body) VALUES (?1, 'big', 'generic', ?2, 'f', 1, 1,"
-                           " ?3, ?3, 0, ?4, ?5, 200, '{\"ok\":true}')", -1, &insert, nullptr);
-    const qint64 now = wallMs();
-    const QByteArray body(1000, 'x');
-    static const char *states[] = {"completed", "completed", "completed", "failed"};
-    for (int i = 0; i < 1'000'000; ++i) {
-        const QByteArray key = "big:evt_" + QByteArray::number(i);
-        sqlite3_bind_text(insert, 1, key.constData(), int(key.size()), SQLITE_TRANSIENT);
-        sqlite3_bind_text(insert, 2, states[i % 4], -1, SQLITE_STATIC);
-        sqlite3_bind_int64(insert, 3, now - 1'000'000 + i);
-        sqlite3_bind_int64(insert, 4, now + 86'400'000);
-        sqlite3_bind_blob(insert, 5, body.constData(), int(body.size()), SQLITE_STATIC);
-        sqlite3_step(insert);
-        sqlite3_reset(insert);
-    }
-    sqlite3_finalize(insert);
-    sqlite3_exec(db, "COMMIT", nullptr, nullptr, nullptr);
-    sqlite3_close(db);
+    test::generateSqliteKeys(path, 1'000'000, QByteArray(1000, 'x'));
 
     const QString url = u"sqlite:"_qs + path;
     auto config = *Config::parse("{\"endpoints\": [{\"name\": \"big\", \"simulate\": {\"delay_ms\": 5}}]}", u"bench"_qs);

@@ -84,6 +84,22 @@ Result<std::shared_ptr<StorePool>> openStore(const CommonOptions &options, int w
     return openStorePool(options.storeUrl, workers);
 }
 
+int openSession(const QCommandLineParser &parser, StoreSession &session)
+{
+    auto options = loadCommon(parser);
+    if (!options) {
+        printError(options.error().message);
+        return ExitUsage;
+    }
+    auto pool = openStore(*options);
+    if (!pool) {
+        printError(pool.error().message);
+        return ExitRuntime;
+    }
+    session = {*options, *pool};
+    return -1;
+}
+
 QString storeDisplay(const QString &url)
 {
     auto parsed = StoreUrl::parse(url);

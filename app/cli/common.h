@@ -34,6 +34,15 @@ Result<CommonOptions> loadCommon(const QCommandLineParser &parser);
 Result<std::shared_ptr<StorePool>> openStore(const CommonOptions &options, int workers = 2);
 QString storeDisplay(const QString &url);
 
+struct StoreSession
+{
+    CommonOptions options;
+    std::shared_ptr<StorePool> pool;
+};
+// Loads the options and connects to their store, printing the one-line error. Returns -1 when
+// ready, otherwise the exit code (2 for the options, 1 for the store).
+int openSession(const QCommandLineParser &parser, StoreSession &session);
+
 int serve(const QStringList &arguments);
 int gui(int argc, char **argv, const QStringList &arguments);
 int keys(const QStringList &arguments);

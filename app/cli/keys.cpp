@@ -123,19 +123,12 @@ int list(const QStringList &arguments)
     }
     query.endpoint = parser.value(u"endpoint"_qs);
     query.glob = parser.value(u"match"_qs);
-    auto options = loadCommon(parser);
-    if (!options) {
-        printError(options.error().message);
-        return ExitUsage;
-    }
-    auto pool = openStore(*options);
-    if (!pool) {
-        printError(pool.error().message);
-        return ExitRuntime;
-    }
+    StoreSession session;
+    if (const int rc = openSession(parser, session); rc >= 0)
+        return rc;
     query.nowMs = wallMs();
     query.limit += 1; // one more tells whether there are more
-    auto keys = run<QList<KeyRecord>>(**pool, [&](IdempotencyStore &s) { return s.listKeys(query); });
+    auto keys = run<QList<KeyRecord>>(*session.pool, [&](IdempotencyStore &s) { return s.listKeys(query); });
     if (!keys) {
         printError(keys.error().message);
         return ExitRuntime;
@@ -174,18 +167,11 @@ int show(const QStringList &arguments)
         return ExitUsage;
     }
     const QString key = parser.positionalArguments().first();
-    auto options = loadCommon(parser);
-    if (!options) {
-        printError(options.error().message);
-        return ExitUsage;
-    }
-    auto pool = openStore(*options);
-    if (!pool) {
-        printError(pool.error().message);
-        return ExitRuntime;
-    }
+    StoreSession session;
+    if (const int rc = openSession(parser, session); rc >= 0)
+        return rc;
     const qint64 now = wallMs();
-    auto record = run<std::optional<KeyRecord>>(**pool, [&](IdempotencyStore &s) { return s.key(key, now); });
+    auto record = run<std::optional<KeyRecord>>(*session.pool, [&](IdempotencyStore &s) { return s.key(key, now); });
     if (!record) {
         printError(record.error().message);
         return ExitRuntime;
@@ -199,7 +185,7 @@ int show(const QStringList &arguments)
     DeliveryQuery dq;
     dq.key = key;
     dq.limit = 500;
-    auto timeline = run<QList<DeliveryEvent>>(**pool, [&](IdempotencyStore &s) { return s.deliveries(dq); });
+    auto timeline = run<QList<DeliveryEvent>>(*session.pool, [&](IdempotencyStore &s) { return s.deliveries(dq); });
     QList<DeliveryEvent> events = timeline ? *timeline : QList<DeliveryEvent>();
     std::reverse(events.begin(), events.end()); // oldest first
     const HeaderList requestHeaders = maskSecrets(r.request.headers);
@@ -291,23 +277,16 @@ int transition(const QStringList &arguments, OperatorAction action)
         printError(allFailed ? u"give keys or --all-failed, not both"_qs : u"no KEY given"_qs);
         return ExitUsage;
     }
-    auto options = loadCommon(parser);
-    if (!options) {
-        printError(options.error().message);
-        return ExitUsage;
-    }
-    auto pool = openStore(*options);
-    if (!pool) {
-        printError(pool.error().message);
-        return ExitRuntime;
-    }
+    StoreSession session;
+    if (const int rc = openSession(parser, session); rc >= 0)
+        return rc;
     const bool force = reset && parser.isSet(u"force"_qs);
     int failures = 0;
     int changed = 0;
     auto apply = [&](const QString &key) {
         const qint64 now = wallMs();
-        auto before = run<std::optional<KeyRecord>>(**pool, [&](IdempotencyStore &s) { return s.key(key, now); });
-        auto verdict = run<OperatorVerdict>(**pool, [&](IdempotencyStore &s) {
+        auto before = run<std::optional<KeyRecord>>(*session.pool, [&](IdempotencyStore &s) { return s.key(key, now); });
+        auto verdict = run<OperatorVerdict>(*session.pool, [&](IdempotencyStore &s) {
             return s.applyOperator(key, action, force, u"operator (cli)"_qs, now);
         });
         if (!verdict) {
@@ -339,7 +318,7 @@ int transition(const QStringList &arguments, OperatorAction action)
         q.limit = 500;
         for (int round = 0; round < 100000; ++round) {
             q.nowMs = wallMs();
-            auto page = run<QList<KeyRecord>>(**pool, [&](IdempotencyStore &s) { return s.listKeys(q); });
+            auto page = run<QList<KeyRecord>>(*session.pool, [&](IdempotencyStore &s) { return s.listKeys(q); });
             if (!page) {
                 printError(page.error().message);
                 return ExitRuntime;
@@ -373,17 +352,10 @@ int retry(const QStringList &arguments)
         printError(u"no KEY given"_qs);
         return ExitUsage;
     }
-    auto options = loadCommon(parser);
-    if (!options) {
-        printError(options.error().message);
-        return ExitUsage;
-    }
-    auto pool = openStore(*options);
-    if (!pool) {
-        printError(pool.error().message);
-        return ExitRuntime;
-    }
-    IdempotencyEngine engine(options->config, *pool, u"cli"_qs);
+    StoreSession session;
+    if (const int rc = openSession(parser, session); rc >= 0)
+        return rc;
+    IdempotencyEngine engine(session.options.config, session.pool, u"cli"_qs);
     int failures = 0;
     for (const QString &key : parser.positionalArguments()) {
         QEventLoop loop;
@@ -412,17 +384,10 @@ int purge(const QStringList &arguments)
     addCommonOptions(parser, false);
     if (const int rc = parseOrExit(parser, arguments, 0); rc >= 0)
         return rc;
-    auto options = loadCommon(parser);
-    if (!options) {
-        printError(options.error().message);
-        return ExitUsage;
-    }
-    auto pool = openStore(*options);
-    if (!pool) {
-        printError(pool.error().message);
-        return ExitRuntime;
-    }
-    auto removed = run<qint64>(**pool, [](IdempotencyStore &s) { return s.purgeExpired(wallMs()); });
+    StoreSession session;
+    if (const int rc = openSession(parser, session); rc >= 0)
+        return rc;
+    auto removed = run<qint64>(*session.pool, [](IdempotencyStore &s) { return s.purgeExpired(wallMs()); });
     if (!removed) {
         printError(removed.error().message);
         return ExitRuntime;

@@ -26,24 +26,17 @@ int stats(const QStringList &arguments)
         printError(u"--since must be a positive number of seconds"_qs);
         return ExitUsage;
     }
-    auto options = loadCommon(parser);
-    if (!options) {
-        printError(options.error().message);
-        return ExitUsage;
-    }
-    auto pool = openStore(*options);
-    if (!pool) {
-        printError(pool.error().message);
-        return ExitRuntime;
-    }
-    auto report = (*pool)->run<StatsReport>([&](IdempotencyStore &store) {
-        return collectStats(store, options->config, wallMs() - since * 1000, wallMs());
+    StoreSession session;
+    if (const int rc = openSession(parser, session); rc >= 0)
+        return rc;
+    auto report = session.pool->run<StatsReport>([&](IdempotencyStore &store) {
+        return collectStats(store, session.options.config, wallMs() - since * 1000, wallMs());
     });
     if (!report) {
         printError(report.error().message);
         return ExitRuntime;
     }
-    report->store = storeDisplay(options->storeUrl);
+    report->store = storeDisplay(session.options.storeUrl);
     if (parser.isSet(u"json"_qs)) {
         printOut(QString::fromUtf8(QJsonDocument(statsToJson(*report)).toJson(QJsonDocument::Indented)));
         return ExitOk;

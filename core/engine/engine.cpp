@@ -35,6 +35,26 @@ HttpResponse fromStored(const StoredResult &stored)
 }
 
 constexpr int kLogBatch = 512;
+
+// The store could not claim: nothing was processed, the sender should come back.
+HttpResponse storeUnavailable(const QString &why)
+{
+    HttpResponse r = HttpResponse::problem(
+        503, u"Store unavailable"_qs,
+        u"the idempotency store could not be reached, so nothing was processed; retry later (%1)"_qs.arg(why));
+    r.setHeader("Retry-After", "5");
+    return r;
+}
+
+// Processed, but the result could not be recorded: the key is recovered after its lease.
+HttpResponse resultNotRecorded(const QString &why)
+{
+    HttpResponse r = HttpResponse::problem(
+        503, u"Result not recorded"_qs,
+        u"the event was processed but the store did not record the result (%1); it will be recovered after the lease"_qs.arg(why));
+    r.setHeader("Retry-After", "5");
+    return r;
+}
 constexpr int kLogBacklog = 50000; // deliveries kept in memory while the store is away
 
 } // namespace
@@ -179,14 +199,8 @@ void IdempotencyEngine::recordRejection(const HttpRequest &partial, int status,
 
 void IdempotencyEngine::onClaimed(const DeliveryPtr &d, Result<ClaimResult> result)
 {
-    if (!result) {
-        HttpResponse r = HttpResponse::problem(
-            503, u"Store unavailable"_qs,
-            u"the idempotency store could not be reached, so nothing was processed; retry later (%1)"_qs
-                .arg(result.error().message));
-        r.setHeader("Retry-After", "5");
-        return respond(d, r, Outcome::Unavailable, 0, result.error().message);
-    }
+    if (!result)
+        return respond(d, storeUnavailable(result.error().message), Outcome::Unavailable, 0, result.error().message);
     const ClaimResult &claim = *result;
     const EndpointSettings &settings = d->endpoint->settings;
     switch (claim.decision.action) {
@@ -243,16 +257,9 @@ void IdempotencyEngine::onProcessed(const DeliveryPtr &d, qint64 token, Outcome 
     m_pool->submit<FinishVerdict>(
         this, [finish](IdempotencyStore &store) { return store.finish(finish); },
         [this, d, token, outcome, processed](Result<FinishVerdict> verdict) {
-            if (!verdict) {
-                // The processing happened but its result is not recorded: the sender must retry,
-                // and the key is reclaimed (recovered) once its lease ends.
-                HttpResponse r = HttpResponse::problem(
-                    503, u"Result not recorded"_qs,
-                    u"the event was processed but the store did not record the result (%1); it will be recovered after the lease"_qs
-                        .arg(verdict.error().message));
-                r.setHeader("Retry-After", "5");
-                return respond(d, r, Outcome::Unavailable, token, verdict.error().message);
-            }
+            if (!verdict) // the sender must retry; the key is recovered once its lease ends
+                return respond(d, resultNotRecorded(verdict.error().message), Outcome::Unavailable, token,
+                               verdict.error().message);
             if (*verdict != FinishVerdict::Accept) {
                 HttpResponse r = HttpResponse::problem(
                     409, u"Claim superseded"_qs,
@@ -350,13 +357,9 @@ void IdempotencyEngine::handleBatch(const DeliveryPtr &d, const Provider *provid
             return results;
         },
         [this, d, claims, bodies](Result<QList<ClaimResult>> results) {
-            if (!results) {
-                HttpResponse r = HttpResponse::problem(503, u"Store unavailable"_qs,
-                                                       u"the idempotency store could not be reached, so nothing was processed; retry later (%1)"_qs
-                                                           .arg(results.error().message));
-                r.setHeader("Retry-After", "5");
-                return respond(d, r, Outcome::Unavailable, 0, results.error().message);
-            }
+            if (!results)
+                return respond(d, storeUnavailable(results.error().message), Outcome::Unavailable, 0,
+                               results.error().message);
             QJsonArray forward;
             QStringList forwardKeys;
             QList<qsizetype> claimedIndexes;
@@ -397,13 +400,9 @@ void IdempotencyEngine::handleBatch(const DeliveryPtr &d, const Provider *provid
                             return verdicts;
                         },
                         [this, d, claims, results, processed](Result<QList<FinishVerdict>> verdicts) {
-                            if (!verdicts) {
-                                HttpResponse r = HttpResponse::problem(503, u"Result not recorded"_qs,
-                                                                       u"the events were processed but the store did not record the result (%1)"_qs
-                                                                           .arg(verdicts.error().message));
-                                r.setHeader("Retry-After", "5");
-                                return respond(d, r, Outcome::Unavailable, 0, verdicts.error().message);
-                            }
+                            if (!verdicts)
+                                return respond(d, resultNotRecorded(verdicts.error().message), Outcome::Unavailable,
+                                               0, verdicts.error().message);
                             finishBatch(d, claims, results, processed, *verdicts);
                         });
                 });

@@ -3,6 +3,7 @@
 // once more; completed records survive. SQLite, PostgreSQL, and Redis with appendfsync always.
 #include "http/blockingclient.h"
 #include "support/downstream.h"
+#include "support/serveprocess.h"
 #include "support/servers.h"
 
 #include <QProcess>
@@ -24,22 +25,7 @@ class TestCrash : public QObject
 
     static std::unique_ptr<QProcess> serve(const QString &config, quint16 &port)
     {
-        port = 0;
-        auto p = std::make_unique<QProcess>();
-        p->setStandardOutputFile(QProcess::nullDevice());
-        p->start(QStringLiteral(IDEMDESK_BIN), {u"serve"_qs, u"--listen"_qs, u"127.0.0.1:0"_qs, u"--config"_qs, config});
-        p->waitForStarted(5000);
-        const QRegularExpression re(u"http://127\\.0\\.0\\.1:(\\d+)/"_qs);
-        QByteArray err;
-        for (int i = 0; i < 100 && !port; ++i) {
-            p->waitForReadyRead(100);
-            err += p->readAllStandardError();
-            if (const auto m = re.match(QString::fromUtf8(err)); m.hasMatch())
-                port = quint16(m.captured(1).toUInt());
-        }
-        if (!port)
-            qWarning("serve did not start: %s", err.constData());
-        return p;
+        return startServe(QStringLiteral(IDEMDESK_BIN), {u"--config"_qs, config}, port);
     }
 
 private Q_SLOTS:

@@ -2,6 +2,7 @@
 // 64 concurrent identical deliveries per key, spread over two processes, for 200 keys,
 // reach a counting downstream exactly 200 times.
 #include "support/downstream.h"
+#include "support/serveprocess.h"
 #include "http/blockingclient.h"
 
 #include <QProcess>
@@ -24,21 +25,7 @@ class TestMultiInstance : public QObject
 
     static std::unique_ptr<QProcess> serve(const QStringList &args, quint16 &port)
     {
-        auto p = std::make_unique<QProcess>();
-        p->setStandardOutputFile(QProcess::nullDevice());
-        p->start(QStringLiteral(IDEMDESK_BIN), QStringList{u"serve"_qs, u"--listen"_qs, u"127.0.0.1:0"_qs} + args);
-        p->waitForStarted(5000);
-        const QRegularExpression re(u"receiving webhooks at http://127\\.0\\.0\\.1:(\\d+)/"_qs);
-        QByteArray err;
-        for (int i = 0; i < 100 && !port; ++i) {
-            p->waitForReadyRead(100);
-            err += p->readAllStandardError();
-            if (const auto m = re.match(QString::fromUtf8(err)); m.hasMatch())
-                port = quint16(m.captured(1).toUInt());
-        }
-        if (!port)
-            qWarning("serve did not start: %s", err.constData());
-        return p;
+        return startServe(QStringLiteral(IDEMDESK_BIN), args, port);
     }
 
 private Q_SLOTS:

@@ -12,6 +12,7 @@
 #include "store/storefactory.h"
 #include "stormdialog.h"
 #include "support/names.h"
+#include "support/serveprocess.h"
 #include "textdiff.h"
 #include "timelinemodel.h"
 #include "trafficview.h"
@@ -38,11 +39,11 @@
 #include <QTest>
 #include <QTimer>
 
-#include <sqlite3.h>
 
 #include <thread>
 
 using namespace idem;
+using idem::test::generateSqliteKeys;
 using idem::test::name;
 
 namespace {
@@ -392,28 +393,7 @@ private Q_SLOTS:
     {
         // A generated store: one million keys written straight into the SQLite file.
         const QString path = m_dir.filePath(u"million.db"_qs);
-        QVERIFY(SqliteStore::open(path).ok()); // the schema
-        sqlite3 *db = nullptr;
-        QCOMPARE(sqlite3_open(QFile::encodeName(path).constData(), &db), SQLITE_OK);
-        sqlite3_exec(db, "PRAGMA synchronous=OFF; BEGIN", nullptr, nullptr, nullptr);
-        sqlite3_stmt *insert = nullptr;
-        sqlite3_prepare_v2(db, "INSERT INTO idem_keys (key, endpoint, provider, state, fingerprint, token, attempts,"
-                               " created_ms, updated_ms, lease_until_ms, expires_at_ms) VALUES (?1, 'big', 'generic', ?2, 'f',"
-                               " 1, 1, ?3, ?3, 0, ?4)", -1, &insert, nullptr);
-        const qint64 now = wallMs();
-        static const char *states[] = {"completed", "completed", "completed", "failed"};
-        for (int i = 0; i < 1'000'000; ++i) {
-            const QByteArray key = "big:evt_" + QByteArray::number(i);
-            sqlite3_bind_text(insert, 1, key.constData(), int(key.size()), SQLITE_TRANSIENT);
-            sqlite3_bind_text(insert, 2, states[i % 4], -1, SQLITE_STATIC);
-            sqlite3_bind_int64(insert, 3, now - 1'000'000 + i);
-            sqlite3_bind_int64(insert, 4, now + 86'400'000);
-            sqlite3_step(insert);
-            sqlite3_reset(insert);
-        }
-        sqlite3_finalize(insert);
-        sqlite3_exec(db, "COMMIT", nullptr, nullptr, nullptr);
-        sqlite3_close(db);
+        generateSqliteKeys(path, 1'000'000);
 
         auto pool = *openStorePool(u"sqlite:"_qs + path);
         auto config = *Config::parse("{\"endpoints\": [{\"name\": \"big\"}]}", u"c"_qs);

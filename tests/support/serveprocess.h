@@ -1,0 +1,21 @@
+#pragma once
+
+#include <QByteArray>
+#include <QProcess>
+#include <QStringList>
+
+#include <memory>
+
+namespace idem::test {
+
+// `idemdesk serve --listen 127.0.0.1:0 ARGS…` as a child process; `port` is read from its first
+// stderr line (0 when it did not start; what it printed is in `stderrText`). Its stdout is
+// discarded unless `keepStdout`.
+std::unique_ptr<QProcess> startServe(const QString &binary, const QStringList &args, quint16 &port,
+                                     QByteArray *stderrText = nullptr, bool keepStdout = false);
+
+// One million (or `count`) keys written straight into a SQLite store's file, for the dashboard's
+// scale test and benchmark: three completed for every failed one, newest last.
+void generateSqliteKeys(const QString &path, int count, const QByteArray &body = {});
+
+} // namespace idem::test
