@@ -1,6 +1,5 @@
 #include "jsonhighlighter.h"
 
-#include <QJsonDocument>
 
 namespace idem {
 
@@ -23,22 +22,6 @@ void JsonHighlighter::highlightBlock(const QString &text)
             setFormat(int(m.capturedStart()), int(m.capturedLength()), format);
         }
     }
-}
-
-QString prettyBody(const QByteArray &body, bool raw)
-{
-    if (body.isEmpty())
-        return {};
-    if (!raw) {
-        QJsonParseError error;
-        const QJsonDocument doc = QJsonDocument::fromJson(body, &error);
-        if (error.error == QJsonParseError::NoError && !doc.isNull())
-            return QString::fromUtf8(doc.toJson(QJsonDocument::Indented)).trimmed();
-    }
-    const QString text = QString::fromUtf8(body);
-    if (text.toUtf8() == body)
-        return text;
-    return QObject::tr("(%1 bytes of binary data; base64)\n%2").arg(body.size()).arg(QString::fromLatin1(body.toBase64()));
 }
 
 } // namespace idem

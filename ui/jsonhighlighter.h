@@ -16,7 +16,4 @@ protected:
     void highlightBlock(const QString &text) override;
 };
 
-// Pretty JSON when the body is JSON; otherwise the text, or a note for binary data.
-QString prettyBody(const QByteArray &body, bool raw);
-
 } // namespace idem

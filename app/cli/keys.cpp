@@ -34,18 +34,6 @@ Result<T> run(StorePool &pool, std::function<Result<T>(IdempotencyStore &)> job)
     return pool.run<T>(std::move(job));
 }
 
-QString bodyText(const QByteArray &body)
-{
-    QJsonParseError error;
-    const QJsonDocument doc = QJsonDocument::fromJson(body, &error);
-    if (error.error == QJsonParseError::NoError && !doc.isNull())
-        return QString::fromUtf8(doc.toJson(QJsonDocument::Indented)).trimmed();
-    const QString text = QString::fromUtf8(body);
-    if (text.toUtf8() == body)
-        return text;
-    return u"(%1 bytes of binary data, base64) %2"_qs.arg(body.size()).arg(QString::fromLatin1(body.toBase64()));
-}
-
 QJsonValue bodyJson(const QByteArray &body)
 {
     const QString text = QString::fromUtf8(body);
@@ -231,12 +219,12 @@ int show(const QStringList &arguments)
     out += u"\nrequest      %1 %2\n"_qs.arg(QString::fromLatin1(r.request.method), QString::fromUtf8(r.request.path));
     for (const auto &[n, v] : requestHeaders)
         out += u"  %1: %2\n"_qs.arg(QString::fromLatin1(n), QString::fromUtf8(v));
-    out += u"\n"_qs + bodyText(r.request.body).replace(u"\n"_qs, u"\n  "_qs).prepend(u"  "_qs) + u'\n';
+    out += u"\n"_qs + prettyBody(r.request.body).replace(u"\n"_qs, u"\n  "_qs).prepend(u"  "_qs) + u'\n';
     if (r.state != KeyState::Processing && r.result.status) {
         out += u"\nresult       %1\n"_qs.arg(r.result.status);
         for (const auto &[n, v] : r.result.headers)
             out += u"  %1: %2\n"_qs.arg(QString::fromLatin1(n), QString::fromUtf8(v));
-        out += u"\n"_qs + bodyText(r.result.body).replace(u"\n"_qs, u"\n  "_qs).prepend(u"  "_qs) + u'\n';
+        out += u"\n"_qs + prettyBody(r.result.body).replace(u"\n"_qs, u"\n  "_qs).prepend(u"  "_qs) + u'\n';
     }
     out += u"\nhistory\n"_qs;
     for (const HistoryEntry &h : r.history)

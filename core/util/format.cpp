@@ -1,6 +1,7 @@
 #include "util/format.h"
 
 #include <QDateTime>
+#include <QJsonDocument>
 
 namespace idem {
 
@@ -45,6 +46,22 @@ HeaderList maskSecrets(const HeaderList &headers)
         if (isSecretHeader(name))
             value = "•••• (masked)";
     return masked;
+}
+
+QString prettyBody(const QByteArray &body, bool raw)
+{
+    if (body.isEmpty())
+        return {};
+    if (!raw) {
+        QJsonParseError error;
+        const QJsonDocument doc = QJsonDocument::fromJson(body, &error);
+        if (error.error == QJsonParseError::NoError && !doc.isNull())
+            return QString::fromUtf8(doc.toJson(QJsonDocument::Indented)).trimmed();
+    }
+    const QString text = QString::fromUtf8(body);
+    if (text.toUtf8() == body)
+        return text;
+    return u"(%1 bytes of binary data; base64)\n%2"_qs.arg(body.size()).arg(QString::fromLatin1(body.toBase64()));
 }
 
 QString maskSecret(const QString &secret)

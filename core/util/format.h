@@ -15,6 +15,10 @@ QString formatTime(qint64 epochMs);
 // *Token*, Cookie, ...): shown masked in logs, the UI and the CLI.
 bool isSecretHeader(QByteArrayView name);
 HeaderList maskSecrets(const HeaderList &headers);
+// A stored body for people: pretty JSON when it is JSON (unless `raw`), else the text, or a
+// note and base64 for binary data.
+QString prettyBody(const QByteArray &body, bool raw = false);
+
 // "whsec_…abcd"-style mask for a secret that must be recognisable but not readable.
 QString maskSecret(const QString &secret);
 
