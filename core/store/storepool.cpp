@@ -13,15 +13,20 @@ struct StoreWatch final : IdempotencyStore
     IdempotencyStore &inner;
     bool &failed;
     QString &failure;
-    StoreWatch(IdempotencyStore &s, bool &f, QString &m) : inner(s), failed(f), failure(m) {}
+    std::function<void(bool healthy, const QString &error)> report;
+    StoreWatch(IdempotencyStore &s, bool &f, QString &m, std::function<void(bool, const QString &)> r)
+        : inner(s), failed(f), failure(m), report(std::move(r))
+    {}
     template<typename R>
     R seen(R r)
     {
-        if (!r && (r.error().code == ErrorCode::Unavailable
-                   || r.error().code == ErrorCode::InDoubt)) {
+        const bool storeFailed = !r && (r.error().code == ErrorCode::Unavailable || r.error().code == ErrorCode::InDoubt);
+        if (storeFailed) {
             failed = true;
             failure = r.error().message;
         }
+        // Health is known before the caller sees the result.
+        report(!storeFailed, storeFailed ? r.error().message : QString());
         return r;
     }
     Result<ClaimResult> claim(const ClaimRequest &q) override { return seen(inner.claim(q)); }
@@ -104,23 +109,25 @@ void StorePool::workerLoop()
             // made again for the next job.
             bool failed = false;
             QString failure;
-            StoreWatch watch(*store, failed, failure);
+            StoreWatch watch(*store, failed, failure, [this](bool healthy, const QString &error) {
+                std::lock_guard lock(m_mutex);
+                m_health.healthy = healthy;
+                if (!healthy) {
+                    m_health.lastError = error;
+                    m_health.lastErrorAtMs = QDateTime::currentMSecsSinceEpoch();
+                }
+            });
             job(&watch, nullptr);
-            std::lock_guard lock(m_mutex);
-            if (failed) {
-                store.reset();
-                m_health.healthy = false;
-                m_health.lastError = failure;
-                m_health.lastErrorAtMs = QDateTime::currentMSecsSinceEpoch();
-            } else {
-                m_health.healthy = true;
-            }
+            if (failed)
+                store.reset(); // connect again for the next job
         } else {
+            {
+                std::lock_guard lock(m_mutex);
+                m_health.healthy = false;
+                m_health.lastError = connectError->message;
+                m_health.lastErrorAtMs = QDateTime::currentMSecsSinceEpoch();
+            }
             job(nullptr, &*connectError);
-            std::lock_guard lock(m_mutex);
-            m_health.healthy = false;
-            m_health.lastError = connectError->message;
-            m_health.lastErrorAtMs = QDateTime::currentMSecsSinceEpoch();
         }
     }
 }

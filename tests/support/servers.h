@@ -19,6 +19,7 @@ public:
     void stop(bool kill = false);
     QString url() const;
     quint16 port() const { return m_port; }
+    qint64 pid() const { return m_process ? m_process->processId() : 0; }
 
 private:
     QString m_dir;
