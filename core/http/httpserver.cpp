@@ -127,7 +127,11 @@ HttpServer::HttpServer(HttpLimits limits, HttpHandler handler, QObject *parent)
     connect(&m_server, &QTcpServer::newConnection, this, &HttpServer::acceptPending);
 }
 
-HttpServer::~HttpServer() = default;
+HttpServer::~HttpServer()
+{
+    // Connections first, while this is still an HttpServer: they count themselves out of it.
+    qDeleteAll(findChildren<HttpConnection *>(Qt::FindDirectChildrenOnly));
+}
 
 bool HttpServer::listen(const QHostAddress &address, quint16 port)
 {
