@@ -43,6 +43,15 @@ void RawConnection::close()
     m_fd = -1;
 }
 
+void RawConnection::abort()
+{
+    if (m_fd >= 0) {
+        linger reset{1, 0};
+        ::setsockopt(m_fd, SOL_SOCKET, SO_LINGER, &reset, sizeof reset);
+    }
+    close();
+}
+
 bool RawConnection::send(QByteArrayView bytes)
 {
     qsizetype sent = 0;

@@ -48,9 +48,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         c.send(QByteArrayView(reinterpret_cast<const char *>(data), qsizetype(size)));
         while (c.readResponse().status != 0) {
         }
+        c.abort(); // tens of thousands of connections: leave no TIME_WAIT to exhaust the ports
     }
     // Still serving.
-    if (idem::post(g_port, "/alive", "x").status != 200)
+    idem::RawConnection alive(g_port, 5000);
+    alive.send(idem::buildPost("/alive", "x", {}, false));
+    const int status = alive.readResponse().status;
+    alive.abort();
+    if (status != 200)
         __builtin_trap();
     return 0;
 }

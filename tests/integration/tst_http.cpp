@@ -2,6 +2,8 @@
 #include "http/httpserver.h"
 #include "http/blockingclient.h"
 
+#include <QDir>
+#include <QFile>
 #include <QTest>
 #include <QThread>
 #include <QTimer>
@@ -188,6 +190,24 @@ private Q_SLOTS:
         QTRY_COMPARE_WITH_TIMEOUT(m_lateAnswers.load(), late + 20, 5000);
         // The server is still well.
         QCOMPARE(post(m_port, "/echo", "alive").body, QByteArray("POST /echo alive"));
+    }
+
+    void fuzzerInputsStayHarmless()
+    {
+        // Inputs the HTTP fuzzer kept (tests/fuzz/seeds/http): answered or closed, and the
+        // server keeps serving.
+        const QDir seeds(QStringLiteral(IDEM_FUZZ_SEEDS));
+        const QStringList files = seeds.entryList(QDir::Files);
+        QVERIFY(!files.isEmpty());
+        for (const QString &name : files) {
+            QFile f(seeds.filePath(name));
+            QVERIFY(f.open(QIODevice::ReadOnly));
+            RawConnection c(m_port, 2000);
+            c.send(f.readAll());
+            while (c.readResponse().status != 0) {
+            }
+            QCOMPARE(post(m_port, "/echo", "alive").body, QByteArray("POST /echo alive"));
+        }
     }
 
     void http10ClosesAfterTheAnswer()
