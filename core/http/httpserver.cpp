@@ -407,6 +407,17 @@ void HttpConnection::writeResponse(const HttpResponse &response, bool closeAfter
 
 void HttpConnection::onTimeout()
 {
+    // An "idle" connection whose request is already here (the thread was busy when the timer
+    // ran out) is not idle: read it instead of closing it unanswered.
+    if (m_phase == Phase::Idle) {
+        if (m_socket->bytesAvailable() == 0)
+            m_socket->waitForReadyRead(0); // what the kernel holds, without blocking
+        if (m_socket->bytesAvailable() > 0 || !m_pending.isEmpty()) {
+            m_timer.start(m_server->m_limits.idleTimeoutMs);
+            processInput();
+            return;
+        }
+    }
     if (m_phase == Phase::Reading)
         fail(408, u"the request did not arrive within %1 ms"_qs.arg(m_server->m_limits.requestTimeoutMs));
     else

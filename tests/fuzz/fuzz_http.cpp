@@ -7,11 +7,13 @@
 #include <QThread>
 
 #include <cstddef>
+#include <cstdio>
 #include <cstdint>
 #include <sys/socket.h>
 
 namespace {
 quint16 g_port = 0;
+idem::HttpServer *g_server = nullptr;
 
 void startServer()
 {
@@ -30,6 +32,7 @@ void startServer()
         r.body = request.method + ' ' + request.path + ' ' + QByteArray::number(request.body.size());
         responder.send(r);
     });
+    g_server = server;
     server->moveToThread(thread);
     thread->start();
     QMetaObject::invokeMethod(server, [server] {
@@ -53,9 +56,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     // Still serving.
     idem::RawConnection alive(g_port, 5000);
     alive.send(idem::buildPost("/alive", "x", {}, false));
-    const int status = alive.readResponse().status;
+    const idem::ClientResponse answer = alive.readResponse();
     alive.abort();
-    if (status != 200)
+    if (answer.status != 200) {
+        int connections = -1;
+        QMetaObject::invokeMethod(g_server, [&] { connections = g_server->connectionCount(); }, Qt::BlockingQueuedConnection);
+        std::fprintf(stderr, "not serving: status %d (%s), %d connections open\n", answer.status,
+                     qPrintable(answer.error), connections);
         __builtin_trap();
+    }
     return 0;
 }
