@@ -211,7 +211,9 @@ void KeysModel::requestCounts()
 
 void KeysModel::refresh()
 {
-    requestCounts();
+    // Counting a million keys takes a store worker a while: every fifth refresh is enough.
+    if (m_refreshes++ % 5 == 0)
+        requestCounts();
     if (m_refreshing || m_loading)
         return;
     m_refreshing = true;

@@ -58,6 +58,7 @@ private:
     bool m_loading = false;
     bool m_refreshing = false;
     quint64 m_generation = 0;
+    quint64 m_refreshes = 0;
     StateCounts m_counts;
     QTimer m_tick;
 };

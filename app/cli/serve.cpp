@@ -210,7 +210,11 @@ int gui(int argc, char **argv, const QStringList &arguments)
             return ExitRuntime;
         }
     }
-    DeskSession session{options->config, options->storeUrl, configPath, *pool, receiver.get()};
+    // The window reads through connections of its own: its queries over many keys never
+    // queue in front of the receiver's claims.
+    auto ownPool = attach ? Result<std::shared_ptr<StorePool>>(*pool) : openStorePool(options->storeUrl);
+    auto windowPool = ownPool ? *ownPool : *pool;
+    DeskSession session{options->config, options->storeUrl, configPath, windowPool, receiver.get()};
     MainWindow window(session);
     window.show();
     const int rc = app.exec();
