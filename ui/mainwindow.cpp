@@ -405,28 +405,8 @@ void MainWindow::resetAllFailed()
         return;
     m_session.pool->submit<qint64>(
         this,
-        [endpoint](IdempotencyStore &store) -> Result<qint64> {
-            qint64 reset = 0;
-            KeyQuery q;
-            q.state = KeyState::Failed;
-            q.endpoint = endpoint;
-            q.limit = 500;
-            for (int round = 0; round < 10000; ++round) {
-                q.nowMs = wallMs();
-                auto page = store.listKeys(q);
-                if (!page)
-                    return page.error();
-                qint64 before = reset;
-                for (const KeyRecord &r : *page) {
-                    auto v = store.applyOperator(r.key, OperatorAction::Reset, false, u"operator (dashboard): reset all failed"_qs, wallMs());
-                    if (!v)
-                        return v.error();
-                    reset += *v == OperatorVerdict::Accept;
-                }
-                if (page->isEmpty() || reset == before)
-                    break;
-            }
-            return reset;
+        [endpoint](IdempotencyStore &store) {
+            return resetFailedKeys(store, endpoint, u"operator (dashboard): reset all failed"_qs);
         },
         [this, scope](Result<qint64> reset) {
             if (!reset)

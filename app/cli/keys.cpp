@@ -300,26 +300,16 @@ int transition(const QStringList &arguments, OperatorAction action)
         return false;
     };
     if (allFailed) {
-        KeyQuery q;
-        q.state = KeyState::Failed;
-        q.endpoint = parser.value(u"endpoint"_qs);
-        q.limit = 500;
-        for (int round = 0; round < 100000; ++round) {
-            q.nowMs = wallMs();
-            auto page = run<QList<KeyRecord>>(*session.pool, [&](IdempotencyStore &s) { return s.listKeys(q); });
-            if (!page) {
-                printError(page.error().message);
-                return ExitRuntime;
-            }
-            if (page->isEmpty())
-                break;
-            bool progressed = false;
-            for (const KeyRecord &r : *page)
-                progressed |= apply(r.key);
-            if (!progressed)
-                break;
+        const QString endpoint = parser.value(u"endpoint"_qs);
+        auto reset = session.pool->run<qint64>([&](IdempotencyStore &store) {
+            return resetFailedKeys(store, endpoint, u"operator (cli)"_qs,
+                                   [](const QString &key) { printOut(u"reset %1 (was failed)\n"_qs.arg(key)); });
+        });
+        if (!reset) {
+            printError(reset.error().message);
+            return ExitRuntime;
         }
-        printOut(u"reset %1 failed key(s)%2\n"_qs.arg(changed).arg(q.endpoint.isEmpty() ? QString() : u" of "_qs + q.endpoint));
+        printOut(u"reset %1 failed key(s)%2\n"_qs.arg(*reset).arg(endpoint.isEmpty() ? QString() : u" of "_qs + endpoint));
     } else {
         for (const QString &key : keys)
             apply(key);

@@ -1,5 +1,7 @@
 #include "engine/keyrecord.h"
 
+#include <QJsonDocument>
+
 #include <array>
 
 namespace idem {
@@ -80,6 +82,23 @@ QList<HistoryEntry> historyFromJson(const QJsonArray &array)
                         o.value(u"token").toInteger(), o.value(u"detail").toString()});
     }
     return history;
+}
+
+QByteArray compactJson(const QJsonArray &array)
+{
+    return QJsonDocument(array).toJson(QJsonDocument::Compact);
+}
+
+QJsonArray parseJsonArray(const QByteArray &text)
+{
+    return QJsonDocument::fromJson(text).array();
+}
+
+void appendHistory(QList<HistoryEntry> &history, HistoryEntry entry)
+{
+    history.append(std::move(entry));
+    if (history.size() > kHistoryCap)
+        history.remove(1, history.size() - kHistoryCap);
 }
 
 QByteArray headerValue(const HeaderList &headers, QByteArrayView name)

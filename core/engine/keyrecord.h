@@ -85,6 +85,12 @@ QJsonObject historyEntryToJson(const HistoryEntry &entry);
 QJsonArray historyToJson(const QList<HistoryEntry> &history);
 QList<HistoryEntry> historyFromJson(const QJsonArray &array);
 QByteArray headerValue(const HeaderList &headers, QByteArrayView name);
+QByteArray compactJson(const QJsonArray &array);
+QJsonArray parseJsonArray(const QByteArray &text);
+
+// A record keeps its first history entry (how it started) and the newest ones, up to this many.
+constexpr int kHistoryCap = 64;
+void appendHistory(QList<HistoryEntry> &history, HistoryEntry entry);
 
 // One arrival at the receiver, as the delivery log keeps it.
 struct DeliveryEvent

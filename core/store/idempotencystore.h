@@ -7,6 +7,7 @@
 #include <QList>
 #include <QString>
 
+#include <functional>
 #include <optional>
 
 namespace idem {
@@ -31,6 +32,17 @@ struct ClaimResult
         return decision.action == ClaimAction::Create || decision.action == ClaimAction::Reclaim;
     }
 };
+
+// The record a Create or Reclaim leaves: `current` is the record before (null when absent), the
+// token is the backend's new fencing token. SQLite and PostgreSQL write this; claim.lua mirrors it.
+KeyRecord claimedRecord(const KeyRecord *current, const ClaimRequest &request,
+                        const ClaimDecision &decision, qint64 token);
+
+class IdempotencyStore;
+// Resets every failed key (of `endpoint`, or all), a page at a time, telling `onReset` each key.
+// Returns how many were reset. Shared by `keys reset --all-failed` and the window.
+Result<qint64> resetFailedKeys(IdempotencyStore &store, const QString &endpoint, const QString &detail,
+                               const std::function<void(const QString &key)> &onReset = {});
 
 struct FinishRequest
 {

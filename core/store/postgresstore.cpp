@@ -9,7 +9,6 @@ namespace idem {
 
 namespace {
 
-constexpr int kHistoryCap = 64;
 constexpr long kSchemaLock = 0x1de3de5c; // pg_advisory_xact_lock key for schema changes
 
 const char *const kColumns =
@@ -43,11 +42,6 @@ QString text(const pqxx::field &f)
     return QString::fromStdString(f.as<std::string>(std::string()));
 }
 
-QByteArray jsonText(const QJsonArray &array)
-{
-    return QJsonDocument(array).toJson(QJsonDocument::Compact);
-}
-
 KeyRecord recordFrom(const pqxx::row &row, bool full)
 {
     KeyRecord r;
@@ -67,20 +61,13 @@ KeyRecord recordFrom(const pqxx::row &row, bool full)
     if (full) {
         r.request.method = text(row[11]).toLatin1();
         r.request.path = text(row[12]).toUtf8();
-        r.request.headers = headersFromJson(QJsonDocument::fromJson(text(row[13]).toUtf8()).array());
+        r.request.headers = headersFromJson(parseJsonArray(text(row[13]).toUtf8()));
         r.request.body = bytes(row[14]);
-        r.result.headers = headersFromJson(QJsonDocument::fromJson(text(row[16]).toUtf8()).array());
+        r.result.headers = headersFromJson(parseJsonArray(text(row[16]).toUtf8()));
         r.result.body = bytes(row[17]);
-        r.history = historyFromJson(QJsonDocument::fromJson(text(row[19]).toUtf8()).array());
+        r.history = historyFromJson(parseJsonArray(text(row[19]).toUtf8()));
     }
     return r;
-}
-
-void appendHistory(QList<HistoryEntry> &history, HistoryEntry entry)
-{
-    history.append(std::move(entry));
-    if (history.size() > kHistoryCap)
-        history.remove(1, history.size() - kHistoryCap);
 }
 
 } // namespace
@@ -247,7 +234,7 @@ Result<ClaimResult> PostgresStore::claim(const ClaimRequest &req)
 {
     return guarded("claim", true, [&]() -> Result<ClaimResult> {
         const std::string key = s(req.key);
-        const std::string headers = s(jsonText(headersToJson(req.request.headers)));
+        const std::string headers = s(compactJson(headersToJson(req.request.headers)));
         for (int attempt = 0; attempt < 3; ++attempt) {
             {
                 // The common case, a new key: one statement, atomic on its own.
@@ -301,31 +288,12 @@ Result<ClaimResult> PostgresStore::claim(const ClaimRequest &req)
             switch (result.decision.action) {
             case ClaimAction::Create:
             case ClaimAction::Reclaim: {
-                const bool fresh = result.decision.action == ClaimAction::Create;
-                KeyRecord r = fresh ? KeyRecord{} : current;
-                r.key = req.key;
-                r.endpoint = req.endpoint;
-                r.provider = req.provider;
-                r.state = KeyState::Processing;
-                r.fingerprint = req.fingerprint;
-                r.token = w.exec_prepared1("next_token")[0].as<qint64>();
-                r.attempts = fresh ? 1 : current.attempts + 1;
-                if (fresh)
-                    r.createdMs = req.nowMs;
-                r.updatedMs = req.nowMs;
-                r.leaseUntilMs = req.nowMs + req.policy.leaseMs;
-                r.expiresAtMs = req.nowMs + req.policy.ttlMs;
-                r.request = req.request;
-                r.result = {};
-                r.error.clear();
-                appendHistory(r.history, {req.nowMs,
-                                          result.decision.outcome == Outcome::Processed ? u"claimed"_qs
-                                                                                         : toString(result.decision.outcome),
-                                          r.token, {}});
+                const KeyRecord r = claimedRecord(&current, req, result.decision,
+                                                  w.exec_prepared1("next_token")[0].as<qint64>());
                 w.exec_prepared("replace", key, s(r.endpoint), s(r.provider), s(r.fingerprint), r.token,
                                 r.attempts, r.createdMs, r.updatedMs, r.leaseUntilMs, r.expiresAtMs,
                                 s(r.request.method), s(r.request.path), headers, bin(r.request.body),
-                                s(jsonText(historyToJson(r.history))));
+                                s(compactJson(historyToJson(r.history))));
                 result.record = r;
                 break;
             }
@@ -354,7 +322,7 @@ Result<FinishVerdict> PostgresStore::finish(const FinishRequest &req)
         pqxx::nontransaction n(m_conn->c);
         const pqxx::result updated = n.exec_prepared(
             "finish", s(req.key), req.token, s(toString(req.state)), req.nowMs, req.result.status,
-            s(jsonText(headersToJson(req.result.headers))), bin(req.result.body), s(req.error));
+            s(compactJson(headersToJson(req.result.headers))), bin(req.result.body), s(req.error));
         if (updated.affected_rows() == 1)
             return FinishVerdict::Accept;
         // Refused: say why, with the same rules as every backend.
@@ -439,7 +407,7 @@ Result<OperatorVerdict> PostgresStore::applyOperator(const QString &key, Operato
             QList<HistoryEntry> history = current->history;
             appendHistory(history, {nowMs, reset ? u"reset"_qs : u"force-failed"_qs, current->token, detail});
             w.exec_prepared("operator_update", s(key), reset ? std::string("reset") : std::string("failed"),
-                            nowMs, s(detail), s(jsonText(historyToJson(history))));
+                            nowMs, s(detail), s(compactJson(historyToJson(history))));
         }
         w.commit();
         return verdict;

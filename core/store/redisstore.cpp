@@ -10,7 +10,6 @@ namespace idem {
 
 namespace {
 
-constexpr int kHistoryCap = 64;
 const char *const kScripts[] = {"claim", "finish", "operator", "purge"};
 
 QByteArray num(qint64 v)
@@ -23,16 +22,6 @@ QByteArray str(const redisReply *r)
     return r && (r->type == REDIS_REPLY_STRING || r->type == REDIS_REPLY_STATUS)
                ? QByteArray(r->str, qsizetype(r->len))
                : QByteArray();
-}
-
-QByteArray jsonText(const QJsonArray &array)
-{
-    return QJsonDocument(array).toJson(QJsonDocument::Compact);
-}
-
-QJsonArray jsonArray(const QByteArray &text)
-{
-    return QJsonDocument::fromJson(text).array();
 }
 
 // A record from HGETALL's flat field/value array (or HMGET's values with `fields`).
@@ -52,13 +41,13 @@ KeyRecord recordFrom(const QHash<QByteArray, QByteArray> &f)
     r.expiresAtMs = f.value("expires_at").toLongLong();
     r.request.method = f.value("req_method");
     r.request.path = f.value("req_path");
-    r.request.headers = headersFromJson(jsonArray(f.value("req_headers")));
+    r.request.headers = headersFromJson(parseJsonArray(f.value("req_headers")));
     r.request.body = f.value("req_body");
     r.result.status = f.value("res_status").toInt();
-    r.result.headers = headersFromJson(jsonArray(f.value("res_headers")));
+    r.result.headers = headersFromJson(parseJsonArray(f.value("res_headers")));
     r.result.body = f.value("res_body");
     r.error = QString::fromUtf8(f.value("error"));
-    r.history = historyFromJson(jsonArray(f.value("history")));
+    r.history = historyFromJson(parseJsonArray(f.value("history")));
     return r;
 }
 
@@ -197,7 +186,7 @@ Result<ClaimResult> RedisStore::claim(const ClaimRequest &req)
                      req.fingerprint, num(req.nowMs), num(req.policy.leaseMs), num(req.policy.ttlMs),
                      req.policy.onFailed == OnFailed::Reprocess ? "reprocess" : "reject",
                      req.policy.onMismatch == OnMismatch::Reject ? "reject" : "ignore",
-                     req.request.method, req.request.path, jsonText(headersToJson(req.request.headers)),
+                     req.request.method, req.request.path, compactJson(headersToJson(req.request.headers)),
                      req.request.body, num(kHistoryCap)},
                     true);
     if (!r)
@@ -216,7 +205,7 @@ Result<FinishVerdict> RedisStore::finish(const FinishRequest &req)
 {
     auto r = script("finish",
                     {m_prefix, req.key.toUtf8(), num(req.token), toString(req.state).toLatin1(),
-                     num(req.nowMs), num(req.result.status), jsonText(headersToJson(req.result.headers)),
+                     num(req.nowMs), num(req.result.status), compactJson(headersToJson(req.result.headers)),
                      req.result.body, req.error.toUtf8(), num(kHistoryCap)},
                     true);
     if (!r)

@@ -12,38 +12,10 @@ namespace idem {
 
 namespace {
 
-constexpr int kHistoryCap = 64; // the first entry and the newest ones are kept
-
 const char *const kSelectKey =
     "SELECT key, endpoint, provider, state, fingerprint, token, attempts, created_ms, updated_ms,"
     " lease_until_ms, expires_at_ms, req_method, req_path, req_headers, req_body, res_status,"
     " res_headers, res_body, error, history FROM idem_keys";
-
-QByteArray jsonText(const QJsonArray &array)
-{
-    return QJsonDocument(array).toJson(QJsonDocument::Compact);
-}
-
-QJsonArray jsonArray(const QByteArray &text)
-{
-    return QJsonDocument::fromJson(text).array();
-}
-
-void appendHistory(QList<HistoryEntry> &history, HistoryEntry entry)
-{
-    history.append(std::move(entry));
-    if (history.size() > kHistoryCap)
-        history.remove(1, history.size() - kHistoryCap);
-}
-
-QString claimEvent(const ClaimDecision &decision)
-{
-    switch (decision.outcome) {
-    case Outcome::Recovered: return u"recovered"_qs;
-    case Outcome::Reprocessed: return u"reprocessed"_qs;
-    default: return u"claimed"_qs;
-    }
-}
 
 } // namespace
 
@@ -82,6 +54,34 @@ public:
         return QByteArray(static_cast<const char *>(data), sqlite3_column_bytes(m_stmt, c));
     }
     QString text(int c) const { return QString::fromUtf8(bytes(c)); }
+    // A row of kSelectKey; `full` adds the stored request, result and history.
+    KeyRecord record(bool full) const
+    {
+        KeyRecord r;
+        r.key = text(0);
+        r.endpoint = text(1);
+        r.provider = text(2);
+        r.state = keyStateFromString(text(3)).value_or(KeyState::Failed);
+        r.fingerprint = bytes(4);
+        r.token = i64(5);
+        r.attempts = int(i64(6));
+        r.createdMs = i64(7);
+        r.updatedMs = i64(8);
+        r.leaseUntilMs = i64(9);
+        r.expiresAtMs = i64(10);
+        r.result.status = int(i64(15));
+        r.error = text(18);
+        if (full) {
+            r.request.method = bytes(11);
+            r.request.path = bytes(12);
+            r.request.headers = headersFromJson(parseJsonArray(bytes(13)));
+            r.request.body = bytes(14);
+            r.result.headers = headersFromJson(parseJsonArray(bytes(16)));
+            r.result.body = bytes(17);
+            r.history = historyFromJson(parseJsonArray(bytes(19)));
+        }
+        return r;
+    }
 
 private:
     sqlite3_stmt *m_stmt;
@@ -217,28 +217,7 @@ Result<std::optional<KeyRecord>> SqliteStore::readKey(const QString &key)
         return std::optional<KeyRecord>();
     if (rc != SQLITE_ROW)
         return lastError("read");
-    KeyRecord r;
-    r.key = select.text(0);
-    r.endpoint = select.text(1);
-    r.provider = select.text(2);
-    r.state = keyStateFromString(select.text(3)).value_or(KeyState::Failed);
-    r.fingerprint = select.bytes(4);
-    r.token = select.i64(5);
-    r.attempts = int(select.i64(6));
-    r.createdMs = select.i64(7);
-    r.updatedMs = select.i64(8);
-    r.leaseUntilMs = select.i64(9);
-    r.expiresAtMs = select.i64(10);
-    r.request.method = select.bytes(11);
-    r.request.path = select.bytes(12);
-    r.request.headers = headersFromJson(jsonArray(select.bytes(13)));
-    r.request.body = select.bytes(14);
-    r.result.status = int(select.i64(15));
-    r.result.headers = headersFromJson(jsonArray(select.bytes(16)));
-    r.result.body = select.bytes(17);
-    r.error = select.text(18);
-    r.history = historyFromJson(jsonArray(select.bytes(19)));
-    return std::optional<KeyRecord>(std::move(r));
+    return std::optional<KeyRecord>(select.record(true));
 }
 
 Result<ClaimResult> SqliteStore::claim(const ClaimRequest &req)
@@ -257,28 +236,8 @@ Result<ClaimResult> SqliteStore::claim(const ClaimRequest &req)
     switch (result.decision.action) {
     case ClaimAction::Create:
     case ClaimAction::Reclaim: {
-        KeyRecord &r = result.record;
-        const bool fresh = result.decision.action == ClaimAction::Create;
-        if (!fresh)
-            r = *current; // keeps created_ms, attempts and history
-        r.key = req.key;
-        r.endpoint = req.endpoint;
-        r.provider = req.provider;
-        r.state = KeyState::Processing;
-        r.fingerprint = req.fingerprint;
-        r.token = current ? current->token + 1 : 1;
-        r.attempts = fresh ? 1 : r.attempts + 1;
-        if (fresh) {
-            r.createdMs = req.nowMs;
-            r.history.clear();
-        }
-        r.updatedMs = req.nowMs;
-        r.leaseUntilMs = req.nowMs + req.policy.leaseMs;
-        r.expiresAtMs = req.nowMs + req.policy.ttlMs;
-        r.request = req.request;
-        r.result = {};
-        r.error.clear();
-        appendHistory(r.history, {req.nowMs, claimEvent(result.decision), r.token, {}});
+        result.record = claimedRecord(current, req, result.decision, current ? current->token + 1 : 1);
+        const KeyRecord &r = result.record;
 
         IDEM_PREPARE(upsert,
                      "INSERT OR REPLACE INTO idem_keys (key, endpoint, provider, state, fingerprint,"
@@ -290,8 +249,8 @@ Result<ClaimResult> SqliteStore::claim(const ClaimRequest &req)
         upsert.bind(5, r.token).bind(6, qint64(r.attempts)).bind(7, r.createdMs).bind(8, r.updatedMs);
         upsert.bind(9, r.leaseUntilMs).bind(10, r.expiresAtMs);
         upsert.bindText(11, r.request.method).bindText(12, r.request.path);
-        upsert.bindText(13, jsonText(headersToJson(r.request.headers))).bindBlob(14, r.request.body);
-        upsert.bindText(15, jsonText(historyToJson(r.history)));
+        upsert.bindText(13, compactJson(headersToJson(r.request.headers))).bindBlob(14, r.request.body);
+        upsert.bindText(15, compactJson(historyToJson(r.history)));
         if (upsert.step() != SQLITE_DONE)
             return lastError("claim");
         break;
@@ -337,8 +296,8 @@ Result<FinishVerdict> SqliteStore::finish(const FinishRequest &req)
                  " res_status = ?4, res_headers = ?5, res_body = ?6, error = ?7, history = ?8"
                  " WHERE key = ?1");
     update.bind(1, req.key).bind(2, toString(req.state)).bind(3, req.nowMs);
-    update.bind(4, qint64(req.result.status)).bindText(5, jsonText(headersToJson(req.result.headers)));
-    update.bindBlob(6, req.result.body).bind(7, req.error).bindText(8, jsonText(historyToJson(history)));
+    update.bind(4, qint64(req.result.status)).bindText(5, compactJson(headersToJson(req.result.headers)));
+    update.bindBlob(6, req.result.body).bind(7, req.error).bindText(8, compactJson(historyToJson(history)));
     if (update.step() != SQLITE_DONE)
         return lastError("finish");
     if (!tx.commit())
@@ -380,21 +339,7 @@ Result<QList<KeyRecord>> SqliteStore::listKeys(const KeyQuery &q)
         QList<KeyRecord> keys;
         int rc;
         while ((rc = s.step()) == SQLITE_ROW) {
-            KeyRecord r;
-            r.key = s.text(0);
-            r.endpoint = s.text(1);
-            r.provider = s.text(2);
-            r.state = keyStateFromString(s.text(3)).value_or(KeyState::Failed);
-            r.fingerprint = s.bytes(4);
-            r.token = s.i64(5);
-            r.attempts = int(s.i64(6));
-            r.createdMs = s.i64(7);
-            r.updatedMs = s.i64(8);
-            r.leaseUntilMs = s.i64(9);
-            r.expiresAtMs = s.i64(10);
-            r.result.status = int(s.i64(15));
-            r.error = s.text(18);
-            keys.append(std::move(r));
+            keys.append(s.record(false));
         }
         if (rc != SQLITE_DONE)
             return lastError("list");
@@ -449,7 +394,7 @@ Result<OperatorVerdict> SqliteStore::applyOperator(const QString &key, OperatorA
                              " error = CASE WHEN ?2 = 'failed' THEN ?4 ELSE error END, history = ?5"
                              " WHERE key = ?1");
         update.bind(1, key).bind(2, reset ? u"reset"_qs : u"failed"_qs).bind(3, nowMs);
-        update.bind(4, detail).bindText(5, jsonText(historyToJson(history)));
+        update.bind(4, detail).bindText(5, compactJson(historyToJson(history)));
         if (update.step() != SQLITE_DONE)
             return lastError("update");
     }

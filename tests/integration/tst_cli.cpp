@@ -1,5 +1,6 @@
 // The admin CLI against every store: keys list/show/reset/retry/delete/purge-expired, stats, storm.
 #include "http/blockingclient.h"
+#include "support/serveprocess.h"
 
 #include <QJsonArray>
 #include <QJsonDocument>
@@ -70,18 +71,9 @@ private Q_SLOTS:
         f.close();
         const QStringList common{u"--config"_qs, config};
 
-        QProcess serve;
-        serve.start(QStringLiteral(IDEMDESK_BIN), QStringList{u"serve"_qs, u"--listen"_qs, u"127.0.0.1:0"_qs} + common);
-        QVERIFY(serve.waitForStarted());
         quint16 port = 0;
         QByteArray err;
-        const QRegularExpression re(u"http://127\\.0\\.0\\.1:(\\d+)/"_qs);
-        for (int i = 0; i < 100 && !port; ++i) {
-            serve.waitForReadyRead(100);
-            err += serve.readAllStandardError();
-            if (auto m = re.match(QString::fromUtf8(err)); m.hasMatch())
-                port = quint16(m.captured(1).toUInt());
-        }
+        auto serve = idem::test::startServe(QStringLiteral(IDEMDESK_BIN), common, port, &err);
         QVERIFY2(port, err.constData());
         auto deliver = [&](const QString &endpoint, const QByteArray &key, const HeaderList &extra = {}) {
             HeaderList headers{{"Idempotency-Key", key}};
@@ -201,9 +193,9 @@ private Q_SLOTS:
         QCOMPARE(r.rc, 1); // a failing processor runs each key again: not exactly once
         QVERIFY(r.out.contains("NOT exactly once"));
 
-        ::kill(pid_t(serve.processId()), SIGTERM);
-        QVERIFY(serve.waitForFinished(15000));
-        QCOMPARE(serve.exitCode(), 0);
+        ::kill(pid_t(serve->processId()), SIGTERM);
+        QVERIFY(serve->waitForFinished(15000));
+        QCOMPARE(serve->exitCode(), 0);
     }
 
     void usageAndRuntimeErrors()

@@ -1,5 +1,6 @@
 // `idemdesk serve` as a user runs it: a real process, signals, restarts, exit codes.
 #include "store/sqlitestore.h"
+#include "support/serveprocess.h"
 #include "http/blockingclient.h"
 #include "support/names.h"
 #include "util/clock.h"
@@ -45,24 +46,7 @@ class TestServe : public QObject
     Served serve(const QStringList &args)
     {
         Served s;
-        s.process = std::make_unique<QProcess>();
-        s.process->start(QStringLiteral(IDEMDESK_BIN), QStringList{u"serve"_qs, u"--listen"_qs, u"127.0.0.1:0"_qs} + args);
-        if (!s.process->waitForStarted(5000))
-            return s;
-        const QRegularExpression re(u"receiving webhooks at http://127\\.0\\.0\\.1:(\\d+)/"_qs);
-        QElapsedTimer t;
-        t.start();
-        while (t.elapsed() < 10000) {
-            s.process->waitForReadyRead(200);
-            s.stderrText += s.process->readAllStandardError();
-            const auto m = re.match(QString::fromUtf8(s.stderrText));
-            if (m.hasMatch()) {
-                s.port = quint16(m.captured(1).toUInt());
-                break;
-            }
-            if (s.process->state() == QProcess::NotRunning)
-                break;
-        }
+        s.process = startServe(QStringLiteral(IDEMDESK_BIN), args, s.port, &s.stderrText, true);
         return s;
     }
     static int stop(Served &s, int signal = SIGTERM)

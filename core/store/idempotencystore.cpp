@@ -1,0 +1,64 @@
+#include "store/idempotencystore.h"
+
+#include <QDateTime>
+
+namespace idem {
+
+KeyRecord claimedRecord(const KeyRecord *current, const ClaimRequest &req, const ClaimDecision &decision,
+                        qint64 token)
+{
+    const bool fresh = decision.action == ClaimAction::Create;
+    KeyRecord r = fresh || !current ? KeyRecord{} : *current; // a reclaim keeps created, attempts, history
+    r.key = req.key;
+    r.endpoint = req.endpoint;
+    r.provider = req.provider;
+    r.state = KeyState::Processing;
+    r.fingerprint = req.fingerprint;
+    r.token = token;
+    r.attempts = fresh ? 1 : r.attempts + 1;
+    if (fresh)
+        r.createdMs = req.nowMs;
+    r.updatedMs = req.nowMs;
+    r.leaseUntilMs = req.nowMs + req.policy.leaseMs;
+    r.expiresAtMs = req.nowMs + req.policy.ttlMs;
+    r.request = req.request;
+    r.result = {};
+    r.error.clear();
+    const QString event = decision.outcome == Outcome::Recovered     ? u"recovered"_qs
+                          : decision.outcome == Outcome::Reprocessed ? u"reprocessed"_qs
+                                                                     : u"claimed"_qs;
+    appendHistory(r.history, {req.nowMs, event, token, {}});
+    return r;
+}
+
+Result<qint64> resetFailedKeys(IdempotencyStore &store, const QString &endpoint, const QString &detail,
+                               const std::function<void(const QString &)> &onReset)
+{
+    qint64 reset = 0;
+    KeyQuery q;
+    q.state = KeyState::Failed;
+    q.endpoint = endpoint;
+    q.limit = 500;
+    for (;;) {
+        q.nowMs = QDateTime::currentMSecsSinceEpoch();
+        auto page = store.listKeys(q);
+        if (!page)
+            return page.error();
+        const qint64 before = reset;
+        for (const KeyRecord &r : *page) {
+            auto verdict = store.applyOperator(r.key, OperatorAction::Reset, false, detail, q.nowMs);
+            if (!verdict)
+                return verdict.error();
+            if (*verdict == OperatorVerdict::Accept) {
+                ++reset;
+                if (onReset)
+                    onReset(r.key);
+            }
+        }
+        // Reset keys leave the failed list; a page with none reset (all taken by others) ends it.
+        if (page->isEmpty() || reset == before)
+            return reset;
+    }
+}
+
+} // namespace idem
