@@ -180,9 +180,14 @@ void IdempotencyEngine::handle(HttpRequest request, Responder responder)
     claim.request = {d->request.method, d->request.target, maskSecrets(d->request.headers), d->request.body};
     claim.policy = e.settings.claimPolicy();
     claim.nowMs = nowMs();
-    m_pool->submit<ClaimResult>(
-        this, [claim](IdempotencyStore &store) { return store.claim(claim); },
-        [this, d](Result<ClaimResult> result) { onClaimed(d, std::move(result)); });
+    lane().claim(claim, [this, d](Result<ClaimResult> result) { onClaimed(d, std::move(result)); });
+}
+
+StoreLane &IdempotencyEngine::lane()
+{
+    if (!m_lane) // made on the receiver thread, where it is used
+        m_lane = m_pool->lane(this);
+    return *m_lane;
 }
 
 void IdempotencyEngine::recordRejection(const HttpRequest &partial, int status,
@@ -254,9 +259,8 @@ void IdempotencyEngine::onProcessed(const DeliveryPtr &d, qint64 token, Outcome 
     finish.result = processed.response;
     finish.error = processed.error;
     finish.nowMs = nowMs();
-    m_pool->submit<FinishVerdict>(
-        this, [finish](IdempotencyStore &store) { return store.finish(finish); },
-        [this, d, token, outcome, processed](Result<FinishVerdict> verdict) {
+    lane().finish(
+        finish, [this, d, token, outcome, processed](Result<FinishVerdict> verdict) {
             if (!verdict) // the sender must retry; the key is recovered once its lease ends
                 return respond(d, resultNotRecorded(verdict.error().message), Outcome::Unavailable, token,
                                verdict.error().message);

@@ -76,9 +76,11 @@ private:
                      const QList<FinishVerdict> &verdicts);
     void reject(const DeliveryPtr &d, int status, const QString &title, const QString &detail);
     void purge();
+    StoreLane &lane();
 
     Config m_config;
     std::shared_ptr<StorePool> m_pool;
+    std::unique_ptr<StoreLane> m_lane; // claim and finish of single deliveries
     QString m_instance;
     std::map<QString, Processor *> m_processors; // children of this object
     std::array<std::atomic<qint64>, 8> m_outcomes{};

@@ -1,7 +1,7 @@
 #include "store/redisstore.h"
 
-#include <QFile>
-#include <QJsonDocument>
+#include "store/redisprotocol.h"
+
 #include <QRegularExpression>
 
 #include <hiredis.h>
@@ -10,46 +10,13 @@ namespace idem {
 
 namespace {
 
-const char *const kScripts[] = {"claim", "finish", "operator", "purge"};
-
 QByteArray num(qint64 v)
 {
     return QByteArray::number(v);
 }
 
-QByteArray str(const redisReply *r)
-{
-    return r && (r->type == REDIS_REPLY_STRING || r->type == REDIS_REPLY_STATUS)
-               ? QByteArray(r->str, qsizetype(r->len))
-               : QByteArray();
-}
-
-// A record from HGETALL's flat field/value array (or HMGET's values with `fields`).
-KeyRecord recordFrom(const QHash<QByteArray, QByteArray> &f)
-{
-    KeyRecord r;
-    r.key = QString::fromUtf8(f.value("key"));
-    r.endpoint = QString::fromUtf8(f.value("endpoint"));
-    r.provider = QString::fromUtf8(f.value("provider"));
-    r.state = keyStateFromString(QString::fromLatin1(f.value("state"))).value_or(KeyState::Failed);
-    r.fingerprint = f.value("fingerprint");
-    r.token = f.value("token").toLongLong();
-    r.attempts = f.value("attempts").toInt();
-    r.createdMs = f.value("created").toLongLong();
-    r.updatedMs = f.value("updated").toLongLong();
-    r.leaseUntilMs = f.value("lease_until").toLongLong();
-    r.expiresAtMs = f.value("expires_at").toLongLong();
-    r.request.method = f.value("req_method");
-    r.request.path = f.value("req_path");
-    r.request.headers = headersFromJson(parseJsonArray(f.value("req_headers")));
-    r.request.body = f.value("req_body");
-    r.result.status = f.value("res_status").toInt();
-    r.result.headers = headersFromJson(parseJsonArray(f.value("res_headers")));
-    r.result.body = f.value("res_body");
-    r.error = QString::fromUtf8(f.value("error"));
-    r.history = historyFromJson(parseJsonArray(f.value("history")));
-    return r;
-}
+using redis::text;
+using redis::recordFrom;
 
 QHash<QByteArray, QByteArray> fieldsFrom(const redisReply *array)
 {
@@ -57,7 +24,7 @@ QHash<QByteArray, QByteArray> fieldsFrom(const redisReply *array)
     if (!array || array->type != REDIS_REPLY_ARRAY)
         return fields;
     for (size_t i = 0; i + 1 < array->elements; i += 2)
-        fields.insert(str(array->element[i]), str(array->element[i + 1]));
+        fields.insert(text(array->element[i]), text(array->element[i + 1]));
     return fields;
 }
 
@@ -65,15 +32,6 @@ const QList<QByteArray> kSummaryFields = {"key",     "endpoint", "provider",    
                                           "fingerprint", "token", "attempts",   "created",
                                           "updated", "lease_until", "expires_at", "res_status",
                                           "error"};
-
-ClaimAction actionFrom(const QByteArray &text)
-{
-    if (text == "create") return ClaimAction::Create;
-    if (text == "reclaim") return ClaimAction::Reclaim;
-    if (text == "replay") return ClaimAction::Replay;
-    if (text == "in-progress") return ClaimAction::InProgress;
-    return ClaimAction::Mismatch;
-}
 
 } // namespace
 
@@ -148,18 +106,14 @@ Result<RedisStore::Reply> RedisStore::command(const QList<QByteArray> &args, boo
 
 Result<void> RedisStore::loadScripts()
 {
-    QFile commonFile(u":/redis/common.lua"_qs);
-    if (!commonFile.open(QIODevice::ReadOnly))
-        return makeError(ErrorCode::Internal, u"the Redis scripts are missing from the resources"_qs);
-    const QByteArray common = commonFile.readAll();
-    for (const char *name : kScripts) {
-        QFile file(u":/redis/%1.lua"_qs.arg(QLatin1String(name)));
-        if (!file.open(QIODevice::ReadOnly))
-            return makeError(ErrorCode::Internal, u"the Redis script %1.lua is missing"_qs.arg(QLatin1String(name)));
-        auto r = command({"SCRIPT", "LOAD", common + "\n" + file.readAll()}, false);
+    auto scripts = redis::scripts();
+    if (!scripts)
+        return scripts.error();
+    for (auto it = scripts->cbegin(); it != scripts->cend(); ++it) {
+        auto r = command({"SCRIPT", "LOAD", it->source}, false);
         if (!r)
             return r.error();
-        m_sha.insert(name, str(r->get()));
+        m_sha.insert(it.key(), text(r->get()));
     }
     return {};
 }
@@ -181,40 +135,18 @@ Result<RedisStore::Reply> RedisStore::script(const char *name, const QList<QByte
 
 Result<ClaimResult> RedisStore::claim(const ClaimRequest &req)
 {
-    auto r = script("claim",
-                    {m_prefix, req.key.toUtf8(), req.endpoint.toUtf8(), req.provider.toUtf8(),
-                     req.fingerprint, num(req.nowMs), num(req.policy.leaseMs), num(req.policy.ttlMs),
-                     req.policy.onFailed == OnFailed::Reprocess ? "reprocess" : "reject",
-                     req.policy.onMismatch == OnMismatch::Reject ? "reject" : "ignore",
-                     req.request.method, req.request.path, compactJson(headersToJson(req.request.headers)),
-                     req.request.body, num(kHistoryCap)},
-                    true);
+    auto r = script("claim", redis::claimArgs(m_prefix, req), true);
     if (!r)
         return r.error();
-    const redisReply *reply = r->get();
-    if (reply->type != REDIS_REPLY_ARRAY || reply->elements != 3)
-        return makeError(ErrorCode::Unavailable, u"Redis: unexpected answer from claim.lua"_qs);
-    ClaimResult result;
-    result.decision.action = actionFrom(str(reply->element[0]));
-    result.decision.outcome = outcomeFromString(QString::fromLatin1(str(reply->element[1]))).value_or(Outcome::Mismatch);
-    result.record = recordFrom(fieldsFrom(reply->element[2]));
-    return result;
+    return redis::claimResult(r->get(), req);
 }
 
 Result<FinishVerdict> RedisStore::finish(const FinishRequest &req)
 {
-    auto r = script("finish",
-                    {m_prefix, req.key.toUtf8(), num(req.token), toString(req.state).toLatin1(),
-                     num(req.nowMs), num(req.result.status), compactJson(headersToJson(req.result.headers)),
-                     req.result.body, req.error.toUtf8(), num(kHistoryCap)},
-                    true);
+    auto r = script("finish", redis::finishArgs(m_prefix, req), true);
     if (!r)
         return r.error();
-    const QByteArray verdict = str(r->get());
-    if (verdict == "accept") return FinishVerdict::Accept;
-    if (verdict == "stale-token") return FinishVerdict::StaleToken;
-    if (verdict == "not-processing") return FinishVerdict::NotProcessing;
-    return FinishVerdict::Missing;
+    return redis::finishVerdict(r->get());
 }
 
 Result<std::optional<KeyRecord>> RedisStore::key(const QString &key, qint64 nowMs)
@@ -268,7 +200,7 @@ Result<QList<KeyRecord>> RedisStore::listKeys(const KeyQuery &q)
             return r.error();
         const redisReply *array = r->get();
         for (size_t i = 0; i < array->elements && keys.size() < q.limit; ++i) {
-            const QByteArray key = str(array->element[i]);
+            const QByteArray key = text(array->element[i]);
             if (!q.glob.isEmpty()) {
                 if (!anchored.match(QString::fromUtf8(key)).hasMatch())
                     continue;
@@ -303,7 +235,7 @@ Result<QList<KeyRecord>> RedisStore::listKeys(const KeyQuery &q)
         QHash<QByteArray, QByteArray> fields;
         for (size_t f = 0; f < reply->elements && f < size_t(kSummaryFields.size()); ++f)
             if (reply->element[f]->type == REDIS_REPLY_STRING)
-                fields.insert(kSummaryFields.at(qsizetype(f)), str(reply->element[f]));
+                fields.insert(kSummaryFields.at(qsizetype(f)), text(reply->element[f]));
         if (fields.isEmpty())
             continue; // expired between the index read and now
         KeyRecord record = recordFrom(fields);
@@ -342,7 +274,7 @@ Result<OperatorVerdict> RedisStore::applyOperator(const QString &key, OperatorAc
                     true);
     if (!r)
         return r.error();
-    const QByteArray verdict = str(r->get());
+    const QByteArray verdict = text(r->get());
     if (verdict == "accept") return OperatorVerdict::Accept;
     if (verdict == "wrong-state") return OperatorVerdict::WrongState;
     return OperatorVerdict::Missing;
@@ -403,7 +335,7 @@ Result<QList<DeliveryEvent>> RedisStore::deliveries(const DeliveryQuery &q)
         bool older = false;
         for (size_t i = 0; i < array->elements && events.size() < q.limit; ++i) {
             const redisReply *entry = array->element[i];
-            end = "(" + str(entry->element[0]);
+            end = "(" + text(entry->element[0]);
             const auto f = fieldsFrom(entry->element[1]);
             DeliveryEvent e;
             e.atMs = f.value("at").toLongLong();

@@ -1,6 +1,7 @@
 #include "store/storefactory.h"
 
 #include "store/postgresstore.h"
+#include "store/redislane.h"
 #include "store/redisstore.h"
 #include "store/sqlitestore.h"
 
@@ -59,7 +60,12 @@ Result<std::shared_ptr<StorePool>> openStorePool(const QString &text, int worker
         return probe.error();
     if (auto ping = (*probe)->ping(); !ping)
         return ping.error();
-    return std::make_shared<StorePool>(factory, workers > 0 ? workers : defaultWorkers(*url));
+    auto pool = std::make_shared<StorePool>(factory, workers > 0 ? workers : defaultWorkers(*url));
+    if (url->kind == StoreUrl::Kind::Redis)
+        pool->setLaneFactory([url = *url](StorePool &health) -> std::unique_ptr<StoreLane> {
+            return std::make_unique<RedisLane>(url, RedisOptions{}, health);
+        });
+    return pool;
 }
 
 } // namespace idem

@@ -110,26 +110,55 @@ void StorePool::workerLoop()
             bool failed = false;
             QString failure;
             StoreWatch watch(*store, failed, failure, [this](bool healthy, const QString &error) {
-                std::lock_guard lock(m_mutex);
-                m_health.healthy = healthy;
-                if (!healthy) {
-                    m_health.lastError = error;
-                    m_health.lastErrorAtMs = QDateTime::currentMSecsSinceEpoch();
-                }
+                reportHealth(healthy, error);
             });
             job(&watch, nullptr);
             if (failed)
                 store.reset(); // connect again for the next job
         } else {
-            {
-                std::lock_guard lock(m_mutex);
-                m_health.healthy = false;
-                m_health.lastError = connectError->message;
-                m_health.lastErrorAtMs = QDateTime::currentMSecsSinceEpoch();
-            }
+            reportHealth(false, connectError->message);
             job(nullptr, &*connectError);
         }
     }
+}
+
+void StorePool::reportHealth(bool healthy, const QString &error)
+{
+    std::lock_guard lock(m_mutex);
+    m_health.healthy = healthy;
+    if (!healthy) {
+        m_health.lastError = error;
+        m_health.lastErrorAtMs = QDateTime::currentMSecsSinceEpoch();
+    }
+}
+
+namespace {
+class PoolLane final : public StoreLane
+{
+public:
+    PoolLane(StorePool &pool, QObject *context) : m_pool(pool), m_context(context) {}
+    void claim(const ClaimRequest &request, std::function<void(Result<ClaimResult>)> done) override
+    {
+        m_pool.submit<ClaimResult>(
+            m_context, [request](IdempotencyStore &store) { return store.claim(request); }, std::move(done));
+    }
+    void finish(const FinishRequest &request, std::function<void(Result<FinishVerdict>)> done) override
+    {
+        m_pool.submit<FinishVerdict>(
+            m_context, [request](IdempotencyStore &store) { return store.finish(request); }, std::move(done));
+    }
+
+private:
+    StorePool &m_pool;
+    QObject *m_context;
+};
+} // namespace
+
+std::unique_ptr<StoreLane> StorePool::lane(QObject *context)
+{
+    if (m_laneFactory)
+        return m_laneFactory(*this);
+    return std::make_unique<PoolLane>(*this, context);
 }
 
 StoreHealth StorePool::health() const

@@ -1,6 +1,7 @@
 #pragma once
 
 #include "store/idempotencystore.h"
+#include "store/storelane.h"
 
 #include <QMetaObject>
 #include <QObject>
@@ -19,6 +20,9 @@
 namespace idem {
 
 using StoreFactory = std::function<Result<std::unique_ptr<IdempotencyStore>>()>;
+class StorePool;
+// Makes a store's own lane for a receiver thread (see StoreLane); `pool` takes its health reports.
+using LaneFactory = std::function<std::unique_ptr<StoreLane>(StorePool &pool)>;
 
 struct StoreHealth
 {
@@ -73,6 +77,12 @@ public:
 
     StoreHealth health() const;
     qint64 queued() const;
+    // A lane for claim and finish, to be used on the calling thread only: the store's own when it
+    // has one (setLaneFactory), else one that hands the calls to this pool with `context`.
+    std::unique_ptr<StoreLane> lane(QObject *context);
+    void setLaneFactory(LaneFactory factory) { m_laneFactory = std::move(factory); }
+    // The outcome of a store call made outside the workers (by a lane).
+    void reportHealth(bool healthy, const QString &error = {});
 
 private:
     using Job = std::function<void(IdempotencyStore *, const Error *)>;
@@ -87,6 +97,7 @@ private:
     bool m_stopping = false;
     std::vector<std::thread> m_workers;
     StoreHealth m_health;
+    LaneFactory m_laneFactory;
 };
 
 } // namespace idem

@@ -1,13 +1,19 @@
 -- claim: read the key, decide (the Redis twin of decideClaim() in core/engine/statemachine.cpp,
--- held to it by the store contract suite), apply; all atomic.
+-- held to it by the store contract suite), apply; all atomic. On every delivery's path, so it
+-- does the least it can: a first claim writes the record and its indexes and answers the token.
 -- ARGV: prefix key endpoint provider fingerprint now lease_ms ttl_ms on_failed on_mismatch
 --       req_method req_path req_headers req_body history_cap
--- Returns {action, outcome, HGETALL of the record after the step}.
+-- Returns, by action (the caller builds the record from what it sent and this):
+--   create:  {action, outcome, token}
+--   reclaim: {action, outcome, token, attempts, created, history}   (as they were before)
+--   replay, in-progress, mismatch: {action, outcome, SUMMARY fields of the record after the step}
 local prefix, key, endpoint, provider, fp = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 local now, leaseMs, ttlMs = tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8])
 local onFailed, onMismatch = ARGV[9], ARGV[10]
 local cap = tonumber(ARGV[15])
 local rk = prefix .. 'k:' .. key
+local SUMMARY = {'key', 'endpoint', 'provider', 'state', 'fingerprint', 'token', 'attempts', 'created',
+                 'updated', 'lease_until', 'expires_at', 'res_status', 'res_headers', 'res_body', 'error'}
 
 local cur = redis.call('HMGET', rk, 'state', 'fingerprint', 'lease_until', 'expires_at', 'attempts',
                        'created', 'history')
@@ -35,8 +41,17 @@ else
   action, outcome = 'replay', 'replayed'
 end
 
+local function summary()
+  local answer = {action, outcome}
+  local values = redis.call('HMGET', rk, unpack(SUMMARY))
+  for i = 1, #SUMMARY do
+    answer[i + 2] = values[i] or ''
+  end
+  return answer
+end
+
 if action == 'mismatch' then
-  return {action, outcome, redis.call('HGETALL', rk)}
+  return summary()
 end
 if action == 'replay' or action == 'in-progress' then
   redis.call('HINCRBY', rk, 'attempts', 1)
@@ -44,31 +59,37 @@ if action == 'replay' or action == 'in-progress' then
   for _, k in ipairs(indexKeys(prefix, endpoint, state)) do
     redis.call('ZADD', k, 'XX', now, key)
   end
-  return {action, outcome, redis.call('HGETALL', rk)}
+  return summary()
 end
 
 local token = redis.call('INCR', prefix .. 'tokens')
-local attempts, created, history = 1, now, '[]'
+local attempts, created, history
 if state then
   unindex(prefix, key)
+  redis.call('DEL', rk)
 end
+local expiresAt = now + ttlMs
 if action == 'reclaim' then
   attempts = tonumber(cur[5]) + 1
   created = tonumber(cur[6])
-  history = cur[7]
+  local event = 'claimed'
+  if outcome == 'recovered' or outcome == 'reprocessed' then
+    event = outcome
+  end
+  history = appendHistory(cur[7], {at = now, event = event, token = token}, cap)
+else
+  -- A first claim: its history is one entry, written without a JSON round trip.
+  attempts, created = 1, now
+  history = '[{"at":' .. fmt(now) .. ',"event":"claimed","token":' .. token .. '}]'
 end
-local event = 'claimed'
-if outcome == 'recovered' or outcome == 'reprocessed' then
-  event = outcome
-end
-history = appendHistory(history, {at = now, event = event, token = token}, cap)
-local expiresAt = now + ttlMs
-redis.call('DEL', rk)
 redis.call('HSET', rk, 'key', key, 'endpoint', endpoint, 'provider', provider, 'state', 'processing',
            'fingerprint', fp, 'token', token, 'attempts', attempts, 'created', fmt(created),
            'updated', fmt(now), 'lease_until', fmt(now + leaseMs), 'expires_at', fmt(expiresAt),
            'req_method', ARGV[11], 'req_path', ARGV[12], 'req_headers', ARGV[13], 'req_body', ARGV[14],
-           'res_status', 0, 'res_headers', '[]', 'res_body', '', 'error', '', 'history', history)
+           'history', history)
 redis.call('PEXPIREAT', rk, fmt(expiresAt))
 index(prefix, key, endpoint, 'processing', now, expiresAt)
-return {action, outcome, redis.call('HGETALL', rk)}
+if action == 'reclaim' then
+  return {action, outcome, token, cur[5], cur[6], cur[7] or '[]'}
+end
+return {action, outcome, token}

@@ -1,0 +1,282 @@
+#include "store/redislane.h"
+
+#include "store/storepool.h"
+#include "util/clock.h"
+
+#include <QSocketNotifier>
+
+#include <hiredis.h>
+#include <async.h>
+
+#include <algorithm>
+#include <vector>
+
+namespace idem {
+
+struct RedisLane::Call
+{
+    RedisLane *lane;
+    const char *script;
+    QList<QByteArray> args; // the script's ARGV
+    Answer answer;
+    qint64 sentUs = 0;
+    bool withSource = false; // sent again as EVAL after NOSCRIPT
+};
+
+RedisLane::RedisLane(StoreUrl url, RedisOptions options, StorePool &health, int maxInFlight)
+    : m_url(std::move(url)), m_options(options), m_health(health), m_maxInFlight(maxInFlight),
+      m_prefix(m_url.prefix.toUtf8())
+{
+    if (auto scripts = redis::scripts())
+        m_scripts = *scripts;
+    else
+        m_scriptError = scripts.error().message;
+    m_timeouts.setInterval(100);
+    connect(&m_timeouts, &QTimer::timeout, this, &RedisLane::checkTimeouts);
+}
+
+RedisLane::~RedisLane()
+{
+    m_closing = true; // what is in flight is dropped: its askers are going away with us
+    if (m_ac)
+        redisAsyncFree(m_ac);
+}
+
+void RedisLane::claim(const ClaimRequest &request, std::function<void(Result<ClaimResult>)> done)
+{
+    send("claim", redis::claimArgs(m_prefix, request),
+         [request, done = std::move(done)](const redisReply *reply, const Error *error) {
+             done(error ? Result<ClaimResult>(*error) : redis::claimResult(reply, request));
+         });
+}
+
+void RedisLane::finish(const FinishRequest &request, std::function<void(Result<FinishVerdict>)> done)
+{
+    send("finish", redis::finishArgs(m_prefix, request),
+         [done = std::move(done)](const redisReply *reply, const Error *error) {
+             done(error ? Result<FinishVerdict>(*error) : redis::finishVerdict(reply));
+         });
+}
+
+void RedisLane::send(const char *script, QList<QByteArray> args, Answer answer)
+{
+    auto *call = new Call{this, script, std::move(args), std::move(answer)};
+    QString why = m_scriptError;
+    if (why.isEmpty() && qsizetype(m_inFlight.size()) >= m_maxInFlight)
+        why = u"the store is overloaded (%1 operations in flight)"_qs.arg(m_maxInFlight);
+    if (why.isEmpty() && connectIfNeeded(&why)) {
+        if (write(call))
+            return;
+        why = m_failure.isEmpty() ? QString::fromUtf8(m_ac ? m_ac->errstr : "connection closing") : m_failure;
+    }
+    // Nothing was sent. The answer comes from the event loop, never from inside the asker's call.
+    const Error error = makeError(ErrorCode::Unavailable, u"Redis %1: %2"_qs.arg(m_url.display(), why));
+    QTimer::singleShot(0, this, [this, call, error] { fail(call, error); });
+}
+
+bool RedisLane::write(Call *call)
+{
+    const redis::Script &script = *m_scripts.constFind(call->script);
+    std::vector<const char *> argv;
+    std::vector<size_t> lengths;
+    argv.reserve(size_t(call->args.size()) + 3);
+    lengths.reserve(argv.capacity());
+    const QByteArray &body = call->withSource ? script.source : script.sha;
+    argv.push_back(call->withSource ? "EVAL" : "EVALSHA");
+    lengths.push_back(call->withSource ? 4 : 7);
+    argv.push_back(body.constData());
+    lengths.push_back(size_t(body.size()));
+    argv.push_back("0");
+    lengths.push_back(1);
+    for (const QByteArray &a : call->args) {
+        argv.push_back(a.constData());
+        lengths.push_back(size_t(a.size()));
+    }
+    if (redisAsyncCommandArgv(m_ac, &RedisLane::onReply, call, int(argv.size()), argv.data(), lengths.data()) != REDIS_OK)
+        return false;
+    call->sentUs = monotonicUs();
+    m_inFlight.push_back(call);
+    if (!m_timeouts.isActive())
+        m_timeouts.start();
+    return true;
+}
+
+bool RedisLane::connectIfNeeded(QString *error)
+{
+    if (m_ac)
+        return true;
+    redisAsyncContext *ac = redisAsyncConnect(m_url.host.toUtf8().constData(), m_url.port);
+    if (!ac) {
+        *error = u"out of memory"_qs;
+        return false;
+    }
+    if (ac->err) {
+        *error = u"cannot connect: %1"_qs.arg(QString::fromUtf8(ac->errstr));
+        redisAsyncFree(ac);
+        return false;
+    }
+    m_ac = ac;
+    m_failure.clear();
+    ac->data = this;
+    ac->ev.data = this;
+    ac->ev.addRead = &RedisLane::addRead;
+    ac->ev.delRead = &RedisLane::delRead;
+    ac->ev.addWrite = &RedisLane::addWrite;
+    ac->ev.delWrite = &RedisLane::delWrite;
+    ac->ev.cleanup = &RedisLane::cleanup;
+    // Sent first, so answered before any script.
+    QList<QList<QByteArray>> setup;
+    if (!m_url.password.isEmpty()) {
+        QList<QByteArray> auth{"AUTH"};
+        if (!m_url.user.isEmpty())
+            auth << m_url.user.toUtf8();
+        setup << (auth << m_url.password.toUtf8());
+    }
+    if (m_url.database != u"0"_qs && !m_url.database.isEmpty())
+        setup << QList<QByteArray>{"SELECT", m_url.database.toUtf8()};
+    for (const auto &command : setup) {
+        std::vector<const char *> argv;
+        std::vector<size_t> lengths;
+        for (const QByteArray &a : command) {
+            argv.push_back(a.constData());
+            lengths.push_back(size_t(a.size()));
+        }
+        redisAsyncCommandArgv(ac, &RedisLane::onSetupReply, this, int(argv.size()), argv.data(), lengths.data());
+    }
+    return true;
+}
+
+void RedisLane::onReply(redisAsyncContext *ac, void *reply, void *privdata)
+{
+    auto *call = static_cast<Call *>(privdata);
+    call->lane->answered(call, static_cast<const redisReply *>(reply), ac->errstr);
+}
+
+void RedisLane::answered(Call *call, const redisReply *reply, const char *contextError)
+{
+    std::unique_ptr<Call> owned(call);
+    if (auto it = std::find(m_inFlight.begin(), m_inFlight.end(), call); it != m_inFlight.end())
+        m_inFlight.erase(it);
+    if (m_closing)
+        return;
+    if (!reply) {
+        // The connection went away with the call in flight: it may or may not have run.
+        const QString why = !m_failure.isEmpty() ? m_failure
+                            : contextError && *contextError ? QString::fromUtf8(contextError)
+                                                            : u"connection lost"_qs;
+        const Error error = makeError(ErrorCode::InDoubt, u"Redis %1: %2"_qs.arg(m_url.display(), why));
+        m_health.reportHealth(false, error.message);
+        return call->answer(nullptr, &error);
+    }
+    if (reply->type == REDIS_REPLY_ERROR) {
+        const QByteArray message(reply->str, qsizetype(reply->len));
+        // The server lost its script cache (restart, SCRIPT FLUSH): the script did not run;
+        // sending its source runs it and caches it again.
+        if (message.startsWith("NOSCRIPT") && !call->withSource) {
+            call->withSource = true;
+            if (write(call)) {
+                owned.release();
+                return;
+            }
+        }
+        const Error error = makeError(ErrorCode::Unavailable,
+                                      u"Redis %1: %2"_qs.arg(m_url.display(), QString::fromUtf8(message)));
+        m_health.reportHealth(false, error.message);
+        return call->answer(nullptr, &error);
+    }
+    m_health.reportHealth(true);
+    call->answer(reply, nullptr);
+}
+
+void RedisLane::fail(Call *call, const Error &error)
+{
+    std::unique_ptr<Call> owned(call);
+    m_health.reportHealth(false, error.message);
+    call->answer(nullptr, &error);
+}
+
+void RedisLane::onSetupReply(redisAsyncContext *, void *reply, void *privdata)
+{
+    auto *lane = static_cast<RedisLane *>(privdata);
+    const auto *r = static_cast<const redisReply *>(reply);
+    if (!r || r->type != REDIS_REPLY_ERROR || lane->m_closing)
+        return;
+    // Wrong password or database: what follows fails with Redis's own error; the connection is
+    // dropped (outside hiredis's callback) so that the next call tries again.
+    const QString why = u"connection set-up refused: %1"_qs.arg(QString::fromUtf8(r->str, int(r->len)));
+    QTimer::singleShot(0, lane, [lane, why] { lane->dropConnection(why); });
+}
+
+void RedisLane::checkTimeouts()
+{
+    if (m_inFlight.empty()) {
+        m_timeouts.stop();
+        return;
+    }
+    if (monotonicUs() - m_inFlight.front()->sentUs > qint64(m_options.commandTimeoutMs) * 1000)
+        dropConnection(u"no answer within %1 ms"_qs.arg(m_options.commandTimeoutMs));
+}
+
+void RedisLane::dropConnection(const QString &why)
+{
+    if (!m_ac)
+        return;
+    m_failure = why;
+    redisAsyncFree(m_ac); // fails what is in flight, then cleanup() forgets the context
+    m_ac = nullptr;
+}
+
+void RedisLane::addRead(void *self)
+{
+    auto *lane = static_cast<RedisLane *>(self);
+    if (!lane->m_read) {
+        lane->m_read = new QSocketNotifier(qintptr(lane->m_ac->c.fd), QSocketNotifier::Read, lane);
+        connect(lane->m_read, &QSocketNotifier::activated, lane, [lane] {
+            if (lane->m_ac)
+                redisAsyncHandleRead(lane->m_ac);
+        });
+    }
+    lane->m_read->setEnabled(true);
+}
+
+void RedisLane::delRead(void *self)
+{
+    if (auto *n = static_cast<RedisLane *>(self)->m_read)
+        n->setEnabled(false);
+}
+
+void RedisLane::addWrite(void *self)
+{
+    auto *lane = static_cast<RedisLane *>(self);
+    if (!lane->m_write) {
+        lane->m_write = new QSocketNotifier(qintptr(lane->m_ac->c.fd), QSocketNotifier::Write, lane);
+        connect(lane->m_write, &QSocketNotifier::activated, lane, [lane] {
+            if (lane->m_ac)
+                redisAsyncHandleWrite(lane->m_ac);
+        });
+    }
+    lane->m_write->setEnabled(true);
+}
+
+void RedisLane::delWrite(void *self)
+{
+    if (auto *n = static_cast<RedisLane *>(self)->m_write)
+        n->setEnabled(false);
+}
+
+void RedisLane::cleanup(void *self)
+{
+    // hiredis is done with the context (it closes the socket next): forget it. The notifiers may
+    // be the ones whose signal is running, so they go from the event loop.
+    auto *lane = static_cast<RedisLane *>(self);
+    for (QSocketNotifier **n : {&lane->m_read, &lane->m_write}) {
+        if (*n) {
+            (*n)->setEnabled(false);
+            (*n)->deleteLater();
+            *n = nullptr;
+        }
+    }
+    lane->m_ac = nullptr;
+}
+
+} // namespace idem
