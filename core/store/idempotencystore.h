@@ -105,6 +105,14 @@ public:
     virtual Result<void> appendDeliveries(const QList<DeliveryEvent> &events) = 0;
     virtual Result<QList<DeliveryEvent>> deliveries(const DeliveryQuery &query) = 0;
     virtual Result<void> ping() = 0;
+
+    // Group commit. A store that has it (SQLite) lets the pool run several calls between
+    // beginBatch() and endBatch(): one transaction, each call a savepoint in it, so one commit
+    // for all of them. Their callers hear back only after endBatch() succeeded (a failed commit
+    // fails every call of the batch), so an answer never tells of a write that was not kept.
+    virtual bool batches() const { return false; }
+    virtual bool beginBatch() { return false; }
+    virtual Result<void> endBatch() { return {}; }
 };
 
 } // namespace idem

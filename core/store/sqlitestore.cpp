@@ -180,22 +180,30 @@ Result<void> SqliteStore::exec(const char *sql)
 
 namespace {
 // Rolls back unless committed: every early return inside a transaction leaves the file clean.
+// Inside a batch (group commit) it is a savepoint of the batch's transaction instead.
 class Transaction
 {
 public:
-    explicit Transaction(sqlite3 *db) : m_db(db) {}
+    explicit Transaction(sqlite3 *db) : m_db(db), m_nested(!sqlite3_get_autocommit(db)) {}
     ~Transaction()
     {
         if (m_open)
-            sqlite3_exec(m_db, "ROLLBACK", nullptr, nullptr, nullptr);
+            sqlite3_exec(m_db, m_nested ? "ROLLBACK TO idem_step; RELEASE idem_step" : "ROLLBACK",
+                         nullptr, nullptr, nullptr);
     }
     bool begin()
     {
-        m_open = sqlite3_exec(m_db, "BEGIN IMMEDIATE", nullptr, nullptr, nullptr) == SQLITE_OK;
+        m_open = sqlite3_exec(m_db, m_nested ? "SAVEPOINT idem_step" : "BEGIN IMMEDIATE", nullptr,
+                              nullptr, nullptr) == SQLITE_OK;
         return m_open;
     }
     bool commit()
     {
+        if (m_nested) {
+            const bool ok = sqlite3_exec(m_db, "RELEASE idem_step", nullptr, nullptr, nullptr) == SQLITE_OK;
+            m_open = !ok;
+            return ok;
+        }
         const bool ok = sqlite3_exec(m_db, "COMMIT", nullptr, nullptr, nullptr) == SQLITE_OK;
         m_open = !ok && !sqlite3_get_autocommit(m_db);
         return ok;
@@ -203,9 +211,27 @@ public:
 
 private:
     sqlite3 *m_db;
+    bool m_nested;
     bool m_open = false;
 };
 } // namespace
+
+bool SqliteStore::beginBatch()
+{
+    return sqlite3_get_autocommit(m_db) && exec("BEGIN IMMEDIATE").ok();
+}
+
+Result<void> SqliteStore::endBatch()
+{
+    if (sqlite3_get_autocommit(m_db)) // SQLite rolled the batch back itself (I/O error, full disk)
+        return makeError(ErrorCode::Unavailable, u"SQLite: the batch's transaction was rolled back"_qs);
+    if (auto committed = exec("COMMIT"); !committed) {
+        if (!sqlite3_get_autocommit(m_db))
+            (void)exec("ROLLBACK");
+        return committed.error();
+    }
+    return {};
+}
 
 Result<std::optional<KeyRecord>> SqliteStore::readKey(const QString &key)
 {

@@ -15,7 +15,8 @@ struct SqliteOptions
 };
 
 // The embedded store: one SQLite file in WAL mode. Each transition is one BEGIN IMMEDIATE
-// transaction (read, decide, write), so several threads and processes may share the file.
+// transaction (read, decide, write), so several threads and processes may share the file; in a
+// batch (group commit, see IdempotencyStore::beginBatch) it is a savepoint of the batch's.
 // With synchronous=NORMAL a committed transition survives a crash of the process (not a power
 // cut: WAL checkpoints make it durable on disk a little later).
 class SqliteStore final : public IdempotencyStore
@@ -36,6 +37,9 @@ public:
     Result<void> appendDeliveries(const QList<DeliveryEvent> &events) override;
     Result<QList<DeliveryEvent>> deliveries(const DeliveryQuery &query) override;
     Result<void> ping() override;
+    bool batches() const override { return true; }
+    bool beginBatch() override;
+    Result<void> endBatch() override;
 
 private:
     SqliteStore(sqlite3 *db, const SqliteOptions &options);

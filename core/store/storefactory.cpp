@@ -41,7 +41,7 @@ int defaultWorkers(const StoreUrl &url)
     // lock. Redis answers in microseconds: a few connections keep it busy without the context
     // switches of many. PostgreSQL gains from more transactions in flight (group commit).
     switch (url.kind) {
-    case StoreUrl::Kind::Sqlite: return 2;
+    case StoreUrl::Kind::Sqlite: return 1;
     case StoreUrl::Kind::Redis: return 4;
     case StoreUrl::Kind::Postgres: return 8;
     }

@@ -43,7 +43,12 @@ struct StoreWatch final : IdempotencyStore
     Result<void> appendDeliveries(const QList<DeliveryEvent> &e) override { return seen(inner.appendDeliveries(e)); }
     Result<QList<DeliveryEvent>> deliveries(const DeliveryQuery &q) override { return seen(inner.deliveries(q)); }
     Result<void> ping() override { return seen(inner.ping()); }
+    bool batches() const override { return inner.batches(); }
+    bool beginBatch() override { return inner.beginBatch(); }
+    Result<void> endBatch() override { return seen(inner.endBatch()); }
 };
+
+constexpr size_t kMaxBatch = 64;
 } // namespace
 
 StorePool::StorePool(StoreFactory factory, int workers, int maxQueued)
@@ -80,21 +85,26 @@ void StorePool::enqueue(Job job)
     const Error busy = makeError(ErrorCode::Unavailable,
                                  m_stopping ? u"the store is shutting down"_qs
                                             : u"the store is overloaded (%1 operations queued)"_qs.arg(m_maxQueued));
-    job(nullptr, &busy);
+    job(nullptr, &busy)(nullptr);
 }
 
 void StorePool::workerLoop()
 {
     std::unique_ptr<IdempotencyStore> store;
     for (;;) {
-        Job job;
+        std::vector<Job> jobs;
         {
             std::unique_lock lock(m_mutex);
             m_wake.wait(lock, [this] { return m_stopping || !m_jobs.empty(); });
             if (m_jobs.empty())
                 return; // stopping and drained
-            job = std::move(m_jobs.front());
-            m_jobs.pop_front();
+            // A store with group commit takes what is waiting, up to a batch; others one job,
+            // leaving the rest to the other workers.
+            const size_t take = store && store->batches() ? kMaxBatch : 1;
+            while (!m_jobs.empty() && jobs.size() < take) {
+                jobs.push_back(std::move(m_jobs.front()));
+                m_jobs.pop_front();
+            }
         }
         std::optional<Error> connectError;
         if (!store) {
@@ -104,21 +114,35 @@ void StorePool::workerLoop()
             else
                 connectError = created.error();
         }
-        if (store) {
-            // Wrap the store so that a failed call is seen: the connection is then dropped and
-            // made again for the next job.
-            bool failed = false;
-            QString failure;
-            StoreWatch watch(*store, failed, failure, [this](bool healthy, const QString &error) {
-                reportHealth(healthy, error);
-            });
-            job(&watch, nullptr);
-            if (failed)
-                store.reset(); // connect again for the next job
-        } else {
+        if (!store) {
             reportHealth(false, connectError->message);
-            job(nullptr, &*connectError);
+            for (Job &job : jobs)
+                job(nullptr, &*connectError)(nullptr);
+            continue;
         }
+        // Wrap the store so that a failed call is seen: the connection is then dropped and made
+        // again for the next job.
+        bool failed = false;
+        QString failure;
+        StoreWatch watch(*store, failed, failure, [this](bool healthy, const QString &error) {
+            reportHealth(healthy, error);
+        });
+        const bool batch = jobs.size() > 1 && watch.beginBatch();
+        std::vector<Publish> held;
+        for (Job &job : jobs) {
+            Publish publish = job(&watch, nullptr);
+            if (batch)
+                held.push_back(std::move(publish));
+            else
+                publish(nullptr);
+        }
+        if (batch) {
+            const Result<void> committed = watch.endBatch();
+            for (Publish &publish : held)
+                publish(committed ? nullptr : &committed.error());
+        }
+        if (failed)
+            store.reset(); // connect again for the next job
     }
 }
 

@@ -53,13 +53,16 @@ public:
     {
         QPointer<QObject> guard(context);
         enqueue([job = std::move(job), done = std::move(done), guard](IdempotencyStore *store,
-                                                                       const Error *error) {
-            Result<T> result = store ? job(*store) : Result<T>(*error);
-            if (!guard)
-                return;
-            QMetaObject::invokeMethod(
-                guard.data(), [done, result = std::move(result)]() mutable { done(std::move(result)); },
-                Qt::QueuedConnection);
+                                                                       const Error *error) -> Publish {
+            auto result = std::make_shared<Result<T>>(store ? job(*store) : Result<T>(*error));
+            return [result, done, guard](const Error *batchError) {
+                if (!guard)
+                    return;
+                if (batchError && result->ok())
+                    *result = Result<T>(*batchError);
+                QMetaObject::invokeMethod(
+                    guard.data(), [done, result]() { done(std::move(*result)); }, Qt::QueuedConnection);
+            };
         });
     }
 
@@ -69,8 +72,13 @@ public:
     {
         std::promise<Result<T>> promise;
         auto future = promise.get_future();
-        enqueue([&](IdempotencyStore *store, const Error *error) {
-            promise.set_value(store ? job(*store) : Result<T>(*error));
+        enqueue([&](IdempotencyStore *store, const Error *error) -> Publish {
+            auto result = std::make_shared<Result<T>>(store ? job(*store) : Result<T>(*error));
+            return [&promise, result](const Error *batchError) {
+                if (batchError && result->ok())
+                    *result = Result<T>(*batchError);
+                promise.set_value(std::move(*result));
+            };
         });
         return future.get();
     }
@@ -85,7 +93,10 @@ public:
     void reportHealth(bool healthy, const QString &error = {});
 
 private:
-    using Job = std::function<void(IdempotencyStore *, const Error *)>;
+    // A job runs on a worker and returns how to publish its result: at once, or after its
+    // batch committed (with the commit's error, if it failed).
+    using Publish = std::function<void(const Error *batchError)>;
+    using Job = std::function<Publish(IdempotencyStore *, const Error *)>;
     void enqueue(Job job);
     void workerLoop();
 

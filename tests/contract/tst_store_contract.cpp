@@ -2,6 +2,7 @@
 //   tst_store_contract sqlite | redis | postgres
 // redis and postgres read IDEM_TEST_REDIS_URL / IDEM_TEST_POSTGRES_URL (./dev test sets them).
 #include "store/storefactory.h"
+#include "store/storepool.h"
 #include "support/names.h"
 #include "util/clock.h"
 
@@ -16,6 +17,46 @@ using idem::test::name;
 
 namespace {
 QString g_backend;
+
+// A real store whose group commit can be made to fail, and which counts its batches.
+struct CommitProbe final : IdempotencyStore
+{
+    std::unique_ptr<IdempotencyStore> inner;
+    std::atomic<int> *begun;
+    std::atomic<bool> *failCommits;
+    CommitProbe(std::unique_ptr<IdempotencyStore> s, std::atomic<int> *b, std::atomic<bool> *f)
+        : inner(std::move(s)), begun(b), failCommits(f)
+    {}
+    Result<ClaimResult> claim(const ClaimRequest &q) override { return inner->claim(q); }
+    Result<FinishVerdict> finish(const FinishRequest &q) override { return inner->finish(q); }
+    Result<std::optional<KeyRecord>> key(const QString &k, qint64 n) override { return inner->key(k, n); }
+    Result<QList<KeyRecord>> listKeys(const KeyQuery &q) override { return inner->listKeys(q); }
+    Result<StateCounts> countKeys(const QString &e, qint64 n) override { return inner->countKeys(e, n); }
+    Result<OperatorVerdict> applyOperator(const QString &k, OperatorAction a, bool f, const QString &d,
+                                          qint64 n) override
+    {
+        return inner->applyOperator(k, a, f, d, n);
+    }
+    Result<qint64> purgeExpired(qint64 n) override { return inner->purgeExpired(n); }
+    Result<void> appendDeliveries(const QList<DeliveryEvent> &e) override { return inner->appendDeliveries(e); }
+    Result<QList<DeliveryEvent>> deliveries(const DeliveryQuery &q) override { return inner->deliveries(q); }
+    Result<void> ping() override { return inner->ping(); }
+    bool batches() const override { return inner->batches(); }
+    bool beginBatch() override
+    {
+        const bool ok = inner->beginBatch();
+        *begun += ok;
+        return ok;
+    }
+    Result<void> endBatch() override
+    {
+        if (*failCommits) {
+            (void)inner->endBatch(); // committed, but the caller is told it failed: answers must follow
+            return makeError(ErrorCode::Unavailable, u"commit refused by the test"_qs);
+        }
+        return inner->endBatch();
+    }
+};
 } // namespace
 
 class TestStoreContract : public QObject
@@ -401,6 +442,74 @@ private Q_SLOTS:
         for (int k = 0; k < kKeys; ++k)
             QCOMPARE(claims[k].load(), 1);
         QCOMPARE((*m_store->key(ep + u":0"_qs, wallMs()))->attempts, kThreads);
+    }
+
+    void groupCommit()
+    {
+        if (!m_store->batches()) {
+            QVERIFY(!m_store->beginBatch()); // every call commits on its own
+            QSKIP("this store commits each call on its own");
+        }
+        // One transaction: another connection sees nothing of the batch before its commit.
+        const QString ep = endpoint();
+        auto other = m_factory();
+        QVERIFY(other.ok());
+        QVERIFY(m_store->beginBatch());
+        QVERIFY(claim(request(ep, u"a"_qs)).claimed());
+        QVERIFY(claim(request(ep, u"b"_qs)).claimed());
+        QCOMPARE(name(claim(request(ep, u"a"_qs)).decision.action), name(ClaimAction::InProgress));
+        QVERIFY(!(*(*other)->key(ep + u":a"_qs, wallMs())).has_value());
+        QVERIFY(m_store->endBatch().ok());
+        QCOMPARE((*(*other)->key(ep + u":a"_qs, wallMs()))->attempts, 2);
+        QVERIFY((*(*other)->key(ep + u":b"_qs, wallMs())).has_value());
+
+        // Through the pool: what waits is run in batches, and each caller hears back only
+        // after its batch's commit — a failed commit fails every call of the batch.
+        std::atomic<int> batches{0};
+        std::atomic<bool> failCommits{false};
+        StoreFactory probed = [&]() -> Result<std::unique_ptr<IdempotencyStore>> {
+            auto store = m_factory();
+            if (!store)
+                return store.error();
+            return std::unique_ptr<IdempotencyStore>(
+                std::make_unique<CommitProbe>(std::move(store.value()), &batches, &failCommits));
+        };
+        for (bool failing : {false, true}) {
+            failCommits = failing;
+            const QString pep = endpoint();
+            StorePool pool(probed, 1);
+            auto connected = pool.run<Ok>([](IdempotencyStore &s) -> Result<Ok> {
+                if (auto p = s.ping(); !p)
+                    return p.error();
+                return Ok{};
+            });
+            QVERIFY(connected.ok());
+            QObject context;
+            int answered = 0, claimed = 0, refused = 0, errors = 0;
+            const int before = batches;
+            for (int i = 0; i < 400; ++i) {
+                const ClaimRequest r = request(pep, QString::number(i % 200));
+                pool.submit<ClaimResult>(
+                    &context, [r](IdempotencyStore &s) { return s.claim(r); },
+                    [&](Result<ClaimResult> result) {
+                        ++answered;
+                        claimed += result.ok() && result->claimed();
+                        errors += !result.ok();
+                        refused += !result.ok() && result.error().message.contains(u"commit refused"_qs);
+                    });
+            }
+            QTRY_COMPARE_WITH_TIMEOUT(answered, 400, 30'000);
+            QVERIFY2(batches - before > 0 && batches - before < 400, qPrintable(QString::number(batches - before)));
+            if (failing) {
+                // Every batched call carries the failed commit (a call that ran alone has its own).
+                QVERIFY(refused > 0);
+                QCOMPARE(errors, refused);
+                QVERIFY(claimed < 200);
+            } else {
+                QCOMPARE(claimed, 200);
+                QCOMPARE(errors, 0);
+            }
+        }
     }
 };
 
