@@ -1,5 +1,7 @@
 #include "receiver/receiver.h"
 
+#include "http/epolldispatcher.h"
+
 #include <QCoreApplication>
 #include <QHostInfo>
 
@@ -24,6 +26,7 @@ Receiver::Receiver(Config config, std::shared_ptr<StorePool> pool, HttpLimits li
     : QObject(parent), m_pool(std::move(pool))
 {
     m_thread.setObjectName(u"receiver"_qs);
+    m_thread.setEventDispatcher(new EpollDispatcher); // idle connections cost nothing per wakeup
     const QString instance = QHostInfo::localHostName() + u"/"_qs
                              + QString::number(QCoreApplication::applicationPid());
     limits = limitsFor(config, std::move(limits));
