@@ -69,14 +69,14 @@ StorePool::~StorePool()
         worker.join();
 }
 
-void StorePool::enqueue(Job job)
+void StorePool::enqueue(Job job, Batch batch)
 {
     {
         std::unique_lock lock(m_mutex);
         // Back-pressure: a store that cannot keep up refuses at once (503) instead of queueing
         // deliveries until the senders time out.
         if (!m_stopping && qint64(m_jobs.size()) < m_maxQueued) {
-            m_jobs.push_back(std::move(job));
+            m_jobs.emplace_back(std::move(job), batch);
             lock.unlock();
             m_wake.notify_one();
             return;
@@ -98,13 +98,14 @@ void StorePool::workerLoop()
             m_wake.wait(lock, [this] { return m_stopping || !m_jobs.empty(); });
             if (m_jobs.empty())
                 return; // stopping and drained
-            // A store with group commit takes what is waiting, up to a batch; others one job,
-            // leaving the rest to the other workers.
-            const size_t take = store && store->batches() ? kMaxBatch : 1;
-            while (!m_jobs.empty() && jobs.size() < take) {
-                jobs.push_back(std::move(m_jobs.front()));
+            // A store with group commit takes the groupable jobs waiting in a row, up to a batch;
+            // otherwise one job, leaving the rest to the other workers.
+            const bool grouping = store && store->batches() && m_jobs.front().second == Batch::Grouped;
+            do {
+                jobs.push_back(std::move(m_jobs.front().first));
                 m_jobs.pop_front();
-            }
+            } while (grouping && !m_jobs.empty() && m_jobs.front().second == Batch::Grouped
+                     && jobs.size() < kMaxBatch);
         }
         std::optional<Error> connectError;
         if (!store) {
@@ -164,12 +165,14 @@ public:
     void claim(const ClaimRequest &request, std::function<void(Result<ClaimResult>)> done) override
     {
         m_pool.submit<ClaimResult>(
-            m_context, [request](IdempotencyStore &store) { return store.claim(request); }, std::move(done));
+            m_context, [request](IdempotencyStore &store) { return store.claim(request); }, std::move(done),
+            StorePool::Batch::Grouped);
     }
     void finish(const FinishRequest &request, std::function<void(Result<FinishVerdict>)> done) override
     {
         m_pool.submit<FinishVerdict>(
-            m_context, [request](IdempotencyStore &store) { return store.finish(request); }, std::move(done));
+            m_context, [request](IdempotencyStore &store) { return store.finish(request); }, std::move(done),
+            StorePool::Batch::Grouped);
     }
 
 private:

@@ -47,9 +47,14 @@ public:
     StorePool(const StorePool &) = delete;
     StorePool &operator=(const StorePool &) = delete;
 
+    // May the job share a transaction with others (group commit, see beginBatch())? Only the
+    // short writes on every delivery's path do; reads and operator actions run alone, so that
+    // they never hold SQLite's write lock for a batch.
+    enum class Batch { Alone, Grouped };
+
     template<typename T>
     void submit(QObject *context, std::function<Result<T>(IdempotencyStore &)> job,
-                std::function<void(Result<T>)> done)
+                std::function<void(Result<T>)> done, Batch batch = Batch::Alone)
     {
         QPointer<QObject> guard(context);
         enqueue([job = std::move(job), done = std::move(done), guard](IdempotencyStore *store,
@@ -63,7 +68,7 @@ public:
                 QMetaObject::invokeMethod(
                     guard.data(), [done, result]() { done(std::move(*result)); }, Qt::QueuedConnection);
             };
-        });
+        }, batch);
     }
 
     // Blocks the calling thread until the job ran (CLI and tests; never the GUI thread).
@@ -97,14 +102,14 @@ private:
     // batch committed (with the commit's error, if it failed).
     using Publish = std::function<void(const Error *batchError)>;
     using Job = std::function<Publish(IdempotencyStore *, const Error *)>;
-    void enqueue(Job job);
+    void enqueue(Job job, Batch batch = Batch::Alone);
     void workerLoop();
 
     StoreFactory m_factory;
     int m_maxQueued;
     mutable std::mutex m_mutex;
     std::condition_variable m_wake;
-    std::deque<Job> m_jobs;
+    std::deque<std::pair<Job, Batch>> m_jobs;
     bool m_stopping = false;
     std::vector<std::thread> m_workers;
     StoreHealth m_health;

@@ -496,7 +496,8 @@ private Q_SLOTS:
                         claimed += result.ok() && result->claimed();
                         errors += !result.ok();
                         refused += !result.ok() && result.error().message.contains(u"commit refused"_qs);
-                    });
+                    },
+                    StorePool::Batch::Grouped);
             }
             QTRY_COMPARE_WITH_TIMEOUT(answered, 400, 30'000);
             QVERIFY2(batches - before > 0 && batches - before < 400, qPrintable(QString::number(batches - before)));
