@@ -109,7 +109,7 @@ int uiBench(int argc, char **argv)
 
     QElapsedTimer shown;
     shown.start();
-    MainWindow window(DeskSession{config, url, {}, *openStorePool(url), &receiver}); // as `idemdesk gui` does
+    MainWindow window(DeskSession{config, url, {}, *openStorePool(url, 0, PoolUse::Window), &receiver}); // as `idemdesk gui` does
     window.show();
     (void)QTest::qWaitFor([&] { return window.keys()->rowCount() >= 200; }, 60000);
     const qint64 firstPageMs = shown.elapsed();

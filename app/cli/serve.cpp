@@ -212,7 +212,7 @@ int gui(int argc, char **argv, const QStringList &arguments)
     }
     // The window reads through connections of its own: its queries over many keys never
     // queue in front of the receiver's claims.
-    auto ownPool = attach ? Result<std::shared_ptr<StorePool>>(*pool) : openStorePool(options->storeUrl);
+    auto ownPool = attach ? Result<std::shared_ptr<StorePool>>(*pool) : openStorePool(options->storeUrl, 0, PoolUse::Window);
     auto windowPool = ownPool ? *ownPool : *pool;
     DeskSession session{options->config, options->storeUrl, configPath, windowPool, receiver.get()};
     MainWindow window(session);

@@ -35,20 +35,22 @@ StoreFactory storeFactory(const StoreUrl &url)
     };
 }
 
-int defaultWorkers(const StoreUrl &url)
+int defaultWorkers(const StoreUrl &url, PoolUse use)
 {
-    // SQLite serialises writers: two connections keep one writing while the other waits on the
-    // lock. Redis answers in microseconds: a few connections keep it busy without the context
-    // switches of many. PostgreSQL gains from more transactions in flight (group commit).
+    // SQLite serialises writers: the receiver's one worker writes the deliveries in batches
+    // (group commit) and never waits on a second writer of its own; the window's two read side
+    // by side (WAL), a page while a count runs. Redis answers in microseconds: a few connections
+    // keep it busy without the context switches of many. PostgreSQL gains from more
+    // transactions in flight (its own group commit).
     switch (url.kind) {
-    case StoreUrl::Kind::Sqlite: return 1;
+    case StoreUrl::Kind::Sqlite: return use == PoolUse::Window ? 2 : 1;
     case StoreUrl::Kind::Redis: return 4;
     case StoreUrl::Kind::Postgres: return 8;
     }
     return 2;
 }
 
-Result<std::shared_ptr<StorePool>> openStorePool(const QString &text, int workers)
+Result<std::shared_ptr<StorePool>> openStorePool(const QString &text, int workers, PoolUse use)
 {
     auto url = StoreUrl::parse(text);
     if (!url)
@@ -60,7 +62,7 @@ Result<std::shared_ptr<StorePool>> openStorePool(const QString &text, int worker
         return probe.error();
     if (auto ping = (*probe)->ping(); !ping)
         return ping.error();
-    auto pool = std::make_shared<StorePool>(factory, workers > 0 ? workers : defaultWorkers(*url));
+    auto pool = std::make_shared<StorePool>(factory, workers > 0 ? workers : defaultWorkers(*url, use));
     if (url->kind == StoreUrl::Kind::Redis)
         pool->setLaneFactory([url = *url](StorePool &health) -> std::unique_ptr<StoreLane> {
             return std::make_unique<RedisLane>(url, RedisOptions{}, health);
