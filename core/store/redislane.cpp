@@ -226,42 +226,43 @@ void RedisLane::dropConnection(const QString &why)
     m_ac = nullptr;
 }
 
-void RedisLane::addRead(void *self)
+void RedisLane::watch(QSocketNotifier *RedisLane::*slot, QSocketNotifier::Type type,
+                      void (*handle)(redisAsyncContext *), bool on)
 {
-    auto *lane = static_cast<RedisLane *>(self);
-    if (!lane->m_read) {
-        lane->m_read = new QSocketNotifier(qintptr(lane->m_ac->c.fd), QSocketNotifier::Read, lane);
-        connect(lane->m_read, &QSocketNotifier::activated, lane, [lane] {
-            if (lane->m_ac)
-                redisAsyncHandleRead(lane->m_ac);
+    QSocketNotifier *&notifier = this->*slot;
+    if (!on) {
+        if (notifier)
+            notifier->setEnabled(false);
+        return;
+    }
+    if (!notifier) {
+        notifier = new QSocketNotifier(qintptr(m_ac->c.fd), type, this);
+        connect(notifier, &QSocketNotifier::activated, this, [this, handle] {
+            if (m_ac)
+                handle(m_ac);
         });
     }
-    lane->m_read->setEnabled(true);
+    notifier->setEnabled(true);
+}
+
+void RedisLane::addRead(void *self)
+{
+    static_cast<RedisLane *>(self)->watch(&RedisLane::m_read, QSocketNotifier::Read, redisAsyncHandleRead, true);
 }
 
 void RedisLane::delRead(void *self)
 {
-    if (auto *n = static_cast<RedisLane *>(self)->m_read)
-        n->setEnabled(false);
+    static_cast<RedisLane *>(self)->watch(&RedisLane::m_read, QSocketNotifier::Read, redisAsyncHandleRead, false);
 }
 
 void RedisLane::addWrite(void *self)
 {
-    auto *lane = static_cast<RedisLane *>(self);
-    if (!lane->m_write) {
-        lane->m_write = new QSocketNotifier(qintptr(lane->m_ac->c.fd), QSocketNotifier::Write, lane);
-        connect(lane->m_write, &QSocketNotifier::activated, lane, [lane] {
-            if (lane->m_ac)
-                redisAsyncHandleWrite(lane->m_ac);
-        });
-    }
-    lane->m_write->setEnabled(true);
+    static_cast<RedisLane *>(self)->watch(&RedisLane::m_write, QSocketNotifier::Write, redisAsyncHandleWrite, true);
 }
 
 void RedisLane::delWrite(void *self)
 {
-    if (auto *n = static_cast<RedisLane *>(self)->m_write)
-        n->setEnabled(false);
+    static_cast<RedisLane *>(self)->watch(&RedisLane::m_write, QSocketNotifier::Write, redisAsyncHandleWrite, false);
 }
 
 void RedisLane::cleanup(void *self)

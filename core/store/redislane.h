@@ -7,12 +7,12 @@
 
 #include <QHash>
 #include <QObject>
+#include <QSocketNotifier>
 #include <QTimer>
 
 #include <deque>
 
 struct redisAsyncContext;
-class QSocketNotifier;
 
 namespace idem {
 
@@ -46,6 +46,9 @@ private:
     void checkTimeouts();
     void dropConnection(const QString &why);
 
+    // hiredis's event hooks: a notifier per direction, made on first use, enabled on demand.
+    void watch(QSocketNotifier *RedisLane::*slot, QSocketNotifier::Type type,
+               void (*handle)(redisAsyncContext *), bool on);
     static void onReply(redisAsyncContext *ac, void *reply, void *privdata);
     static void onSetupReply(redisAsyncContext *ac, void *reply, void *privdata);
     static void addRead(void *self);
