@@ -67,7 +67,10 @@ void RedisLane::send(const char *script, QList<QByteArray> args, Answer answer)
     if (why.isEmpty() && connectIfNeeded(&why)) {
         if (write(call))
             return;
-        why = m_failure.isEmpty() ? QString::fromUtf8(m_ac ? m_ac->errstr : "connection closing") : m_failure;
+        // Refused by hiredis: the connection is being torn down (a timeout, a lost server).
+        why = !m_failure.isEmpty()              ? m_failure
+              : m_ac && m_ac->errstr && *m_ac->errstr ? QString::fromUtf8(m_ac->errstr)
+                                                      : u"the connection is closing; the next call connects again"_qs;
     }
     // Nothing was sent. The answer comes from the event loop, never from inside the asker's call.
     const Error error = makeError(ErrorCode::Unavailable, u"Redis %1: %2"_qs.arg(m_url.display(), why));

@@ -70,7 +70,6 @@ private:
     std::deque<Call *> m_inFlight; // in the order sent: Redis answers in that order
     QTimer m_timeouts;
     QString m_failure; // why the connection is being dropped, for the calls it fails
-    bool m_healthy = true;
     bool m_closing = false;
 };
 

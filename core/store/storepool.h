@@ -63,8 +63,7 @@ public:
             return [result, done, guard](const Error *batchError) {
                 if (!guard)
                     return;
-                if (batchError && result->ok())
-                    *result = Result<T>(*batchError);
+                settle(*result, batchError);
                 QMetaObject::invokeMethod(
                     guard.data(), [done, result]() { done(std::move(*result)); }, Qt::QueuedConnection);
             };
@@ -80,8 +79,7 @@ public:
         enqueue([&](IdempotencyStore *store, const Error *error) -> Publish {
             auto result = std::make_shared<Result<T>>(store ? job(*store) : Result<T>(*error));
             return [&promise, result](const Error *batchError) {
-                if (batchError && result->ok())
-                    *result = Result<T>(*batchError);
+                settle(*result, batchError);
                 promise.set_value(std::move(*result));
             };
         });
@@ -102,6 +100,13 @@ private:
     // batch committed (with the commit's error, if it failed).
     using Publish = std::function<void(const Error *batchError)>;
     using Job = std::function<Publish(IdempotencyStore *, const Error *)>;
+    // A call that succeeded inside a batch whose commit failed did not happen.
+    template<typename T>
+    static void settle(Result<T> &result, const Error *batchError)
+    {
+        if (batchError && result.ok())
+            result = Result<T>(*batchError);
+    }
     void enqueue(Job job, Batch batch = Batch::Alone);
     void workerLoop();
 

@@ -60,6 +60,21 @@ Result<FinishVerdict> laneFinish(StoreLane &lane, const QString &key, qint64 tok
     return await<FinishVerdict>([&](auto done) { lane.finish(f, done); });
 }
 
+// A pool on `url` and the lane the engine would get from it, used from this thread.
+struct LaneOn
+{
+    std::shared_ptr<StorePool> pool;
+    QObject context;
+    std::unique_ptr<StoreLane> lane;
+    explicit LaneOn(const QString &url)
+    {
+        if (auto opened = openStorePool(url)) {
+            pool = *opened;
+            lane = pool->lane(&context);
+        }
+    }
+};
+
 bool redisCli(quint16 port, const QStringList &args)
 {
     QProcess cli;
@@ -147,10 +162,10 @@ private Q_SLOTS:
     {
         // Database 3 of the server: the lane selects it on connecting, as the store does.
         const QString url = m_redis->url().section(u'/', 0, 2) + u"/3"_qs;
-        auto pool = openStorePool(url);
-        QVERIFY(pool.ok());
-        QObject context;
-        auto lane = (*pool)->lane(&context);
+        LaneOn on(url);
+        QVERIFY(on.lane);
+        auto &lane = on.lane;
+        auto &pool = on.pool;
         QVERIFY(dynamic_cast<RedisLane *>(lane.get()));
 
         const ClaimRequest c = claimOf(u"lane:a"_qs);
@@ -177,7 +192,7 @@ private Q_SLOTS:
         QVERIFY(three.ok() && zero.ok());
         QCOMPARE((*(*three)->key(c.key, wallMs()))->history.size(), 2);
         QVERIFY(!(*(*zero)->key(c.key, wallMs())).has_value());
-        QVERIFY((*pool)->health().healthy);
+        QVERIFY(pool->health().healthy);
 
         // Many calls in one turn of the event loop go out together and each gets its own answer.
         int created = 0, answered = 0;
@@ -192,10 +207,9 @@ private Q_SLOTS:
 
     void laneReloadsAFlushedScriptCache()
     {
-        auto pool = openStorePool(m_redis->url());
-        QVERIFY(pool.ok());
-        QObject context;
-        auto lane = (*pool)->lane(&context);
+        LaneOn on(m_redis->url());
+        QVERIFY(on.lane);
+        auto &lane = on.lane;
         QVERIFY(laneClaim(*lane, claimOf(u"laneflush:a"_qs))->claimed());
         QVERIFY(redisCli(m_redis->port(), {u"SCRIPT"_qs, u"FLUSH"_qs}));
         auto again = laneClaim(*lane, claimOf(u"laneflush:a"_qs));
@@ -206,10 +220,10 @@ private Q_SLOTS:
 
     void laneTimesOutAHungServerAndConnectsAgain()
     {
-        auto pool = openStorePool(m_redis->url());
-        QVERIFY(pool.ok());
-        QObject context;
-        auto lane = (*pool)->lane(&context);
+        LaneOn on(m_redis->url());
+        QVERIFY(on.lane);
+        auto &lane = on.lane;
+        auto &pool = on.pool;
         QVERIFY(laneClaim(*lane, claimOf(u"lanehang:a"_qs))->claimed());
         ::kill(pid_t(m_redis->pid()), SIGSTOP);
         QElapsedTimer t;
@@ -221,10 +235,10 @@ private Q_SLOTS:
         QVERIFY2(hung.error().code == ErrorCode::InDoubt, qPrintable(hung.error().message));
         QVERIFY2(hung.error().message.contains(u"no answer within"_qs), qPrintable(hung.error().message));
         QVERIFY2(waited >= 2'000 && waited < 10'000, qPrintable(QString::number(waited)));
-        QVERIFY(!(*pool)->health().healthy);
+        QVERIFY(!pool->health().healthy);
         auto after = laneClaim(*lane, claimOf(u"lanehang:c"_qs));
         QVERIFY2(after.ok(), after.ok() ? "" : qPrintable(after.error().message));
-        QVERIFY((*pool)->health().healthy);
+        QVERIFY(pool->health().healthy);
     }
 
     void laneAuthenticatesAndSaysWhyNot()
