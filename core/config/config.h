@@ -1,6 +1,6 @@
 #pragma once
 
-#include "engine/statemachine.h"
+#include "model/statemachine.h"
 #include "util/result.h"
 
 #include <QHostAddress>

@@ -1,6 +1,6 @@
 #pragma once
 
-#include "engine/keyrecord.h"
+#include "model/keyrecord.h"
 
 #include <QByteArray>
 #include <QString>

@@ -1,7 +1,7 @@
 #pragma once
 
 #include "config/config.h"
-#include "engine/keyrecord.h"
+#include "model/keyrecord.h"
 
 #include <QObject>
 

@@ -1,7 +1,7 @@
 #pragma once
 
-#include "engine/keyrecord.h"
-#include "engine/statemachine.h"
+#include "model/keyrecord.h"
+#include "model/statemachine.h"
 #include "util/result.h"
 
 #include <QList>

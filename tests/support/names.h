@@ -1,6 +1,6 @@
 #pragma once
 
-#include "engine/statemachine.h"
+#include "model/statemachine.h"
 
 // Readable names for QCOMPARE of the state machine's enums (QTest cannot print them: their
 // toString() returns QString).

@@ -1,5 +1,5 @@
 // The state machine of SPEC §4 as tables: one row per (state, event).
-#include "engine/statemachine.h"
+#include "model/statemachine.h"
 
 #include <QTest>
 

@@ -1,4 +1,4 @@
-#include "engine/statemachine.h"
+#include "model/statemachine.h"
 
 namespace idem {
 

@@ -1,4 +1,4 @@
-#include "engine/keyrecord.h"
+#include "model/keyrecord.h"
 
 #include <QJsonDocument>
 
