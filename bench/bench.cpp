@@ -72,13 +72,11 @@ int sqliteLoop(const char *path, int seconds)
                 c.provider = u"generic"_qs;
                 c.fingerprint = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
                 c.request = {"POST", "/hooks/bench", {{"Content-Type", "application/json"}}, QByteArray(1000, 'x')};
-                c.nowMs = wallMs();
                 auto claimed = (*store)->claim(c);
                 FinishRequest f;
                 f.key = c.key;
                 f.token = claimed ? claimed->record.token : 0;
                 f.result = {200, {{"Content-Type", "application/json"}}, "{\"processed\":true}"};
-                f.nowMs = wallMs();
                 if ((*store)->finish(f))
                     ++ops;
             }

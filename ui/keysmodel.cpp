@@ -62,7 +62,7 @@ QVariant KeysModel::data(const QModelIndex &index, int role) const
     if (!checkIndex(index, CheckIndexOption::IndexIsValid | CheckIndexOption::ParentIsInvalid))
         return {};
     const KeyRecord &r = m_rows.at(index.row());
-    const qint64 now = wallMs();
+    const qint64 now = wallMs() + m_clockOffsetMs;
     const bool processing = r.state == KeyState::Processing;
     const bool stuck = processing && r.leaseUntilMs <= now;
     switch (role) {
@@ -131,7 +131,6 @@ KeyQuery KeysModel::query(int offset, int limit) const
     q.glob = m_glob;
     q.offset = offset;
     q.limit = limit;
-    q.nowMs = wallMs();
     return q;
 }
 
@@ -194,9 +193,16 @@ void KeysModel::setFilter(std::optional<KeyState> state, const QString &endpoint
 
 void KeysModel::requestCounts()
 {
+    // TTLs and leases count down on the store's clock: how far this machine's is from it.
+    m_pool->submit<qint64>(
+        this, [](IdempotencyStore &s) { return s.clockMs(); },
+        [this, sentMs = wallMs()](Result<qint64> clock) {
+            if (clock)
+                m_clockOffsetMs = *clock - (sentMs + wallMs()) / 2;
+        });
     const QString endpoint = m_endpoint;
     m_pool->submit<StateCounts>(
-        this, [endpoint](IdempotencyStore &s) { return s.countKeys(endpoint, wallMs()); },
+        this, [endpoint](IdempotencyStore &s) { return s.countKeys(endpoint); },
         [this, endpoint](Result<StateCounts> counts) {
             if (!counts) {
                 Q_EMIT storeError(counts.error().message);

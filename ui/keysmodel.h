@@ -60,6 +60,7 @@ private:
     quint64 m_generation = 0;
     quint64 m_refreshes = 0;
     StateCounts m_counts;
+    qint64 m_clockOffsetMs = 0; // the store's clock minus this machine's
     QTimer m_tick;
 };
 

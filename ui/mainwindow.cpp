@@ -251,7 +251,7 @@ void MainWindow::loadDetail()
     m_session.pool->submit<Detail>(
         this,
         [key](IdempotencyStore &store) -> Result<Detail> {
-            auto record = store.key(key, wallMs());
+            auto record = store.key(key);
             if (!record)
                 return record.error();
             DeliveryQuery q;
@@ -338,7 +338,7 @@ void MainWindow::operatorOn(const QStringList &keys, OperatorAction action, bool
         [keys, action, force](IdempotencyStore &store) -> Result<QStringList> {
             QStringList results;
             for (const QString &key : keys) {
-                auto verdict = store.applyOperator(key, action, force, u"operator (dashboard)"_qs, wallMs());
+                auto verdict = store.applyOperator(key, action, force, u"operator (dashboard)"_qs);
                 if (!verdict)
                     return verdict.error();
                 results << (*verdict == OperatorVerdict::Accept ? QString() : *verdict == OperatorVerdict::Missing ? u"missing"_qs : u"wrong state"_qs);

@@ -114,9 +114,15 @@ int list(const QStringList &arguments)
     StoreSession session;
     if (const int rc = openSession(parser, session); rc >= 0)
         return rc;
-    query.nowMs = wallMs();
     query.limit += 1; // one more tells whether there are more
-    auto keys = run<QList<KeyRecord>>(*session.pool, [&](IdempotencyStore &s) { return s.listKeys(query); });
+    qint64 now = 0; // the store's clock: TTLs count down on it
+    auto keys = run<QList<KeyRecord>>(*session.pool, [&](IdempotencyStore &s) -> Result<QList<KeyRecord>> {
+        auto clock = s.clockMs();
+        if (!clock)
+            return clock.error();
+        now = *clock;
+        return s.listKeys(query);
+    });
     if (!keys) {
         printError(keys.error().message);
         return ExitRuntime;
@@ -126,13 +132,13 @@ int list(const QStringList &arguments)
         keys->removeLast();
     if (parser.isSet(u"json"_qs)) {
         for (const KeyRecord &r : *keys)
-            printOut(QString::fromUtf8(QJsonDocument(summaryJson(r, query.nowMs)).toJson(QJsonDocument::Compact)) + u'\n');
+            printOut(QString::fromUtf8(QJsonDocument(summaryJson(r, now)).toJson(QJsonDocument::Compact)) + u'\n');
         return ExitOk;
     }
     QList<QStringList> rows{{u"KEY"_qs, u"ENDPOINT"_qs, u"STATE"_qs, u"DELIVERIES"_qs, u"TTL"_qs, u"UPDATED"_qs}};
     for (const KeyRecord &r : *keys)
         rows.append({r.key, r.endpoint, toString(r.state), QString::number(r.attempts),
-                     formatDuration(r.expiresAtMs - query.nowMs), formatTime(r.updatedMs)});
+                     formatDuration(r.expiresAtMs - now), formatTime(r.updatedMs)});
     printOut(table(rows));
     if (more)
         printOut(u"(more keys: raise --limit or narrow with --state, --endpoint, --match)\n"_qs);
@@ -158,8 +164,14 @@ int show(const QStringList &arguments)
     StoreSession session;
     if (const int rc = openSession(parser, session); rc >= 0)
         return rc;
-    const qint64 now = wallMs();
-    auto record = run<std::optional<KeyRecord>>(*session.pool, [&](IdempotencyStore &s) { return s.key(key, now); });
+    qint64 now = 0; // the store's clock: TTL and lease count down on it
+    auto record = run<std::optional<KeyRecord>>(*session.pool, [&](IdempotencyStore &s) -> Result<std::optional<KeyRecord>> {
+        auto clock = s.clockMs();
+        if (!clock)
+            return clock.error();
+        now = *clock;
+        return s.key(key);
+    });
     if (!record) {
         printError(record.error().message);
         return ExitRuntime;
@@ -272,10 +284,9 @@ int transition(const QStringList &arguments, OperatorAction action)
     int failures = 0;
     int changed = 0;
     auto apply = [&](const QString &key) {
-        const qint64 now = wallMs();
-        auto before = run<std::optional<KeyRecord>>(*session.pool, [&](IdempotencyStore &s) { return s.key(key, now); });
+        auto before = run<std::optional<KeyRecord>>(*session.pool, [&](IdempotencyStore &s) { return s.key(key); });
         auto verdict = run<OperatorVerdict>(*session.pool, [&](IdempotencyStore &s) {
-            return s.applyOperator(key, action, force, u"operator (cli)"_qs, now);
+            return s.applyOperator(key, action, force, u"operator (cli)"_qs);
         });
         if (!verdict) {
             printError(verdict.error().message);
@@ -365,7 +376,7 @@ int purge(const QStringList &arguments)
     StoreSession session;
     if (const int rc = openSession(parser, session); rc >= 0)
         return rc;
-    auto removed = run<qint64>(*session.pool, [](IdempotencyStore &s) { return s.purgeExpired(wallMs()); });
+    auto removed = run<qint64>(*session.pool, [](IdempotencyStore &s) { return s.purgeExpired(); });
     if (!removed) {
         printError(removed.error().message);
         return ExitRuntime;

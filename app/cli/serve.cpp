@@ -76,7 +76,7 @@ int serve(const QStringList &arguments)
     const QString storeDisplay = StoreUrl::parse(options->storeUrl)->display();
     qint64 graceMs = 5000;
     for (const auto &e : options->config.endpoints)
-        graceMs = std::max(graceMs, e.settings.forwardTimeoutSeconds * 1000 + 5000);
+        graceMs = std::max(graceMs, e.settings.leaseSeconds * 1000 + 2000); // processing, then recording retried within the lease
 
     auto receiver = std::make_unique<Receiver>(options->config, *pool);
     auto bound = receiver->start(options->config.listen);
@@ -97,6 +97,10 @@ int serve(const QStringList &arguments)
                  qPrintable(storeDisplay));
     for (const QString &warning : configWarnings(options->config))
         printError(u"warning: "_qs + warning);
+    // What may lose acknowledged records on this store (Redis eviction, no persistence).
+    if (auto durability = (*pool)->run<QStringList>([](IdempotencyStore &s) { return s.durabilityWarnings(); }))
+        for (const QString &warning : *durability)
+            printError(u"warning: "_qs + warning);
     std::fflush(stderr);
 
     const bool json = format == u"json"_qs;

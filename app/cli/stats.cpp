@@ -30,7 +30,7 @@ int stats(const QStringList &arguments)
     if (const int rc = openSession(parser, session); rc >= 0)
         return rc;
     auto report = session.pool->run<StatsReport>([&](IdempotencyStore &store) {
-        return collectStats(store, session.options.config, wallMs() - since * 1000, wallMs());
+        return collectStats(store, session.options.config, wallMs() - since * 1000);
     });
     if (!report) {
         printError(report.error().message);

@@ -135,6 +135,7 @@ void readSettings(Reader &r, EndpointSettings &s)
     r.integer(u"lease_seconds"_qs, s.leaseSeconds, 1, 24 * 3600);
     r.integer(u"forward_timeout_seconds"_qs, s.forwardTimeoutSeconds, 1, 3600);
     r.integer(u"max_body_bytes"_qs, s.maxBodyBytes, 1, 1LL << 30);
+    r.integer(u"max_response_bytes"_qs, s.maxResponseBytes, 1, 1LL << 30);
     qint64 inProgress = s.inProgressStatus;
     r.integer(u"in_progress_status"_qs, inProgress, 200, 599);
     if (inProgress != 409 && inProgress != 202 && inProgress != 429 && inProgress != 503)
@@ -153,6 +154,16 @@ void readSettings(Reader &r, EndpointSettings &s)
     r.choice(u"on_missing_key"_qs, text, {u"reject"_qs, u"passthrough"_qs});
     if (!text.isEmpty())
         s.passthroughMissingKey = text == u"passthrough"_qs;
+    // A delivery still being processed must never lose its lease, and a key must outlive it.
+    if (s.leaseSeconds < s.forwardTimeoutSeconds + kLeaseMarginSeconds)
+        r.fail(u"lease_seconds"_qs,
+               u"must be at least forward_timeout_seconds + %1 (%2 + %1 = %3), so that processing ends before its lease; got %4"_qs
+                   .arg(kLeaseMarginSeconds)
+                   .arg(s.forwardTimeoutSeconds)
+                   .arg(s.forwardTimeoutSeconds + kLeaseMarginSeconds)
+                   .arg(s.leaseSeconds));
+    else if (s.ttlSeconds < s.leaseSeconds)
+        r.fail(u"ttl_seconds"_qs, u"must be at least lease_seconds (%1); got %2"_qs.arg(s.leaseSeconds).arg(s.ttlSeconds));
 }
 
 bool validPointer(const QString &pointer)
@@ -380,6 +391,7 @@ void writeSettings(QJsonObject &o, const EndpointSettings &s)
     o.insert(u"lease_seconds"_qs, s.leaseSeconds);
     o.insert(u"forward_timeout_seconds"_qs, s.forwardTimeoutSeconds);
     o.insert(u"max_body_bytes"_qs, s.maxBodyBytes);
+    o.insert(u"max_response_bytes"_qs, s.maxResponseBytes);
     o.insert(u"in_progress_status"_qs, s.inProgressStatus);
     o.insert(u"signature_tolerance_seconds"_qs, s.signatureToleranceSeconds);
     o.insert(u"on_failed"_qs, s.onFailed == OnFailed::Reject ? u"reject"_qs : u"reprocess"_qs);

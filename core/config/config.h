@@ -12,6 +12,11 @@
 
 namespace idem {
 
+// lease_seconds must exceed forward_timeout_seconds by at least this: the processor's hard
+// deadline (forward_timeout, counted from when the claim was sent) then always ends before the
+// lease, and the margin is left to record the result, retried while the lease lasts.
+constexpr qint64 kLeaseMarginSeconds = 2;
+
 // Every field of "defaults" (SPEC §2); each may also be set on one endpoint.
 struct EndpointSettings
 {
@@ -19,6 +24,7 @@ struct EndpointSettings
     qint64 leaseSeconds = 60;
     qint64 forwardTimeoutSeconds = 30;
     qint64 maxBodyBytes = 1048576;
+    qint64 maxResponseBytes = 1048576; // a longer downstream answer: 502, failed, nothing stored
     int inProgressStatus = 409;
     qint64 signatureToleranceSeconds = 300;
     OnFailed onFailed = OnFailed::Reprocess;

@@ -57,6 +57,22 @@ HttpResponse resultNotRecorded(const QString &why)
 }
 constexpr int kLogBacklog = 50000; // deliveries kept in memory while the store is away
 
+// Processed, but a newer claim took the key over (its lease had ended): that one's result wins.
+HttpResponse claimSuperseded(FinishVerdict verdict)
+{
+    HttpResponse r = HttpResponse::problem(
+        409, u"Claim superseded"_qs,
+        u"this delivery's lease was taken over by a newer claim, whose result wins (%1)"_qs.arg(toString(verdict)));
+    r.setHeader("Retry-After", "1");
+    return r;
+}
+
+// SendGrid's signature covers the whole original body: a forwarded subset carries none.
+bool isBatchSignatureHeader(const QByteArray &name)
+{
+    return name.toLower().startsWith("x-twilio-email-event-webhook-");
+}
+
 } // namespace
 
 struct IdempotencyEngine::Delivery
@@ -68,6 +84,7 @@ struct IdempotencyEngine::Delivery
     QString note; // the provider's: Slack's retry number, Shopify's event id, ...
     QByteArray payload; // kept in the delivery log for a mismatch
     qint64 startUs = 0;
+    qint64 claimSentUs = 0; // the lease began after this (monotonic): deadlines count from here
 };
 
 IdempotencyEngine::IdempotencyEngine(Config config, std::shared_ptr<StorePool> pool,
@@ -103,6 +120,7 @@ EngineCounters IdempotencyEngine::counters() const
     for (size_t i = 0; i < c.byOutcome.size(); ++i)
         c.byOutcome[i] = m_outcomes[i].load();
     c.processorRuns = m_processorRuns.load();
+    c.finishRetries = m_finishRetries.load();
     c.inFlight = m_inFlight.load();
     return c;
 }
@@ -117,12 +135,20 @@ void IdempotencyEngine::handle(HttpRequest request, Responder responder)
 
     const QByteArray &path = d->request.path;
     if (path == "/healthz") {
-        const StoreHealth health = m_pool->health();
-        HttpResponse r = HttpResponse::json(health.healthy ? 200 : 503,
-                                            {{u"status"_qs, health.healthy ? u"ok"_qs : u"store unavailable"_qs},
-                                             {u"in_flight"_qs, m_inFlight.load() - 1}});
-        d->responder.send(r);
-        --m_inFlight;
+        // Asks the store itself (off this thread): is it there, and may it lose records?
+        m_pool->submit<QStringList>(
+            this, [](IdempotencyStore &store) { return store.durabilityWarnings(); },
+            [this, d](Result<QStringList> warnings) {
+                QJsonObject body{{u"status"_qs, warnings ? u"ok"_qs : u"store unavailable"_qs},
+                                 {u"in_flight"_qs, m_inFlight.load() - 1},
+                                 {u"finish_retries"_qs, m_finishRetries.load()}};
+                if (warnings)
+                    body.insert(u"warnings"_qs, QJsonArray::fromStringList(*warnings));
+                else
+                    body.insert(u"error"_qs, warnings.error().message);
+                d->responder.send(HttpResponse::json(warnings ? 200 : 503, body));
+                --m_inFlight;
+            });
         return;
     }
     if (!path.startsWith("/hooks/"))
@@ -155,8 +181,8 @@ void IdempotencyEngine::handle(HttpRequest request, Responder responder)
     if (extracted.kind == KeyExtraction::Kind::Missing && e.settings.passthroughMissingKey) {
         // No key, and the endpoint lets such deliveries through without deduplication.
         ++m_processorRuns;
-        m_processors.at(e.name)->run(QString(), {d->request.method, d->request.target,
-                                                 d->request.headers, d->request.body},
+        d->claimSentUs = monotonicUs();
+        m_processors.at(e.name)->run(job(d, {}, {}, d->request.headers, d->request.body),
                                      [this, d](ProcessResult result) {
                                          respond(d, fromStored(result.response), Outcome::Processed,
                                                  0, u"passthrough (no key)"_qs);
@@ -179,8 +205,49 @@ void IdempotencyEngine::handle(HttpRequest request, Responder responder)
     // forwarded with them, an operator's retry of the stored one without.
     claim.request = {d->request.method, d->request.target, maskSecrets(d->request.headers), d->request.body};
     claim.policy = e.settings.claimPolicy();
-    claim.nowMs = nowMs();
+    d->claimSentUs = monotonicUs();
     lane().claim(claim, [this, d](Result<ClaimResult> result) { onClaimed(d, std::move(result)); });
+}
+
+ProcessJob IdempotencyEngine::job(const DeliveryPtr &d, const QString &key, const QByteArray &tokens,
+                                  const HeaderList &headers, const QByteArray &body) const
+{
+    ProcessJob job;
+    job.key = key;
+    job.fencingToken = tokens;
+    job.request = {d->request.method, d->request.target, headers, body};
+    job.peer = d->request.peer;
+    // A hard deadline counted from before the claim: the lease began after that, and ends
+    // kLeaseMarginSeconds or more after this deadline (the config refuses less).
+    const qint64 spentMs = (monotonicUs() - d->claimSentUs) / 1000;
+    job.deadlineMs = std::max<qint64>(0, d->endpoint->settings.forwardTimeoutSeconds * 1000 - spentMs);
+    return job;
+}
+
+qint64 IdempotencyEngine::leaseEndUs(const DeliveryPtr &d) const
+{
+    return d->claimSentUs + d->endpoint->settings.leaseSeconds * 1'000'000;
+}
+
+template<typename T>
+void IdempotencyEngine::untilStored(std::function<void(std::function<void(Result<T>)>)> call, qint64 leaseEndUs,
+                                    std::function<void(Result<T>)> done, int attempt)
+{
+    // SPEC §4: a finish that meets a store error is retried while the lease lasts, on a fresh
+    // connection (the lane and the pool reconnect after an error), with back-off. Safe even when
+    // the first try's outcome is unknown: the store answers Repeated to the same token and result.
+    call([this, call, leaseEndUs, done, attempt](Result<T> result) {
+        const qint64 backoffMs = std::min<qint64>(50LL << std::min(attempt, 5), 1000);
+        if (result || monotonicUs() + backoffMs * 1000 >= leaseEndUs)
+            return done(std::move(result));
+        ++m_finishRetries;
+        if (attempt == 0)
+            qCWarning(lcEngine, "recording a result failed, retrying while the lease lasts: %s",
+                      qPrintable(result.error().message));
+        QTimer::singleShot(backoffMs, this, [this, call, leaseEndUs, done, attempt] {
+            untilStored<T>(call, leaseEndUs, done, attempt + 1);
+        });
+    });
 }
 
 StoreLane &IdempotencyEngine::lane()
@@ -218,7 +285,8 @@ void IdempotencyEngine::onClaimed(const DeliveryPtr &d, Result<ClaimResult> resu
         return respond(d, r, Outcome::Replayed, claim.record.token);
     }
     case ClaimAction::InProgress: {
-        const qint64 leftMs = std::max<qint64>(0, claim.record.leaseUntilMs - nowMs());
+        // Measured on the store's clock, like the lease itself.
+        const qint64 leftMs = std::max<qint64>(0, claim.record.leaseUntilMs - claim.storeNowMs);
         // The lease bounds the wait; the answer is usually ready much sooner.
         const qint64 retryAfter = std::clamp<qint64>((leftMs + 999) / 1000, 1, 10);
         HttpResponse r = HttpResponse::problem(
@@ -229,10 +297,12 @@ void IdempotencyEngine::onClaimed(const DeliveryPtr &d, Result<ClaimResult> resu
         return respond(d, r, Outcome::InProgress, claim.record.token);
     }
     case ClaimAction::Mismatch: {
+        // The stored body's hash stays in the store and the window: in an answer to an
+        // unsigned sender it would be an oracle for guessing a low-entropy body.
         HttpResponse r = HttpResponse::problem(
             422, u"Idempotency key reused with a different payload"_qs,
-            u"the key %1 was first seen with a body of SHA-256 %2; this body differs, so it was not processed"_qs
-                .arg(d->key, QString::fromLatin1(claim.record.fingerprint)));
+            u"the key %1 was first seen with another body; this one differs, so it was not processed"_qs
+                .arg(d->key));
         d->payload = d->request.body.left(64 * 1024);
         return respond(d, r, Outcome::Mismatch, claim.record.token);
     }
@@ -243,7 +313,7 @@ void IdempotencyEngine::runProcessor(const DeliveryPtr &d, qint64 token, Outcome
 {
     ++m_processorRuns;
     m_processors.at(d->endpoint->name)
-        ->run(d->key, {d->request.method, d->request.target, d->request.headers, d->request.body},
+        ->run(job(d, d->key, QByteArray::number(token), d->request.headers, d->request.body),
               [this, d, token, outcome](ProcessResult result) {
                   onProcessed(d, token, outcome, std::move(result));
               });
@@ -258,20 +328,15 @@ void IdempotencyEngine::onProcessed(const DeliveryPtr &d, qint64 token, Outcome 
     finish.state = processed.success ? KeyState::Completed : KeyState::Failed;
     finish.result = processed.response;
     finish.error = processed.error;
-    finish.nowMs = nowMs();
-    lane().finish(
-        finish, [this, d, token, outcome, processed](Result<FinishVerdict> verdict) {
+    untilStored<FinishVerdict>(
+        [this, finish](std::function<void(Result<FinishVerdict>)> done) { lane().finish(finish, std::move(done)); },
+        leaseEndUs(d),
+        [this, d, token, outcome, processed](Result<FinishVerdict> verdict) {
             if (!verdict) // the sender must retry; the key is recovered once its lease ends
                 return respond(d, resultNotRecorded(verdict.error().message), Outcome::Unavailable, token,
                                verdict.error().message);
-            if (*verdict != FinishVerdict::Accept) {
-                HttpResponse r = HttpResponse::problem(
-                    409, u"Claim superseded"_qs,
-                    u"this delivery's lease was taken over by a newer claim, whose result wins (%1)"_qs
-                        .arg(toString(*verdict)));
-                r.setHeader("Retry-After", "1");
-                return respond(d, r, Outcome::InProgress, token, u"late completion refused"_qs);
-            }
+            if (!finishStored(*verdict))
+                return respond(d, claimSuperseded(*verdict), Outcome::InProgress, token, u"late completion refused"_qs);
             respond(d, fromStored(processed.response), outcome, token,
                     processed.success ? QString() : processed.error);
         });
@@ -317,8 +382,10 @@ void IdempotencyEngine::record(const DeliveryPtr &d, const QString &key, Outcome
     Q_EMIT delivered(event);
 }
 
-// SendGrid-style batches (SPEC §4): each element is its own key; only the elements not yet
-// completed are forwarded, as one array; the answer is 2xx only when every element is completed.
+// SendGrid-style batches (SPEC §4): each element is its own key, all claimed in one atomic step
+// and finished in another; only the elements not yet completed are forwarded, as one array (the
+// original bytes, signature and all, when every element is new); the answer is 2xx only when
+// every element is completed.
 void IdempotencyEngine::handleBatch(const DeliveryPtr &d, const Provider *provider)
 {
     auto elements = provider->splitBatch(d->request);
@@ -343,73 +410,66 @@ void IdempotencyEngine::handleBatch(const DeliveryPtr &d, const Provider *provid
         claim.request = {d->request.method, d->request.target, maskSecrets(d->request.headers),
                          QJsonDocument(QJsonArray{element.element}).toJson(QJsonDocument::Compact)};
         claim.policy = e.settings.claimPolicy();
-        claim.nowMs = nowMs();
         claims.append(claim);
         bodies.append(element.element);
     }
+    const bool noRepeats = claims.size() == elements->size();
     d->key = claims.size() == 1 ? claims.first().key : QString();
+    d->claimSentUs = monotonicUs();
     m_pool->submit<QList<ClaimResult>>(
-        this,
-        [claims](IdempotencyStore &store) -> Result<QList<ClaimResult>> {
-            QList<ClaimResult> results;
-            for (const ClaimRequest &claim : claims) {
-                auto r = store.claim(claim);
-                if (!r)
-                    return r.error(); // claims made so far stay processing until their lease ends
-                results.append(*r);
-            }
-            return results;
-        },
-        [this, d, claims, bodies](Result<QList<ClaimResult>> results) {
+        this, [claims](IdempotencyStore &store) { return store.claimBatch(claims); },
+        [this, d, claims, bodies, noRepeats](Result<QList<ClaimResult>> results) {
             if (!results)
                 return respond(d, storeUnavailable(results.error().message), Outcome::Unavailable, 0,
                                results.error().message);
             QJsonArray forward;
             QStringList forwardKeys;
+            QList<QByteArray> tokens;
             QList<qsizetype> claimedIndexes;
             for (qsizetype i = 0; i < results->size(); ++i)
                 if (results->at(i).claimed()) {
                     forward.append(bodies.at(i));
                     forwardKeys.append(claims.at(i).key);
+                    tokens.append(QByteArray::number(results->at(i).record.token));
                     claimedIndexes.append(i);
                 }
             if (forward.isEmpty())
                 return finishBatch(d, claims, *results, {}, {});
-            StoredRequest request{d->request.method, d->request.target, d->request.headers,
-                                  QJsonDocument(forward).toJson(QJsonDocument::Compact)};
+            HeaderList headers = d->request.headers;
+            QByteArray body = d->request.body;
+            if (!noRepeats || forward.size() != results->size()) {
+                // A subset: its own array, and no signature, which covered the whole batch.
+                body = QJsonDocument(forward).toJson(QJsonDocument::Compact);
+                headers.removeIf([](const auto &h) { return isBatchSignatureHeader(h.first); });
+            }
             ++m_processorRuns;
             m_processors.at(d->endpoint->name)
-                ->run(forwardKeys.join(u","_qs), request, [this, d, claims, results = *results, claimedIndexes](ProcessResult processed) {
-                    QList<FinishRequest> finishes;
-                    for (qsizetype i : claimedIndexes) {
-                        FinishRequest f;
-                        f.key = claims.at(i).key;
-                        f.token = results.at(i).record.token;
-                        f.state = processed.success ? KeyState::Completed : KeyState::Failed;
-                        f.result = processed.response;
-                        f.error = processed.error;
-                        f.nowMs = nowMs();
-                        finishes.append(f);
-                    }
-                    m_pool->submit<QList<FinishVerdict>>(
-                        this,
-                        [finishes](IdempotencyStore &store) -> Result<QList<FinishVerdict>> {
-                            QList<FinishVerdict> verdicts;
-                            for (const FinishRequest &f : finishes) {
-                                auto v = store.finish(f);
-                                if (!v)
-                                    return v.error();
-                                verdicts.append(*v);
-                            }
-                            return verdicts;
-                        },
-                        [this, d, claims, results, processed](Result<QList<FinishVerdict>> verdicts) {
-                            if (!verdicts)
-                                return respond(d, resultNotRecorded(verdicts.error().message), Outcome::Unavailable,
-                                               0, verdicts.error().message);
-                            finishBatch(d, claims, results, processed, *verdicts);
-                        });
-                });
+                ->run(job(d, forwardKeys.join(u","_qs), tokens.join(','), headers, body),
+                      [this, d, claims, results = *results, claimedIndexes](ProcessResult processed) {
+                          QList<FinishRequest> finishes;
+                          for (qsizetype i : claimedIndexes) {
+                              FinishRequest f;
+                              f.key = claims.at(i).key;
+                              f.token = results.at(i).record.token;
+                              f.state = processed.success ? KeyState::Completed : KeyState::Failed;
+                              f.result = processed.response;
+                              f.error = processed.error;
+                              finishes.append(f);
+                          }
+                          untilStored<QList<FinishVerdict>>(
+                              [this, finishes](std::function<void(Result<QList<FinishVerdict>>)> done) {
+                                  m_pool->submit<QList<FinishVerdict>>(
+                                      this, [finishes](IdempotencyStore &store) { return store.finishBatch(finishes); },
+                                      std::move(done), StorePool::Batch::Alone, StorePool::Priority::Finish);
+                              },
+                              leaseEndUs(d),
+                              [this, d, claims, results, processed](Result<QList<FinishVerdict>> verdicts) {
+                                  if (!verdicts)
+                                      return respond(d, resultNotRecorded(verdicts.error().message), Outcome::Unavailable,
+                                                     0, verdicts.error().message);
+                                  finishBatch(d, claims, results, processed, *verdicts);
+                              });
+                      });
         });
 }
 
@@ -417,15 +477,17 @@ void IdempotencyEngine::finishBatch(const DeliveryPtr &d, const QList<ClaimReque
                                     const QList<ClaimResult> &results, const ProcessResult &processed,
                                     const QList<FinishVerdict> &verdicts)
 {
-    int completed = 0, processedNow = 0, inProgress = 0, mismatched = 0;
+    int completed = 0, processedNow = 0, inProgress = 0, mismatched = 0, superseded = 0;
     qint64 leaseLeftMs = 0;
     std::optional<StoredResult> failure; // the first stored or fresh failure
     qsizetype v = 0;
     for (const ClaimResult &r : results) {
         if (r.claimed()) {
-            const bool stored = v < verdicts.size() && verdicts.at(v++) == FinishVerdict::Accept;
+            const bool stored = v < verdicts.size() && finishStored(verdicts.at(v++));
             ++processedNow;
-            if (processed.success && stored)
+            if (!stored)
+                ++superseded; // a newer claim took it over: this run's answer is not the record's
+            else if (processed.success)
                 ++completed;
             else if (!failure)
                 failure = processed.response;
@@ -436,7 +498,7 @@ void IdempotencyEngine::finishBatch(const DeliveryPtr &d, const QList<ClaimReque
                 failure = r.record.result;
         } else if (r.decision.action == ClaimAction::InProgress) {
             ++inProgress;
-            leaseLeftMs = std::max(leaseLeftMs, r.record.leaseUntilMs - nowMs());
+            leaseLeftMs = std::max(leaseLeftMs, r.record.leaseUntilMs - r.storeNowMs);
         } else {
             ++mismatched;
         }
@@ -456,6 +518,9 @@ void IdempotencyEngine::finishBatch(const DeliveryPtr &d, const QList<ClaimReque
                                          u"%1 of the %2 events reuse an sg_event_id with a different body; they were not processed"_qs
                                              .arg(mismatched).arg(total));
         outcome = Outcome::Mismatch;
+    } else if (superseded) {
+        response = claimSuperseded(FinishVerdict::StaleToken);
+        outcome = Outcome::InProgress;
     } else {
         const qint64 retryAfter = std::clamp<qint64>((leaseLeftMs + 999) / 1000, 1, 10);
         response = HttpResponse::problem(d->endpoint->settings.inProgressStatus, u"Delivery in progress"_qs,
@@ -487,8 +552,7 @@ void IdempotencyEngine::retryKey(const QString &key, bool force,
     m_pool->submit<ClaimResult>(
         this,
         [key, force, policies](IdempotencyStore &store) -> Result<ClaimResult> {
-            const qint64 now = nowMs();
-            auto existing = store.key(key, now);
+            auto existing = store.key(key);
             if (!existing)
                 return existing.error();
             if (!existing->has_value())
@@ -499,7 +563,7 @@ void IdempotencyEngine::retryKey(const QString &key, bool force,
                                  u"%1: endpoint \"%2\" is not in the config, so its processor is unknown"_qs
                                      .arg(key, record.endpoint));
             if (record.state != KeyState::Reset) {
-                auto verdict = store.applyOperator(key, OperatorAction::Reset, force, u"operator retry"_qs, now);
+                auto verdict = store.applyOperator(key, OperatorAction::Reset, force, u"operator retry"_qs);
                 if (!verdict)
                     return verdict.error();
                 if (*verdict == OperatorVerdict::WrongState)
@@ -515,7 +579,6 @@ void IdempotencyEngine::retryKey(const QString &key, bool force,
             claim.fingerprint = record.fingerprint;
             claim.request = record.request;
             claim.policy = policies.value(record.endpoint);
-            claim.nowMs = now;
             auto claimed = store.claim(claim);
             if (claimed && !claimed->claimed())
                 return makeError(ErrorCode::Conflict,
@@ -530,25 +593,33 @@ void IdempotencyEngine::retryKey(const QString &key, bool force,
             const KeyRecord record = claimed->record;
             auto d = std::make_shared<Delivery>();
             d->startUs = startUs;
+            d->claimSentUs = startUs;
             d->key = record.key;
             d->endpoint = m_config.endpoint(record.endpoint);
+            d->request.method = record.request.method;
+            d->request.target = record.request.path;
             ++m_processorRuns;
-            m_processors.at(record.endpoint)->run(record.key, record.request, [this, d, record, done](ProcessResult processed) {
+            m_processors.at(record.endpoint)->run(job(d, record.key, QByteArray::number(record.token), record.request.headers, record.request.body),
+                                                  [this, d, record, done](ProcessResult processed) {
                 FinishRequest finish;
                 finish.key = record.key;
                 finish.token = record.token;
                 finish.state = processed.success ? KeyState::Completed : KeyState::Failed;
                 finish.result = processed.response;
                 finish.error = processed.error;
-                finish.nowMs = nowMs();
-                m_pool->submit<FinishVerdict>(
-                    this, [finish](IdempotencyStore &store) { return store.finish(finish); },
+                untilStored<FinishVerdict>(
+                    [this, finish](std::function<void(Result<FinishVerdict>)> stored) {
+                        m_pool->submit<FinishVerdict>(
+                            this, [finish](IdempotencyStore &store) { return store.finish(finish); }, std::move(stored),
+                            StorePool::Batch::Alone, StorePool::Priority::Finish);
+                    },
+                    leaseEndUs(d),
                     [this, d, record, processed, done](Result<FinishVerdict> verdict) {
                         respond(d, fromStored(processed.response), Outcome::Reprocessed, record.token,
                                 u"operator retry"_qs);
                         if (!verdict)
                             return done(verdict.error());
-                        if (*verdict != FinishVerdict::Accept)
+                        if (!finishStored(*verdict))
                             return done(makeError(ErrorCode::Conflict,
                                                   u"%1: the result was not stored (%2)"_qs.arg(record.key, toString(*verdict))));
                         done(RetryOutcome{record.key, Outcome::Reprocessed, processed.success,
@@ -593,7 +664,7 @@ void IdempotencyEngine::flushLog()
 void IdempotencyEngine::purge()
 {
     m_pool->submit<qint64>(
-        this, [](IdempotencyStore &store) { return store.purgeExpired(nowMs()); },
+        this, [](IdempotencyStore &store) { return store.purgeExpired(); },
         [](Result<qint64> r) {
             if (!r)
                 qCWarning(lcEngine, "purge of expired keys failed: %s", qPrintable(r.error().message));

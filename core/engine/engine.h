@@ -31,6 +31,7 @@ struct EngineCounters
     std::array<qint64, 8> byOutcome{}; // indexed by Outcome
     qint64 processorRuns = 0;
     qint64 inFlight = 0;
+    qint64 finishRetries = 0; // finishes sent again after a store error
 };
 
 // The path of one delivery (SPEC §4): route, verify, key, claim, process, finish, answer, log.
@@ -75,6 +76,13 @@ private:
                      const QList<ClaimResult> &results, const ProcessResult &processed,
                      const QList<FinishVerdict> &verdicts);
     void reject(const DeliveryPtr &d, int status, const QString &title, const QString &detail);
+    // The processor's job for a claimed delivery, with its deadline counted from the claim.
+    ProcessJob job(const DeliveryPtr &d, const QString &key, const QByteArray &tokens,
+                   const HeaderList &headers, const QByteArray &body) const;
+    qint64 leaseEndUs(const DeliveryPtr &d) const; // monotonic; the lease began after claimSentUs
+    template<typename T>
+    void untilStored(std::function<void(std::function<void(Result<T>)>)> call, qint64 leaseEndUs,
+                     std::function<void(Result<T>)> done, int attempt = 0);
     void purge();
     StoreLane &lane();
 
@@ -86,6 +94,7 @@ private:
     std::array<std::atomic<qint64>, 8> m_outcomes{};
     std::atomic<qint64> m_processorRuns{0};
     std::atomic<qint64> m_inFlight{0};
+    std::atomic<qint64> m_finishRetries{0};
     QList<DeliveryEvent> m_logBuffer;
     bool m_logInFlight = false;
     bool m_logFailing = false;

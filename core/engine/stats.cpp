@@ -68,16 +68,11 @@ QStringList configWarnings(const Config &config)
                             .arg(e.name)
                             .arg(e.settings.ttlSeconds)
                             .arg(e.provider, formatDuration(window * 1000));
-        if (e.settings.leaseSeconds < e.settings.forwardTimeoutSeconds && !e.forwardTo.isEmpty())
-            warnings << u"%1: lease_seconds %2 is shorter than forward_timeout_seconds %3: a slow downstream's event can be recovered and sent twice"_qs
-                            .arg(e.name)
-                            .arg(e.settings.leaseSeconds)
-                            .arg(e.settings.forwardTimeoutSeconds);
     }
     return warnings;
 }
 
-Result<StatsReport> collectStats(IdempotencyStore &store, const Config &config, qint64 sinceMs, qint64 nowMs)
+Result<StatsReport> collectStats(IdempotencyStore &store, const Config &config, qint64 sinceMs)
 {
     StatsReport report;
     QElapsedTimer timer;
@@ -85,7 +80,7 @@ Result<StatsReport> collectStats(IdempotencyStore &store, const Config &config, 
     if (auto ping = store.ping(); !ping)
         return ping.error();
     report.pingMs = double(timer.nsecsElapsed()) / 1e6;
-    auto counts = store.countKeys({}, nowMs);
+    auto counts = store.countKeys({});
     if (!counts)
         return counts.error();
     report.keys = *counts;
@@ -109,13 +104,17 @@ Result<StatsReport> collectStats(IdempotencyStore &store, const Config &config, 
         s.outcomes[size_t(event.outcome)] += 1;
     }
     for (auto it = byEndpoint.begin(); it != byEndpoint.end(); ++it) {
-        auto endpointCounts = store.countKeys(it.key(), nowMs);
+        auto endpointCounts = store.countKeys(it.key());
         if (!endpointCounts)
             return endpointCounts.error();
         it->keys = *endpointCounts;
         report.endpoints.append(*it);
     }
     report.warnings = configWarnings(config);
+    auto durability = store.durabilityWarnings();
+    if (!durability)
+        return durability.error();
+    report.warnings += *durability;
     return report;
 }
 

@@ -31,8 +31,8 @@ struct StatsReport
 };
 
 // What `stats` and the status bar show: counts by state, outcomes and duplicate ratios of the
-// delivery log since `sinceMs`, and warnings about the config.
-Result<StatsReport> collectStats(IdempotencyStore &store, const Config &config, qint64 sinceMs, qint64 nowMs);
+// delivery log since `sinceMs`, and warnings about the config and the store's durability.
+Result<StatsReport> collectStats(IdempotencyStore &store, const Config &config, qint64 sinceMs);
 // Config warnings: signatures not verified, TTL shorter than the provider's retry window.
 QStringList configWarnings(const Config &config);
 QJsonObject statsToJson(const StatsReport &report);

@@ -33,7 +33,8 @@ ClaimDecision decideClaim(const KeyRecord *existing, QByteArrayView fingerprint,
     return {ClaimAction::Reclaim, Outcome::Reprocessed};
 }
 
-FinishVerdict decideFinish(const KeyRecord *existing, qint64 token, qint64 nowMs)
+FinishVerdict decideFinish(const KeyRecord *existing, qint64 token, KeyState state,
+                           const StoredResult &result, qint64 nowMs)
 {
     if (!existing || existing->expiredAt(nowMs))
         return FinishVerdict::Missing;
@@ -41,8 +42,12 @@ FinishVerdict decideFinish(const KeyRecord *existing, qint64 token, qint64 nowMs
         return FinishVerdict::StaleToken;
     // The token holder may finish after its lease ran out as long as nobody took over:
     // the fencing token, not the clock, decides.
-    if (existing->state != KeyState::Processing)
+    if (existing->state != KeyState::Processing) {
+        if (existing->state == state && existing->result.status == result.status
+            && existing->result.body == result.body)
+            return FinishVerdict::Repeated;
         return FinishVerdict::NotProcessing;
+    }
     return FinishVerdict::Accept;
 }
 
@@ -83,6 +88,7 @@ QString toString(FinishVerdict verdict)
 {
     switch (verdict) {
     case FinishVerdict::Accept: return u"accept"_qs;
+    case FinishVerdict::Repeated: return u"repeated"_qs;
     case FinishVerdict::StaleToken: return u"stale-token"_qs;
     case FinishVerdict::NotProcessing: return u"not-processing"_qs;
     case FinishVerdict::Missing: return u"missing"_qs;

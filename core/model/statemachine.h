@@ -38,12 +38,21 @@ ClaimDecision decideClaim(const KeyRecord *existing, QByteArrayView fingerprint,
 // A worker reporting its processing result. Only the holder of the current token may finish.
 enum class FinishVerdict {
     Accept,
+    Repeated,      // this token already finished the key with this same result (a retried finish)
     StaleToken,    // the lease was taken over: the newer claim's result wins
     NotProcessing, // the key is not being processed (already finished, reset, ...)
     Missing,       // no live record
 };
 
-FinishVerdict decideFinish(const KeyRecord *existing, qint64 token, qint64 nowMs);
+// A finish may be sent again after an answer was lost (a timeout, a dropped connection): the
+// same token asking for the state and result the key already has is Repeated, not refused.
+FinishVerdict decideFinish(const KeyRecord *existing, qint64 token, KeyState state,
+                           const StoredResult &result, qint64 nowMs);
+// Accept and Repeated both mean: the result asked for is the one stored.
+inline bool finishStored(FinishVerdict verdict)
+{
+    return verdict == FinishVerdict::Accept || verdict == FinishVerdict::Repeated;
+}
 
 // Operator actions (dashboard, CLI).
 enum class OperatorAction { Reset, ForceFail, Delete };

@@ -3,6 +3,7 @@
 #include "config/config.h"
 #include "model/keyrecord.h"
 
+#include <QHostAddress>
 #include <QObject>
 
 #include <functional>
@@ -19,39 +20,53 @@ struct ProcessResult
     QString error;         // for failures: what went wrong
 };
 
-// Runs the real work of a claimed delivery, asynchronously, on the thread it lives on.
+// One run of the real work of a claimed delivery.
+struct ProcessJob
+{
+    QString key;             // forwarded as Idempotency-Key (empty: a passthrough without a key)
+    QByteArray fencingToken; // forwarded as Idempotency-Fencing-Token (empty: none)
+    StoredRequest request;
+    QHostAddress peer;       // the sender, appended to X-Forwarded-For
+    qint64 deadlineMs = 30'000; // the whole answer must be in by then: a hard deadline, not an idle timeout
+};
+
+// Runs the real work of a claimed delivery, asynchronously, on the thread it lives on. `done` is
+// called exactly once, at the latest when the job's deadline has passed.
 class Processor : public QObject
 {
     Q_OBJECT
 public:
     using Done = std::function<void(ProcessResult)>;
     using QObject::QObject;
-    virtual void run(const QString &key, const StoredRequest &request, Done done) = 0;
+    virtual void run(const ProcessJob &job, Done done) = 0;
 };
 
-// POSTs the original headers and body plus Idempotency-Key to forward_to. 2xx: completed with
-// the downstream's answer; other statuses: failed with it; unreachable: 502; timeout: 504.
+// POSTs the original headers (less hop-by-hop ones) and body plus Idempotency-Key and
+// Idempotency-Fencing-Token to forward_to. 2xx: completed with the downstream's answer; other
+// statuses: failed with it; unreachable: 502; no whole answer by the deadline: 504; an answer
+// over max_response_bytes: 502. No cookies, no cache, no redirects followed.
 class ForwardProcessor final : public Processor
 {
     Q_OBJECT
 public:
-    ForwardProcessor(QUrl target, qint64 timeoutMs, QObject *parent = nullptr);
+    ForwardProcessor(QUrl target, qint64 maxResponseBytes, QObject *parent = nullptr);
     ~ForwardProcessor() override;
-    void run(const QString &key, const StoredRequest &request, Done done) override;
+    void run(const ProcessJob &job, Done done) override;
 
 private:
     QUrl m_target;
-    qint64 m_timeoutMs;
+    qint64 m_maxResponseBytes;
     QNetworkAccessManager *m_network;
 };
 
-// The built-in processor: answers 200 after delay_ms, or fails with 500 at fail_rate.
+// The built-in processor: answers 200 after delay_ms, or fails with 500 at fail_rate; a delay
+// past the deadline is a 504 like a downstream's.
 class SimulatedProcessor final : public Processor
 {
     Q_OBJECT
 public:
     SimulatedProcessor(SimulateSpec spec, QObject *parent = nullptr);
-    void run(const QString &key, const StoredRequest &request, Done done) override;
+    void run(const ProcessJob &job, Done done) override;
 
 private:
     SimulateSpec m_spec;
@@ -59,6 +74,10 @@ private:
 
 std::unique_ptr<Processor> makeProcessor(const EndpointConfig &endpoint);
 
+// RFC 9110 §7.6.1: never forwarded, nor any header the request's Connection header names.
 bool isHopByHopHeader(QByteArrayView name);
+// The headers a forwarded request carries from the original: no hop-by-hop ones, none that the
+// desk sets itself (Idempotency-Key, Idempotency-Fencing-Token, X-Forwarded-For).
+HeaderList forwardedHeaders(const HeaderList &original);
 
 } // namespace idem

@@ -1,11 +1,10 @@
 #include "store/idempotencystore.h"
 
-#include <QDateTime>
 
 namespace idem {
 
 KeyRecord claimedRecord(const KeyRecord *current, const ClaimRequest &req, const ClaimDecision &decision,
-                        qint64 token)
+                        qint64 token, qint64 nowMs)
 {
     const bool fresh = decision.action == ClaimAction::Create;
     KeyRecord r = fresh || !current ? KeyRecord{} : *current; // a reclaim keeps created, attempts, history
@@ -17,17 +16,17 @@ KeyRecord claimedRecord(const KeyRecord *current, const ClaimRequest &req, const
     r.token = token;
     r.attempts = fresh ? 1 : r.attempts + 1;
     if (fresh)
-        r.createdMs = req.nowMs;
-    r.updatedMs = req.nowMs;
-    r.leaseUntilMs = req.nowMs + req.policy.leaseMs;
-    r.expiresAtMs = req.nowMs + req.policy.ttlMs;
+        r.createdMs = nowMs;
+    r.updatedMs = nowMs;
+    r.leaseUntilMs = nowMs + req.policy.leaseMs;
+    r.expiresAtMs = nowMs + req.policy.ttlMs;
     r.request = req.request;
     r.result = {};
     r.error.clear();
     const QString event = decision.outcome == Outcome::Recovered     ? u"recovered"_qs
                           : decision.outcome == Outcome::Reprocessed ? u"reprocessed"_qs
                                                                      : u"claimed"_qs;
-    appendHistory(r.history, {req.nowMs, event, token, {}});
+    appendHistory(r.history, {nowMs, event, token, {}});
     return r;
 }
 
@@ -40,13 +39,12 @@ Result<qint64> resetFailedKeys(IdempotencyStore &store, const QString &endpoint,
     q.endpoint = endpoint;
     q.limit = 500;
     for (;;) {
-        q.nowMs = QDateTime::currentMSecsSinceEpoch();
         auto page = store.listKeys(q);
         if (!page)
             return page.error();
         const qint64 before = reset;
         for (const KeyRecord &r : *page) {
-            auto verdict = store.applyOperator(r.key, OperatorAction::Reset, false, detail, q.nowMs);
+            auto verdict = store.applyOperator(r.key, OperatorAction::Reset, false, detail);
             if (!verdict)
                 return verdict.error();
             if (*verdict == OperatorVerdict::Accept) {
@@ -59,6 +57,30 @@ Result<qint64> resetFailedKeys(IdempotencyStore &store, const QString &endpoint,
         if (page->isEmpty() || reset == before)
             return reset;
     }
+}
+
+Result<QList<ClaimResult>> IdempotencyStore::claimBatch(const QList<ClaimRequest> &requests)
+{
+    QList<ClaimResult> results;
+    for (const ClaimRequest &request : requests) {
+        auto r = claim(request);
+        if (!r)
+            return r.error();
+        results.append(std::move(*r));
+    }
+    return results;
+}
+
+Result<QList<FinishVerdict>> IdempotencyStore::finishBatch(const QList<FinishRequest> &requests)
+{
+    QList<FinishVerdict> verdicts;
+    for (const FinishRequest &request : requests) {
+        auto v = finish(request);
+        if (!v)
+            return v.error();
+        verdicts.append(*v);
+    }
+    return verdicts;
 }
 
 } // namespace idem

@@ -20,13 +20,13 @@ struct ClaimRequest
     QByteArray fingerprint;
     StoredRequest request; // kept on the record when this delivery wins the claim
     ClaimPolicy policy;
-    qint64 nowMs = 0;
 };
 
 struct ClaimResult
 {
     ClaimDecision decision;
     KeyRecord record; // the record after the step (stored result for Replay, lease for InProgress)
+    qint64 storeNowMs = 0; // the store's clock when it decided (a lease's time left is measured on it)
     bool claimed() const
     {
         return decision.action == ClaimAction::Create || decision.action == ClaimAction::Reclaim;
@@ -34,9 +34,10 @@ struct ClaimResult
 };
 
 // The record a Create or Reclaim leaves: `current` is the record before (null when absent), the
-// token is the backend's new fencing token. SQLite and PostgreSQL write this; claim.lua mirrors it.
+// token is the backend's new fencing token, `nowMs` the store's clock. SQLite and PostgreSQL
+// write this; claim.lua mirrors it.
 KeyRecord claimedRecord(const KeyRecord *current, const ClaimRequest &request,
-                        const ClaimDecision &decision, qint64 token);
+                        const ClaimDecision &decision, qint64 token, qint64 nowMs);
 
 class IdempotencyStore;
 // Resets every failed key (of `endpoint`, or all), a page at a time, telling `onReset` each key.
@@ -51,7 +52,6 @@ struct FinishRequest
     KeyState state = KeyState::Completed; // Completed or Failed
     StoredResult result;
     QString error;
-    qint64 nowMs = 0;
 };
 
 struct KeyQuery
@@ -61,7 +61,6 @@ struct KeyQuery
     QString glob;     // empty: all; shell glob on the stored key (* ? [...])
     int limit = 100;
     int offset = 0;
-    qint64 nowMs = 0;
 };
 
 struct StateCounts
@@ -85,6 +84,10 @@ struct DeliveryQuery
 // number of connections, threads and processes may share one store. An instance is NOT
 // thread-safe: it belongs to one thread at a time (StorePool gives each worker its own).
 // Errors are values: Unavailable (could not reach / store error) or InDoubt (may have applied).
+// Time is the store's: leases and expiry are decided on the clock where the record lives (Redis
+// TIME, PostgreSQL clock_timestamp(), the local clock for SQLite), never on a caller's, so
+// instances whose clocks disagree keep the guarantee. Fencing tokens come from one counter per
+// store that never goes back, so a key deleted or expired and claimed again gets a higher token.
 class IdempotencyStore
 {
 public:
@@ -93,15 +96,25 @@ public:
     // Atomically: read the key, ask decideClaim(), apply. Every delivery counts in `attempts`
     // except a mismatch, which leaves the record untouched.
     virtual Result<ClaimResult> claim(const ClaimRequest &request) = 0;
-    // complete/fail, guarded by the fencing token (decideFinish()).
+    // complete/fail, guarded by the fencing token (decideFinish()). Safe to send again after an
+    // answer was lost: the same token and result find the key finished and answer Repeated.
     virtual Result<FinishVerdict> finish(const FinishRequest &request) = 0;
-    virtual Result<std::optional<KeyRecord>> key(const QString &key, qint64 nowMs) = 0;
+    // A SendGrid-style batch: every claim (or finish) applied in one atomic step where the store
+    // allows it (one transaction, one MULTI/EXEC), so a failure half-way leaves none applied.
+    // Results in the order asked.
+    virtual Result<QList<ClaimResult>> claimBatch(const QList<ClaimRequest> &requests);
+    virtual Result<QList<FinishVerdict>> finishBatch(const QList<FinishRequest> &requests);
+    virtual Result<std::optional<KeyRecord>> key(const QString &key) = 0;
     virtual Result<QList<KeyRecord>> listKeys(const KeyQuery &query) = 0;
-    virtual Result<StateCounts> countKeys(const QString &endpoint, qint64 nowMs) = 0;
+    virtual Result<StateCounts> countKeys(const QString &endpoint) = 0;
     virtual Result<OperatorVerdict> applyOperator(const QString &key, OperatorAction action,
-                                                  bool force, const QString &detail,
-                                                  qint64 nowMs) = 0;
-    virtual Result<qint64> purgeExpired(qint64 nowMs) = 0;
+                                                  bool force, const QString &detail) = 0;
+    virtual Result<qint64> purgeExpired() = 0;
+    // The store's clock, in ms since the epoch: what leases and expiry are measured against.
+    virtual Result<qint64> clockMs() = 0;
+    // What may lose acknowledged records on this store as it is configured (eviction, no
+    // persistence), in words for a log line, `stats` and the status bar. Empty: nothing known.
+    virtual Result<QStringList> durabilityWarnings() { return QStringList(); }
     virtual Result<void> appendDeliveries(const QList<DeliveryEvent> &events) = 0;
     virtual Result<QList<DeliveryEvent>> deliveries(const DeliveryQuery &query) = 0;
     virtual Result<void> ping() = 0;

@@ -168,28 +168,32 @@ Result<std::unique_ptr<PostgresStore>> PostgresStore::connect(const StoreUrl &ur
             pqxx::nontransaction n(c);
             n.exec("SET statement_timeout = " + std::to_string(options.statementTimeoutMs));
         }
-        QFile schema(u":/sql/postgres/001_init.sql"_qs);
-        if (!schema.open(QIODevice::ReadOnly))
-            return makeError(ErrorCode::Internal, u"the PostgreSQL schema resource is missing"_qs);
         pqxx::work w(c);
         w.exec("SELECT pg_advisory_xact_lock(" + std::to_string(kSchemaLock) + ")");
         const bool present = w.exec1("SELECT to_regclass('idem_schema') IS NOT NULL")[0].as<bool>();
-        const bool current = present && w.exec1("SELECT count(*) FROM idem_schema WHERE version >= 1")[0].as<int>() > 0;
-        if (!current)
+        const int version = present ? w.exec1("SELECT coalesce(max(version), 0) FROM idem_schema")[0].as<int>() : 0;
+        const char *const steps[] = {":/sql/postgres/001_init.sql", ":/sql/postgres/002_clock.sql"};
+        for (int v = version; v < int(std::size(steps)); ++v) {
+            QFile schema(QString::fromLatin1(steps[v]));
+            if (!schema.open(QIODevice::ReadOnly))
+                return makeError(ErrorCode::Internal, u"the PostgreSQL schema resource %1 is missing"_qs.arg(schema.fileName()));
             w.exec(schema.readAll().toStdString());
+        }
         w.commit();
 
         const std::string cols = kColumns;
+        // Every time below is the server's clock (idem_now_ms()), read once per statement.
         c.prepare("claim_insert",
-                  "WITH t AS (SELECT nextval('idem_tokens') AS token)"
+                  "WITH t AS (SELECT nextval('idem_tokens') AS token, idem_now_ms() AS now)"
                   " INSERT INTO idem_keys (key, endpoint, provider, state, fingerprint, token, attempts,"
                   " created_ms, updated_ms, lease_until_ms, expires_at_ms, req_method, req_path,"
                   " req_headers, req_body, history)"
-                  " SELECT $1, $2, $3, 'processing', $4, t.token, 1, $5, $5, $6, $7, $8, $9, $10, $11,"
-                  " json_build_array(json_build_object('at', $5::bigint, 'event', 'claimed', 'token', t.token))::text"
-                  " FROM t ON CONFLICT (key) DO NOTHING RETURNING token");
-        c.prepare("select_for_update", "SELECT " + cols + " FROM idem_keys WHERE key = $1 FOR UPDATE");
-        c.prepare("select", "SELECT " + cols + " FROM idem_keys WHERE key = $1");
+                  " SELECT $1, $2, $3, 'processing', $4, t.token, 1, t.now, t.now, t.now + $5, t.now + $6, $7, $8, $9, $10,"
+                  " json_build_array(json_build_object('at', t.now, 'event', 'claimed', 'token', t.token))::text"
+                  " FROM t ON CONFLICT (key) DO NOTHING RETURNING token, created_ms");
+        c.prepare("select_for_update", "SELECT " + cols + ", idem_now_ms() FROM idem_keys WHERE key = $1 FOR UPDATE");
+        c.prepare("select", "SELECT " + cols + ", idem_now_ms() FROM idem_keys WHERE key = $1");
+        c.prepare("now", "SELECT idem_now_ms()");
         c.prepare("next_token", "SELECT nextval('idem_tokens')");
         c.prepare("replace",
                   "UPDATE idem_keys SET endpoint = $2, provider = $3, state = 'processing', fingerprint = $4,"
@@ -200,24 +204,26 @@ Result<std::unique_ptr<PostgresStore>> PostgresStore::connect(const StoreUrl &ur
         // A duplicate of a completed key, or of one whose lease is live, with the same payload:
         // answered in one statement (decideClaim() says Replay / InProgress for these rows).
         c.prepare("touch_duplicate",
-                  "UPDATE idem_keys SET attempts = attempts + 1, updated_ms = $2 WHERE key = $1 AND fingerprint = $3"
-                  " AND expires_at_ms > $2 AND (state = 'completed' OR (state = 'processing' AND lease_until_ms > $2))"
-                  " RETURNING " + cols);
+                  "WITH c AS (SELECT idem_now_ms() AS now)"
+                  " UPDATE idem_keys SET attempts = attempts + 1, updated_ms = c.now FROM c WHERE key = $1 AND fingerprint = $2"
+                  " AND expires_at_ms > c.now AND (state = 'completed' OR (state = 'processing' AND lease_until_ms > c.now))"
+                  " RETURNING " + cols + ", c.now");
         c.prepare("finish",
-                  "UPDATE idem_keys SET state = $3, updated_ms = $4, lease_until_ms = 0, res_status = $5,"
-                  " res_headers = $6, res_body = $7, error = $8,"
-                  " history = (history::jsonb || jsonb_build_array(jsonb_build_object('at', $4::bigint,"
-                  " 'event', $3::text, 'token', $2::bigint, 'detail', $8::text)))::text"
-                  " WHERE key = $1 AND token = $2 AND state = 'processing' AND expires_at_ms > $4");
+                  "WITH c AS (SELECT idem_now_ms() AS now)"
+                  " UPDATE idem_keys SET state = $3, updated_ms = c.now, lease_until_ms = 0, res_status = $4,"
+                  " res_headers = $5, res_body = $6, error = $7,"
+                  " history = (history::jsonb || jsonb_build_array(jsonb_build_object('at', c.now,"
+                  " 'event', $3::text, 'token', $2::bigint, 'detail', $7::text)))::text"
+                  " FROM c WHERE key = $1 AND token = $2 AND state = 'processing' AND expires_at_ms > c.now");
         c.prepare("operator_update",
                   "UPDATE idem_keys SET state = $2, updated_ms = $3, lease_until_ms = 0,"
                   " error = CASE WHEN $2 = 'failed' THEN $4 ELSE error END, history = $5 WHERE key = $1");
         c.prepare("delete", "DELETE FROM idem_keys WHERE key = $1");
         c.prepare("purge", "DELETE FROM idem_keys WHERE key IN (SELECT key FROM idem_keys"
-                           " WHERE expires_at_ms <= $1 LIMIT 5000)");
-        c.prepare("purge_deliveries", "DELETE FROM idem_deliveries WHERE at_ms <= $1");
-        c.prepare("count", "SELECT state, count(*) FROM idem_keys WHERE expires_at_ms > $1"
-                           " AND ($2 = '' OR endpoint = $2) GROUP BY state");
+                           " WHERE expires_at_ms <= idem_now_ms() LIMIT 5000)");
+        c.prepare("purge_deliveries", "DELETE FROM idem_deliveries WHERE at_ms <= idem_now_ms() - $1");
+        c.prepare("count", "SELECT state, count(*) FROM idem_keys WHERE expires_at_ms > idem_now_ms()"
+                           " AND ($1 = '' OR endpoint = $1) GROUP BY state");
         c.prepare("log", "INSERT INTO idem_deliveries (at_ms, endpoint, key, outcome, status, latency_us,"
                          " token, instance, detail, payload) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)");
         c.prepare("deliveries", "SELECT at_ms, endpoint, key, outcome, status, latency_us, token, instance,"
@@ -230,112 +236,175 @@ Result<std::unique_ptr<PostgresStore>> PostgresStore::connect(const StoreUrl &ur
     return store;
 }
 
+namespace {
+constexpr int kNowColumn = 20; // idem_now_ms() after the record's columns
+}
+
+std::optional<ClaimResult> PostgresStore::claimLocked(pqxx::transaction_base &w, const ClaimRequest &req,
+                                                      bool insertFirst)
+{
+    const std::string key = s(req.key);
+    const std::string headers = s(compactJson(headersToJson(req.request.headers)));
+    if (insertFirst) {
+        const pqxx::result inserted = w.exec_prepared(
+            "claim_insert", key, s(req.endpoint), s(req.provider), s(req.fingerprint), req.policy.leaseMs,
+            req.policy.ttlMs, s(req.request.method), s(req.request.path), headers, bin(req.request.body));
+        if (!inserted.empty()) {
+            ClaimResult result;
+            result.decision = {ClaimAction::Create, Outcome::Processed};
+            result.storeNowMs = inserted[0][1].as<qint64>();
+            result.record = claimedRecord(nullptr, req, result.decision, inserted[0][0].as<qint64>(), result.storeNowMs);
+            return result;
+        }
+    }
+    // The key exists: lock it, decide, apply.
+    const pqxx::result rows = w.exec_prepared("select_for_update", key);
+    if (rows.empty())
+        return std::nullopt; // deleted or purged in between: nothing written, try the insert again
+    const KeyRecord current = recordFrom(rows[0], true);
+    // The clock after the lock was granted: a wait for the lock does not age the decision.
+    const qint64 now = w.exec_prepared1("now")[0].as<qint64>();
+    ClaimResult result;
+    result.storeNowMs = now;
+    result.decision = decideClaim(&current, req.fingerprint, now, req.policy);
+    switch (result.decision.action) {
+    case ClaimAction::Create:
+    case ClaimAction::Reclaim: {
+        const KeyRecord r = claimedRecord(&current, req, result.decision,
+                                          w.exec_prepared1("next_token")[0].as<qint64>(), now);
+        w.exec_prepared("replace", key, s(r.endpoint), s(r.provider), s(r.fingerprint), r.token,
+                        r.attempts, r.createdMs, r.updatedMs, r.leaseUntilMs, r.expiresAtMs,
+                        s(r.request.method), s(r.request.path), headers, bin(r.request.body),
+                        s(compactJson(historyToJson(r.history))));
+        result.record = r;
+        break;
+    }
+    case ClaimAction::Replay:
+    case ClaimAction::InProgress:
+        w.exec_prepared("touch", key, now);
+        result.record = current;
+        result.record.attempts += 1;
+        result.record.updatedMs = now;
+        break;
+    case ClaimAction::Mismatch:
+        result.record = current; // nothing written
+        break;
+    }
+    return result;
+}
+
 Result<ClaimResult> PostgresStore::claim(const ClaimRequest &req)
 {
     return guarded("claim", true, [&]() -> Result<ClaimResult> {
-        const std::string key = s(req.key);
-        const std::string headers = s(compactJson(headersToJson(req.request.headers)));
         for (int attempt = 0; attempt < 3; ++attempt) {
             {
-                // The common case, a new key: one statement, atomic on its own.
+                // The common cases first, each one statement, atomic on its own: a new key, and a
+                // duplicate of a completed key or of one whose lease is live.
                 pqxx::nontransaction n(m_conn->c);
                 const pqxx::result inserted = n.exec_prepared(
-                    "claim_insert", key, s(req.endpoint), s(req.provider), s(req.fingerprint), req.nowMs,
-                    req.nowMs + req.policy.leaseMs, req.nowMs + req.policy.ttlMs, s(req.request.method),
-                    s(req.request.path), headers, bin(req.request.body));
+                    "claim_insert", s(req.key), s(req.endpoint), s(req.provider), s(req.fingerprint),
+                    req.policy.leaseMs, req.policy.ttlMs, s(req.request.method), s(req.request.path),
+                    s(compactJson(headersToJson(req.request.headers))), bin(req.request.body));
                 if (!inserted.empty()) {
                     ClaimResult result;
                     result.decision = {ClaimAction::Create, Outcome::Processed};
-                    KeyRecord &r = result.record;
-                    r.key = req.key;
-                    r.endpoint = req.endpoint;
-                    r.provider = req.provider;
-                    r.state = KeyState::Processing;
-                    r.fingerprint = req.fingerprint;
-                    r.token = inserted[0][0].as<qint64>();
-                    r.attempts = 1;
-                    r.createdMs = r.updatedMs = req.nowMs;
-                    r.leaseUntilMs = req.nowMs + req.policy.leaseMs;
-                    r.expiresAtMs = req.nowMs + req.policy.ttlMs;
-                    r.request = req.request;
-                    r.history = {{req.nowMs, u"claimed"_qs, r.token, {}}};
+                    result.storeNowMs = inserted[0][1].as<qint64>();
+                    result.record = claimedRecord(nullptr, req, result.decision, inserted[0][0].as<qint64>(),
+                                                  result.storeNowMs);
                     return result;
                 }
-            }
-            {
-                pqxx::nontransaction n(m_conn->c);
-                const pqxx::result touched = n.exec_prepared("touch_duplicate", key, req.nowMs, s(req.fingerprint));
+                const pqxx::result touched = n.exec_prepared("touch_duplicate", s(req.key), s(req.fingerprint));
                 if (!touched.empty()) {
                     ClaimResult result;
                     result.record = recordFrom(touched[0], true);
+                    result.storeNowMs = touched[0][kNowColumn].as<qint64>();
                     // The row as it was: the update only counted this delivery.
                     KeyRecord before = result.record;
                     before.attempts -= 1;
-                    result.decision = decideClaim(&before, req.fingerprint, req.nowMs, req.policy);
+                    result.decision = decideClaim(&before, req.fingerprint, result.storeNowMs, req.policy);
                     if (result.decision.action == ClaimAction::Replay || result.decision.action == ClaimAction::InProgress)
                         return result;
                     // Not reachable with the statement's conditions; counted once too many at worst.
                 }
             }
-            // The key exists: lock it, decide, apply, in one transaction.
             pqxx::work w(m_conn->c);
-            const pqxx::result rows = w.exec_prepared("select_for_update", key);
-            if (rows.empty())
-                continue; // deleted or purged in between: nothing written, try the insert again
-            const KeyRecord current = recordFrom(rows[0], true);
-            ClaimResult result;
-            result.decision = decideClaim(&current, req.fingerprint, req.nowMs, req.policy);
-            switch (result.decision.action) {
-            case ClaimAction::Create:
-            case ClaimAction::Reclaim: {
-                const KeyRecord r = claimedRecord(&current, req, result.decision,
-                                                  w.exec_prepared1("next_token")[0].as<qint64>());
-                w.exec_prepared("replace", key, s(r.endpoint), s(r.provider), s(r.fingerprint), r.token,
-                                r.attempts, r.createdMs, r.updatedMs, r.leaseUntilMs, r.expiresAtMs,
-                                s(r.request.method), s(r.request.path), headers, bin(r.request.body),
-                                s(compactJson(historyToJson(r.history))));
-                result.record = r;
-                break;
-            }
-            case ClaimAction::Replay:
-            case ClaimAction::InProgress:
-                w.exec_prepared("touch", key, req.nowMs);
-                result.record = current;
-                result.record.attempts += 1;
-                result.record.updatedMs = req.nowMs;
-                break;
-            case ClaimAction::Mismatch:
-                result.record = current;
+            auto result = claimLocked(w, req, false);
+            if (!result)
+                continue;
+            if (result->decision.action == ClaimAction::Mismatch)
                 w.abort();
-                return result;
-            }
-            w.commit();
-            return result;
+            else
+                w.commit();
+            return *result;
         }
         return makeError(ErrorCode::Unavailable, u"PostgreSQL: the key kept changing under the claim"_qs);
     });
+}
+
+Result<QList<ClaimResult>> PostgresStore::claimBatch(const QList<ClaimRequest> &requests)
+{
+    return guarded("claim batch", true, [&]() -> Result<QList<ClaimResult>> {
+        pqxx::work w(m_conn->c);
+        QList<ClaimResult> results;
+        for (const ClaimRequest &req : requests) {
+            std::optional<ClaimResult> result;
+            for (int attempt = 0; attempt < 3 && !result; ++attempt)
+                result = claimLocked(w, req, true);
+            if (!result)
+                return makeError(ErrorCode::Unavailable, u"PostgreSQL: the key kept changing under the claim"_qs);
+            results.append(*result);
+        }
+        w.commit();
+        return results;
+    });
+}
+
+FinishVerdict PostgresStore::finishIn(pqxx::transaction_base &t, const FinishRequest &req)
+{
+    const pqxx::result updated = t.exec_prepared(
+        "finish", s(req.key), req.token, s(toString(req.state)), req.result.status,
+        s(compactJson(headersToJson(req.result.headers))), bin(req.result.body), s(req.error));
+    if (updated.affected_rows() == 1)
+        return FinishVerdict::Accept;
+    // Refused, or sent again after a lost answer: say which, with the same rules as every backend.
+    const pqxx::result rows = t.exec_prepared("select", s(req.key));
+    if (rows.empty())
+        return FinishVerdict::Missing;
+    const KeyRecord current = recordFrom(rows[0], true);
+    const FinishVerdict verdict = decideFinish(&current, req.token, req.state, req.result,
+                                               rows[0][kNowColumn].as<qint64>());
+    return verdict == FinishVerdict::Accept ? FinishVerdict::StaleToken : verdict;
 }
 
 Result<FinishVerdict> PostgresStore::finish(const FinishRequest &req)
 {
     return guarded("finish", true, [&]() -> Result<FinishVerdict> {
         pqxx::nontransaction n(m_conn->c);
-        const pqxx::result updated = n.exec_prepared(
-            "finish", s(req.key), req.token, s(toString(req.state)), req.nowMs, req.result.status,
-            s(compactJson(headersToJson(req.result.headers))), bin(req.result.body), s(req.error));
-        if (updated.affected_rows() == 1)
-            return FinishVerdict::Accept;
-        // Refused: say why, with the same rules as every backend.
-        const pqxx::result rows = n.exec_prepared("select", s(req.key));
-        if (rows.empty())
-            return decideFinish(nullptr, req.token, req.nowMs);
-        const KeyRecord current = recordFrom(rows[0], false);
-        const FinishVerdict verdict = decideFinish(&current, req.token, req.nowMs);
-        return verdict == FinishVerdict::Accept ? FinishVerdict::StaleToken : verdict;
+        return finishIn(n, req);
     });
 }
 
-Result<std::optional<KeyRecord>> PostgresStore::key(const QString &key, qint64 nowMs)
+Result<QList<FinishVerdict>> PostgresStore::finishBatch(const QList<FinishRequest> &requests)
+{
+    return guarded("finish batch", true, [&]() -> Result<QList<FinishVerdict>> {
+        pqxx::work w(m_conn->c);
+        QList<FinishVerdict> verdicts;
+        for (const FinishRequest &req : requests)
+            verdicts.append(finishIn(w, req));
+        w.commit();
+        return verdicts;
+    });
+}
+
+Result<qint64> PostgresStore::clockMs()
+{
+    return guarded("clock", false, [&]() -> Result<qint64> {
+        pqxx::nontransaction n(m_conn->c);
+        return n.exec_prepared1("now")[0].as<qint64>();
+    });
+}
+
+Result<std::optional<KeyRecord>> PostgresStore::key(const QString &key)
 {
     return guarded("read", false, [&]() -> Result<std::optional<KeyRecord>> {
         pqxx::nontransaction n(m_conn->c);
@@ -343,7 +412,7 @@ Result<std::optional<KeyRecord>> PostgresStore::key(const QString &key, qint64 n
         if (rows.empty())
             return std::optional<KeyRecord>();
         KeyRecord r = recordFrom(rows[0], true);
-        if (r.expiredAt(nowMs))
+        if (r.expiredAt(rows[0][kNowColumn].as<qint64>()))
             return std::optional<KeyRecord>();
         return std::optional<KeyRecord>(std::move(r));
     });
@@ -353,8 +422,7 @@ Result<QList<KeyRecord>> PostgresStore::listKeys(const KeyQuery &q)
 {
     return guarded("list", false, [&]() -> Result<QList<KeyRecord>> {
         pqxx::nontransaction n(m_conn->c);
-        std::string sql = std::string("SELECT ") + kColumns + " FROM idem_keys WHERE expires_at_ms > "
-                          + std::to_string(q.nowMs);
+        std::string sql = std::string("SELECT ") + kColumns + " FROM idem_keys WHERE expires_at_ms > idem_now_ms()";
         if (q.state)
             sql += " AND state = " + n.quote(s(toString(*q.state)));
         if (!q.endpoint.isEmpty())
@@ -370,12 +438,12 @@ Result<QList<KeyRecord>> PostgresStore::listKeys(const KeyQuery &q)
     });
 }
 
-Result<StateCounts> PostgresStore::countKeys(const QString &endpoint, qint64 nowMs)
+Result<StateCounts> PostgresStore::countKeys(const QString &endpoint)
 {
     return guarded("count", false, [&]() -> Result<StateCounts> {
         pqxx::nontransaction n(m_conn->c);
         StateCounts counts;
-        for (const auto &row : n.exec_prepared("count", nowMs, s(endpoint))) {
+        for (const auto &row : n.exec_prepared("count", s(endpoint))) {
             const qint64 c = row[1].as<qint64>();
             switch (keyStateFromString(text(row[0])).value_or(KeyState::Failed)) {
             case KeyState::Processing: counts.processing += c; break;
@@ -389,7 +457,7 @@ Result<StateCounts> PostgresStore::countKeys(const QString &endpoint, qint64 now
 }
 
 Result<OperatorVerdict> PostgresStore::applyOperator(const QString &key, OperatorAction action, bool force,
-                                                     const QString &detail, qint64 nowMs)
+                                                     const QString &detail)
 {
     return guarded("operator", true, [&]() -> Result<OperatorVerdict> {
         pqxx::work w(m_conn->c);
@@ -397,6 +465,7 @@ Result<OperatorVerdict> PostgresStore::applyOperator(const QString &key, Operato
         std::optional<KeyRecord> current;
         if (!rows.empty())
             current = recordFrom(rows[0], true);
+        const qint64 nowMs = w.exec_prepared1("now")[0].as<qint64>();
         const OperatorVerdict verdict = decideOperator(current ? &*current : nullptr, action, force, nowMs);
         if (verdict != OperatorVerdict::Accept)
             return verdict;
@@ -414,18 +483,18 @@ Result<OperatorVerdict> PostgresStore::applyOperator(const QString &key, Operato
     });
 }
 
-Result<qint64> PostgresStore::purgeExpired(qint64 nowMs)
+Result<qint64> PostgresStore::purgeExpired()
 {
     return guarded("purge", true, [&]() -> Result<qint64> {
         pqxx::nontransaction n(m_conn->c);
         qint64 removed = 0;
         for (;;) {
-            const auto r = n.exec_prepared("purge", nowMs);
+            const auto r = n.exec_prepared("purge");
             removed += r.affected_rows();
             if (r.affected_rows() < 5000)
                 break;
         }
-        n.exec_prepared("purge_deliveries", nowMs - m_options.deliveryRetentionMs);
+        n.exec_prepared("purge_deliveries", m_options.deliveryRetentionMs);
         return removed;
     });
 }

@@ -4,6 +4,11 @@
 #include "store/storeurl.h"
 
 #include <memory>
+#include <optional>
+
+namespace pqxx {
+class transaction_base;
+}
 
 namespace idem {
 
@@ -19,6 +24,7 @@ struct PostgresOptions
 // RETURNING; an existing one is locked (SELECT … FOR UPDATE), decided by decideClaim() and
 // updated in the same transaction. complete/fail is one UPDATE guarded by the fencing token.
 // Prepared statements; libpqxx's in_doubt_error is reported as InDoubt and never retried.
+// Time is the server's (idem_now_ms(), clock_timestamp()); tokens come from one sequence.
 // NOT thread-safe: a libpqxx connection is "a world of its own" (one per worker).
 class PostgresStore final : public IdempotencyStore
 {
@@ -29,12 +35,15 @@ public:
 
     Result<ClaimResult> claim(const ClaimRequest &request) override;
     Result<FinishVerdict> finish(const FinishRequest &request) override;
-    Result<std::optional<KeyRecord>> key(const QString &key, qint64 nowMs) override;
+    Result<QList<ClaimResult>> claimBatch(const QList<ClaimRequest> &requests) override;
+    Result<QList<FinishVerdict>> finishBatch(const QList<FinishRequest> &requests) override;
+    Result<std::optional<KeyRecord>> key(const QString &key) override;
     Result<QList<KeyRecord>> listKeys(const KeyQuery &query) override;
-    Result<StateCounts> countKeys(const QString &endpoint, qint64 nowMs) override;
+    Result<StateCounts> countKeys(const QString &endpoint) override;
     Result<OperatorVerdict> applyOperator(const QString &key, OperatorAction action, bool force,
-                                          const QString &detail, qint64 nowMs) override;
-    Result<qint64> purgeExpired(qint64 nowMs) override;
+                                          const QString &detail) override;
+    Result<qint64> purgeExpired() override;
+    Result<qint64> clockMs() override;
     Result<void> appendDeliveries(const QList<DeliveryEvent> &events) override;
     Result<QList<DeliveryEvent>> deliveries(const DeliveryQuery &query) override;
     Result<void> ping() override;
@@ -44,6 +53,8 @@ private:
     PostgresStore(std::unique_ptr<Connection> connection, StoreUrl url, PostgresOptions options);
     template<typename F>
     auto guarded(const char *what, bool writes, F &&body) -> decltype(body());
+    static std::optional<ClaimResult> claimLocked(pqxx::transaction_base &w, const ClaimRequest &request, bool insertFirst);
+    static FinishVerdict finishIn(pqxx::transaction_base &t, const FinishRequest &request);
 
     std::unique_ptr<Connection> m_conn;
     StoreUrl m_url;

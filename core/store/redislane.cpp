@@ -44,7 +44,7 @@ RedisLane::~RedisLane()
 
 void RedisLane::claim(const ClaimRequest &request, std::function<void(Result<ClaimResult>)> done)
 {
-    send("claim", redis::claimArgs(m_prefix, request),
+    send("claim", redis::claimArgs(m_prefix, request), true,
          [request, done = std::move(done)](const redisReply *reply, const Error *error) {
              done(error ? Result<ClaimResult>(*error) : redis::claimResult(reply, request));
          });
@@ -52,17 +52,18 @@ void RedisLane::claim(const ClaimRequest &request, std::function<void(Result<Cla
 
 void RedisLane::finish(const FinishRequest &request, std::function<void(Result<FinishVerdict>)> done)
 {
-    send("finish", redis::finishArgs(m_prefix, request),
+    // Never refused for load: what already ran must be recorded (else it runs again later).
+    send("finish", redis::finishArgs(m_prefix, request), false,
          [done = std::move(done)](const redisReply *reply, const Error *error) {
              done(error ? Result<FinishVerdict>(*error) : redis::finishVerdict(reply));
          });
 }
 
-void RedisLane::send(const char *script, QList<QByteArray> args, Answer answer)
+void RedisLane::send(const char *script, QList<QByteArray> args, bool refusedWhenBusy, Answer answer)
 {
     auto *call = new Call{this, script, std::move(args), std::move(answer)};
     QString why = m_scriptError;
-    if (why.isEmpty() && qsizetype(m_inFlight.size()) >= m_maxInFlight)
+    if (why.isEmpty() && refusedWhenBusy && qsizetype(m_inFlight.size()) >= m_maxInFlight)
         why = u"the store is overloaded (%1 operations in flight)"_qs.arg(m_maxInFlight);
     if (why.isEmpty() && connectIfNeeded(&why)) {
         if (write(call))

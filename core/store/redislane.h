@@ -23,7 +23,8 @@ class StorePool;
 // write, the answers come back in one read, and no thread is woken in between. Speaks the same
 // scripts as RedisStore (redisprotocol.h). A lost connection fails what was in flight (in
 // doubt: nothing is retried) and the next call connects again; a call unanswered within the
-// command timeout drops the connection. Health goes to the pool (/healthz, the status bar).
+// command timeout drops the connection. Claims are refused past maxInFlight; finishes never
+// are. Health goes to the pool (/healthz, the status bar).
 // Lives on, and is used from, one thread.
 class RedisLane final : public QObject, public StoreLane
 {
@@ -38,7 +39,7 @@ public:
 
 private:
     using Answer = std::function<void(const redisReply *reply, const Error *error)>;
-    void send(const char *script, QList<QByteArray> args, Answer answer);
+    void send(const char *script, QList<QByteArray> args, bool refusedWhenBusy, Answer answer);
     bool write(Call *call);
     bool connectIfNeeded(QString *error);
     void answered(Call *call, const redisReply *reply, const char *contextError);

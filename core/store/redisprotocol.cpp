@@ -91,7 +91,7 @@ Result<QHash<QByteArray, Script>> scripts()
 QList<QByteArray> claimArgs(const QByteArray &prefix, const ClaimRequest &req)
 {
     return {prefix, req.key.toUtf8(), req.endpoint.toUtf8(), req.provider.toUtf8(),
-            req.fingerprint, num(req.nowMs), num(req.policy.leaseMs), num(req.policy.ttlMs),
+            req.fingerprint, num(req.policy.leaseMs), num(req.policy.ttlMs),
             req.policy.onFailed == OnFailed::Reprocess ? "reprocess" : "reject",
             req.policy.onMismatch == OnMismatch::Reject ? "reject" : "ignore",
             req.request.method, req.request.path, compactJson(headersToJson(req.request.headers)),
@@ -100,25 +100,27 @@ QList<QByteArray> claimArgs(const QByteArray &prefix, const ClaimRequest &req)
 
 Result<ClaimResult> claimResult(const redisReply *reply, const ClaimRequest &req)
 {
-    if (!reply || reply->type != REDIS_REPLY_ARRAY || reply->elements < 3)
+    if (!reply || reply->type != REDIS_REPLY_ARRAY || reply->elements < 4)
         return unexpected("claim");
     ClaimResult result;
     result.decision.action = actionFrom(text(reply->element[0]));
     result.decision.outcome = outcomeFromString(QString::fromLatin1(text(reply->element[1]))).value_or(Outcome::Mismatch);
+    // Every answer ends with Redis's clock at the decision.
+    result.storeNowMs = text(reply->element[reply->elements - 1]).toLongLong();
     switch (result.decision.action) {
     case ClaimAction::Create:
-        if (reply->element[2]->type != REDIS_REPLY_INTEGER)
+        if (reply->elements != 4 || reply->element[2]->type != REDIS_REPLY_INTEGER)
             return unexpected("claim");
-        result.record = claimedRecord(nullptr, req, result.decision, reply->element[2]->integer);
+        result.record = claimedRecord(nullptr, req, result.decision, reply->element[2]->integer, result.storeNowMs);
         return result;
     case ClaimAction::Reclaim: {
-        if (reply->elements != 6 || reply->element[2]->type != REDIS_REPLY_INTEGER)
+        if (reply->elements != 7 || reply->element[2]->type != REDIS_REPLY_INTEGER)
             return unexpected("claim");
         KeyRecord before;
         before.attempts = text(reply->element[3]).toInt();
         before.createdMs = text(reply->element[4]).toLongLong();
         before.history = historyFromJson(parseJsonArray(text(reply->element[5])));
-        result.record = claimedRecord(&before, req, result.decision, reply->element[2]->integer);
+        result.record = claimedRecord(&before, req, result.decision, reply->element[2]->integer, result.storeNowMs);
         return result;
     }
     case ClaimAction::Replay:
@@ -126,7 +128,7 @@ Result<ClaimResult> claimResult(const redisReply *reply, const ClaimRequest &req
     case ClaimAction::Mismatch:
         break;
     }
-    if (reply->elements != 2 + kSummarySize)
+    if (reply->elements != 3 + kSummarySize)
         return unexpected("claim");
     QHash<QByteArray, QByteArray> fields;
     for (size_t i = 0; i < kSummarySize; ++i)
@@ -138,7 +140,7 @@ Result<ClaimResult> claimResult(const redisReply *reply, const ClaimRequest &req
 QList<QByteArray> finishArgs(const QByteArray &prefix, const FinishRequest &req)
 {
     return {prefix, req.key.toUtf8(), num(req.token), toString(req.state).toLatin1(),
-            num(req.nowMs), num(req.result.status), compactJson(headersToJson(req.result.headers)),
+            num(req.result.status), compactJson(headersToJson(req.result.headers)),
             req.result.body, req.error.toUtf8(), num(kHistoryCap)};
 }
 
@@ -146,6 +148,7 @@ Result<FinishVerdict> finishVerdict(const redisReply *reply)
 {
     const QByteArray verdict = text(reply);
     if (verdict == "accept") return FinishVerdict::Accept;
+    if (verdict == "repeated") return FinishVerdict::Repeated;
     if (verdict == "stale-token") return FinishVerdict::StaleToken;
     if (verdict == "not-processing") return FinishVerdict::NotProcessing;
     if (verdict == "missing") return FinishVerdict::Missing;

@@ -133,12 +133,32 @@ Result<RedisStore::Reply> RedisStore::script(const char *name, const QList<QByte
     return r;
 }
 
+Result<void> RedisStore::waitForReplicas()
+{
+    if (m_url.waitReplicas <= 0)
+        return {};
+    auto r = command({"WAIT", num(m_url.waitReplicas), num(m_url.waitTimeoutMs)}, false);
+    if (!r)
+        return r.error();
+    if (r->get()->integer < m_url.waitReplicas)
+        return makeError(ErrorCode::Unavailable,
+                         u"Redis %1: only %2 of %3 replicas acknowledged the write within %4 ms (wait_replicas)"_qs
+                             .arg(m_url.display())
+                             .arg(r->get()->integer)
+                             .arg(m_url.waitReplicas)
+                             .arg(m_url.waitTimeoutMs));
+    return {};
+}
+
 Result<ClaimResult> RedisStore::claim(const ClaimRequest &req)
 {
     auto r = script("claim", redis::claimArgs(m_prefix, req), true);
     if (!r)
         return r.error();
-    return redis::claimResult(r->get(), req);
+    auto result = redis::claimResult(r->get(), req);
+    if (auto waited = waitForReplicas(); result && !waited)
+        return waited.error(); // refused: the claim may be lost in a failover, so nothing runs
+    return result;
 }
 
 Result<FinishVerdict> RedisStore::finish(const FinishRequest &req)
@@ -146,10 +166,135 @@ Result<FinishVerdict> RedisStore::finish(const FinishRequest &req)
     auto r = script("finish", redis::finishArgs(m_prefix, req), true);
     if (!r)
         return r.error();
-    return redis::finishVerdict(r->get());
+    auto verdict = redis::finishVerdict(r->get());
+    if (auto waited = waitForReplicas(); verdict && !waited)
+        return waited.error(); // retried by the engine: the same finish answers Repeated
+    return verdict;
 }
 
-Result<std::optional<KeyRecord>> RedisStore::key(const QString &key, qint64 nowMs)
+Result<RedisStore::Reply> RedisStore::scriptsInTransaction(const char *name, const QList<QList<QByteArray>> &argsList)
+{
+    for (int round = 0; round < 2; ++round) {
+        QList<QList<QByteArray>> commands{{"MULTI"}};
+        for (const auto &args : argsList)
+            commands.append(QList<QByteArray>{"EVALSHA", m_sha.value(name), "0"} + args);
+        commands.append({"EXEC"});
+        for (const auto &command : commands) {
+            std::vector<const char *> argv;
+            std::vector<size_t> lengths;
+            for (const QByteArray &a : command) {
+                argv.push_back(a.constData());
+                lengths.push_back(size_t(a.size()));
+            }
+            redisAppendCommandArgv(m_context, int(argv.size()), argv.data(), lengths.data());
+        }
+        Reply exec(nullptr, freeReplyObject);
+        for (qsizetype i = 0; i < commands.size(); ++i) {
+            void *raw = nullptr;
+            if (redisGetReply(m_context, &raw) != REDIS_OK || !raw)
+                return failure(QString::fromUtf8(m_context->errstr), true);
+            exec.reset(static_cast<redisReply *>(raw)); // the last one kept is EXEC's
+        }
+        if (exec->type != REDIS_REPLY_ARRAY || exec->elements != size_t(argsList.size()))
+            return makeError(ErrorCode::Unavailable, u"Redis %1: the batch's transaction was refused"_qs.arg(m_url.display()));
+        // The server lost its script cache: every EVALSHA of the batch failed, none ran.
+        const redisReply *first = exec->elements ? exec->element[0] : nullptr;
+        if (round == 0 && first && first->type == REDIS_REPLY_ERROR && QByteArray(first->str).startsWith("NOSCRIPT")) {
+            if (auto loaded = loadScripts(); !loaded)
+                return loaded.error();
+            continue;
+        }
+        for (size_t i = 0; i < exec->elements; ++i)
+            if (exec->element[i]->type == REDIS_REPLY_ERROR)
+                return makeError(ErrorCode::InDoubt, u"Redis %1: %2"_qs.arg(m_url.display(), QString::fromUtf8(exec->element[i]->str)));
+        return exec;
+    }
+    return makeError(ErrorCode::Unavailable, u"Redis %1: the scripts could not be loaded"_qs.arg(m_url.display()));
+}
+
+Result<QList<ClaimResult>> RedisStore::claimBatch(const QList<ClaimRequest> &requests)
+{
+    QList<QList<QByteArray>> args;
+    for (const ClaimRequest &req : requests)
+        args.append(redis::claimArgs(m_prefix, req));
+    auto exec = scriptsInTransaction("claim", args);
+    if (!exec)
+        return exec.error();
+    QList<ClaimResult> results;
+    for (qsizetype i = 0; i < requests.size(); ++i) {
+        auto result = redis::claimResult((*exec)->element[i], requests.at(i));
+        if (!result)
+            return result.error();
+        results.append(std::move(*result));
+    }
+    if (auto waited = waitForReplicas(); !waited)
+        return waited.error();
+    return results;
+}
+
+Result<QList<FinishVerdict>> RedisStore::finishBatch(const QList<FinishRequest> &requests)
+{
+    QList<QList<QByteArray>> args;
+    for (const FinishRequest &req : requests)
+        args.append(redis::finishArgs(m_prefix, req));
+    auto exec = scriptsInTransaction("finish", args);
+    if (!exec)
+        return exec.error();
+    QList<FinishVerdict> verdicts;
+    for (qsizetype i = 0; i < requests.size(); ++i) {
+        auto verdict = redis::finishVerdict((*exec)->element[i]);
+        if (!verdict)
+            return verdict.error();
+        verdicts.append(*verdict);
+    }
+    if (auto waited = waitForReplicas(); !waited)
+        return waited.error();
+    return verdicts;
+}
+
+Result<qint64> RedisStore::clockMs()
+{
+    auto r = command({"TIME"}, false);
+    if (!r)
+        return r.error();
+    if (r->get()->type != REDIS_REPLY_ARRAY || r->get()->elements != 2)
+        return makeError(ErrorCode::Unavailable, u"Redis %1: unexpected answer to TIME"_qs.arg(m_url.display()));
+    return text(r->get()->element[0]).toLongLong() * 1000 + text(r->get()->element[1]).toLongLong() / 1000;
+}
+
+Result<QStringList> RedisStore::durabilityWarnings()
+{
+    QHash<QByteArray, QByteArray> config;
+    for (const char *name : {"maxmemory-policy", "appendonly", "appendfsync", "save"}) {
+        auto r = command({"CONFIG", "GET", name}, false);
+        if (!r) {
+            if (m_context->err)
+                return r.error(); // the connection failed
+            return QStringList{u"Redis refused CONFIG GET (%1): whether it may evict or lose acknowledged records is unknown"_qs
+                                   .arg(r.error().message)};
+        }
+        const auto fields = fieldsFrom(r->get());
+        config.insert(name, fields.value(name));
+    }
+    QStringList warnings;
+    const QByteArray policy = config.value("maxmemory-policy");
+    if (policy != "noeviction")
+        warnings << u"Redis maxmemory-policy is %1: under memory pressure it may evict idempotency records, and an evicted key is processed again; set maxmemory-policy noeviction"_qs
+                        .arg(QString::fromUtf8(policy));
+    if (config.value("appendonly") != "yes") {
+        if (config.value("save").isEmpty())
+            warnings << u"Redis persists nothing (appendonly no, no save points): a restart of Redis forgets every key, and their duplicates are processed again"_qs;
+        else
+            warnings << u"Redis persists by snapshots only (save %1): a crash of Redis loses the records written since the last one; use appendonly yes with appendfsync always"_qs
+                            .arg(QString::fromUtf8(config.value("save")));
+    } else if (config.value("appendfsync") != "always") {
+        warnings << u"Redis appendfsync is %1: a crash of Redis may lose about a second of acknowledged records; use appendfsync always"_qs
+                        .arg(QString::fromUtf8(config.value("appendfsync")));
+    }
+    return warnings;
+}
+
+Result<std::optional<KeyRecord>> RedisStore::key(const QString &key)
 {
     auto r = command({"HGETALL", m_prefix + "k:" + key.toUtf8()}, false);
     if (!r)
@@ -157,15 +302,13 @@ Result<std::optional<KeyRecord>> RedisStore::key(const QString &key, qint64 nowM
     const auto fields = fieldsFrom(r->get());
     if (fields.isEmpty())
         return std::optional<KeyRecord>();
-    KeyRecord record = recordFrom(fields);
-    if (record.expiredAt(nowMs))
-        return std::optional<KeyRecord>();
-    return std::optional<KeyRecord>(std::move(record));
+    // Expiry is Redis's own (PEXPIREAT on its clock): an expired record is gone from HGETALL.
+    return std::optional<KeyRecord>(recordFrom(fields));
 }
 
-Result<qint64> RedisStore::purgeSlice(qint64 nowMs)
+Result<qint64> RedisStore::purgeSlice()
 {
-    auto r = script("purge", {m_prefix, num(nowMs), "5000"}, true);
+    auto r = script("purge", {m_prefix, "5000"}, true);
     if (!r)
         return r.error();
     return qint64(r->get()->integer);
@@ -173,7 +316,7 @@ Result<qint64> RedisStore::purgeSlice(qint64 nowMs)
 
 Result<QList<KeyRecord>> RedisStore::listKeys(const KeyQuery &q)
 {
-    if (auto purged = purgeSlice(q.nowMs); !purged)
+    if (auto purged = purgeSlice(); !purged)
         return purged.error();
     QByteArray index;
     const QByteArray state = q.state ? toString(*q.state).toLatin1() : QByteArray();
@@ -238,16 +381,14 @@ Result<QList<KeyRecord>> RedisStore::listKeys(const KeyQuery &q)
                 fields.insert(kSummaryFields.at(qsizetype(f)), text(reply->element[f]));
         if (fields.isEmpty())
             continue; // expired between the index read and now
-        KeyRecord record = recordFrom(fields);
-        if (!record.expiredAt(q.nowMs))
-            records.append(std::move(record));
+        records.append(recordFrom(fields));
     }
     return records;
 }
 
-Result<StateCounts> RedisStore::countKeys(const QString &endpoint, qint64 nowMs)
+Result<StateCounts> RedisStore::countKeys(const QString &endpoint)
 {
-    if (auto purged = purgeSlice(nowMs); !purged)
+    if (auto purged = purgeSlice(); !purged)
         return purged.error();
     StateCounts counts;
     qint64 *slots[] = {&counts.processing, &counts.completed, &counts.failed, &counts.reset};
@@ -264,13 +405,13 @@ Result<StateCounts> RedisStore::countKeys(const QString &endpoint, qint64 nowMs)
 }
 
 Result<OperatorVerdict> RedisStore::applyOperator(const QString &key, OperatorAction action, bool force,
-                                                  const QString &detail, qint64 nowMs)
+                                                  const QString &detail)
 {
     const QByteArray name = action == OperatorAction::Reset       ? "reset"
                             : action == OperatorAction::ForceFail ? "force-fail"
                                                                   : "delete";
     auto r = script("operator", {m_prefix, key.toUtf8(), name, force ? "1" : "0", detail.toUtf8(),
-                                 num(nowMs), num(kHistoryCap)},
+                                 num(kHistoryCap)},
                     true);
     if (!r)
         return r.error();
@@ -280,11 +421,11 @@ Result<OperatorVerdict> RedisStore::applyOperator(const QString &key, OperatorAc
     return OperatorVerdict::Missing;
 }
 
-Result<qint64> RedisStore::purgeExpired(qint64 nowMs)
+Result<qint64> RedisStore::purgeExpired()
 {
     qint64 total = 0;
     for (;;) {
-        auto n = purgeSlice(nowMs);
+        auto n = purgeSlice();
         if (!n)
             return n.error();
         total += *n;

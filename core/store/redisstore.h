@@ -33,12 +33,16 @@ public:
 
     Result<ClaimResult> claim(const ClaimRequest &request) override;
     Result<FinishVerdict> finish(const FinishRequest &request) override;
-    Result<std::optional<KeyRecord>> key(const QString &key, qint64 nowMs) override;
+    Result<QList<ClaimResult>> claimBatch(const QList<ClaimRequest> &requests) override;
+    Result<QList<FinishVerdict>> finishBatch(const QList<FinishRequest> &requests) override;
+    Result<std::optional<KeyRecord>> key(const QString &key) override;
     Result<QList<KeyRecord>> listKeys(const KeyQuery &query) override;
-    Result<StateCounts> countKeys(const QString &endpoint, qint64 nowMs) override;
+    Result<StateCounts> countKeys(const QString &endpoint) override;
     Result<OperatorVerdict> applyOperator(const QString &key, OperatorAction action, bool force,
-                                          const QString &detail, qint64 nowMs) override;
-    Result<qint64> purgeExpired(qint64 nowMs) override;
+                                          const QString &detail) override;
+    Result<qint64> purgeExpired() override;
+    Result<qint64> clockMs() override;
+    Result<QStringList> durabilityWarnings() override;
     Result<void> appendDeliveries(const QList<DeliveryEvent> &events) override;
     Result<QList<DeliveryEvent>> deliveries(const DeliveryQuery &query) override;
     Result<void> ping() override;
@@ -49,7 +53,11 @@ private:
     Result<Reply> command(const QList<QByteArray> &args, bool writes);
     Result<Reply> script(const char *name, const QList<QByteArray> &args, bool writes);
     Result<void> loadScripts();
-    Result<qint64> purgeSlice(qint64 nowMs);
+    Result<qint64> purgeSlice();
+    // One script per request, all in one MULTI/EXEC: atomic together. The answers, in order.
+    Result<Reply> scriptsInTransaction(const char *name, const QList<QList<QByteArray>> &argsList);
+    // With ?wait_replicas=N: WAIT for N replicas to have the writes so far; refused if fewer did.
+    Result<void> waitForReplicas();
     Error failure(const QString &what, bool writes) const;
 
     redisContext *m_context;

@@ -6,7 +6,13 @@
 #include <QHash>
 #include <QJsonDocument>
 
+#include "util/clock.h"
+
 #include <sqlite3.h>
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 namespace idem {
 
@@ -116,6 +122,13 @@ Result<std::unique_ptr<SqliteStore>> SqliteStore::open(const QString &path,
     if (!QDir().mkpath(info.absolutePath()))
         return makeError(ErrorCode::Unavailable,
                          u"cannot create the folder of the store %1"_qs.arg(path));
+    // The file holds request bodies: readable by its owner only. SQLite gives the -wal and -shm
+    // files the mode of the database file.
+    const QByteArray native = QFile::encodeName(path);
+    if (const int fd = ::open(native.constData(), O_CREAT | O_RDWR | O_CLOEXEC, 0600); fd >= 0)
+        ::close(fd);
+    for (const char *suffix : {"", "-wal", "-shm"})
+        (void)::chmod((native + suffix).constData(), 0600);
     sqlite3 *db = nullptr;
     const int rc = sqlite3_open_v2(QFile::encodeName(path).constData(), &db,
                                    SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX,
@@ -128,28 +141,31 @@ Result<std::unique_ptr<SqliteStore>> SqliteStore::open(const QString &path,
     }
     sqlite3_busy_timeout(db, options.busyTimeoutMs);
     std::unique_ptr<SqliteStore> store(new SqliteStore(db, options));
-    for (const char *pragma : {"PRAGMA journal_mode=WAL", "PRAGMA synchronous=NORMAL"}) {
+    for (const char *pragma : {"PRAGMA journal_mode=WAL", options.synchronousFull ? "PRAGMA synchronous=FULL"
+                                                                                 : "PRAGMA synchronous=NORMAL"}) {
         if (auto r = store->exec(pragma); !r)
             return r.error();
     }
 
-    // Schema: versioned by PRAGMA user_version, applied in one transaction.
-    QFile schema(u":/sql/sqlite/001_init.sql"_qs);
-    if (!schema.open(QIODevice::ReadOnly))
-        return makeError(ErrorCode::Internal, u"the SQLite schema resource is missing"_qs);
-    const QByteArray sql = schema.readAll();
+    // Schema: versioned by PRAGMA user_version, each step applied in the same transaction.
     if (auto r = store->exec("BEGIN IMMEDIATE"); !r)
         return r.error();
     sqlite3_stmt *version = nullptr;
     sqlite3_prepare_v2(db, "PRAGMA user_version", -1, &version, nullptr);
     const int userVersion = sqlite3_step(version) == SQLITE_ROW ? sqlite3_column_int(version, 0) : 0;
     sqlite3_finalize(version);
-    if (userVersion < 1) {
+    const char *const steps[] = {":/sql/sqlite/001_init.sql", ":/sql/sqlite/002_tokens.sql"};
+    for (int v = userVersion; v < int(std::size(steps)); ++v) {
+        QFile schema(QString::fromLatin1(steps[v]));
+        if (!schema.open(QIODevice::ReadOnly)) {
+            (void)store->exec("ROLLBACK");
+            return makeError(ErrorCode::Internal, u"the SQLite schema resource %1 is missing"_qs.arg(schema.fileName()));
+        }
+        const QByteArray sql = schema.readAll() + "\nPRAGMA user_version = " + QByteArray::number(v + 1);
         if (auto r = store->exec(sql.constData()); !r) {
             (void)store->exec("ROLLBACK");
             return r.error();
         }
-        (void)store->exec("PRAGMA user_version = 1");
     }
     if (auto r = store->exec("COMMIT"); !r)
         return r.error();
@@ -184,7 +200,7 @@ namespace {
 class Transaction
 {
 public:
-    explicit Transaction(sqlite3 *db) : m_db(db), m_nested(!sqlite3_get_autocommit(db)) {}
+    Transaction(sqlite3 *db, bool inBatch) : m_db(db), m_nested(inBatch) {}
     ~Transaction()
     {
         if (m_open)
@@ -193,6 +209,10 @@ public:
     }
     bool begin()
     {
+        // SQLite rolls a whole transaction back by itself on some errors (SQLITE_FULL, IOERR,
+        // INTERRUPT): the batch is gone, and a step must not then commit on its own.
+        if (m_nested && sqlite3_get_autocommit(m_db))
+            return false;
         m_open = sqlite3_exec(m_db, m_nested ? "SAVEPOINT idem_step" : "BEGIN IMMEDIATE", nullptr,
                               nullptr, nullptr) == SQLITE_OK;
         return m_open;
@@ -218,11 +238,13 @@ private:
 
 bool SqliteStore::beginBatch()
 {
-    return sqlite3_get_autocommit(m_db) && exec("BEGIN IMMEDIATE").ok();
+    m_inBatch = sqlite3_get_autocommit(m_db) && exec("BEGIN IMMEDIATE").ok();
+    return m_inBatch;
 }
 
 Result<void> SqliteStore::endBatch()
 {
+    m_inBatch = false;
     if (sqlite3_get_autocommit(m_db)) // SQLite rolled the batch back itself (I/O error, full disk)
         return makeError(ErrorCode::Unavailable, u"SQLite: the batch's transaction was rolled back"_qs);
     if (auto committed = exec("COMMIT"); !committed) {
@@ -246,23 +268,49 @@ Result<std::optional<KeyRecord>> SqliteStore::readKey(const QString &key)
     return std::optional<KeyRecord>(select.record(true));
 }
 
+Result<qint64> SqliteStore::nextToken()
+{
+    IDEM_PREPARE(next, "UPDATE idem_counters SET value = value + 1 WHERE name = 'token' RETURNING value");
+    if (next.step() != SQLITE_ROW)
+        return lastError("token");
+    return next.i64(0);
+}
+
+Result<qint64> SqliteStore::clockMs()
+{
+    return wallMs();
+}
+
+Error SqliteStore::beginError(const char *what) const
+{
+    if (m_inBatch && sqlite3_get_autocommit(m_db))
+        return makeError(ErrorCode::Unavailable,
+                         u"SQLite %1: the batch's transaction was rolled back by SQLite"_qs.arg(QLatin1String(what)));
+    return lastError(what);
+}
+
 Result<ClaimResult> SqliteStore::claim(const ClaimRequest &req)
 {
-    Transaction tx(m_db);
+    const qint64 nowMs = wallMs();
+    Transaction tx(m_db, m_inBatch);
     if (!tx.begin())
-        return lastError("begin claim");
+        return beginError("claim");
     auto existing = readKey(req.key);
     if (!existing)
         return existing.error();
     const KeyRecord *current = existing->has_value() ? &existing->value() : nullptr;
 
     ClaimResult result;
-    result.decision = decideClaim(current, req.fingerprint, req.nowMs, req.policy);
+    result.storeNowMs = nowMs;
+    result.decision = decideClaim(current, req.fingerprint, nowMs, req.policy);
 
     switch (result.decision.action) {
     case ClaimAction::Create:
     case ClaimAction::Reclaim: {
-        result.record = claimedRecord(current, req, result.decision, current ? current->token + 1 : 1);
+        auto token = nextToken();
+        if (!token)
+            return token.error();
+        result.record = claimedRecord(current, req, result.decision, *token, nowMs);
         const KeyRecord &r = result.record;
 
         IDEM_PREPARE(upsert,
@@ -285,10 +333,10 @@ Result<ClaimResult> SqliteStore::claim(const ClaimRequest &req)
     case ClaimAction::InProgress: {
         result.record = *current;
         result.record.attempts += 1;
-        result.record.updatedMs = req.nowMs;
+        result.record.updatedMs = nowMs;
         IDEM_PREPARE(touch,
                      "UPDATE idem_keys SET attempts = attempts + 1, updated_ms = ?2 WHERE key = ?1");
-        touch.bind(1, req.key).bind(2, req.nowMs);
+        touch.bind(1, req.key).bind(2, nowMs);
         if (touch.step() != SQLITE_DONE)
             return lastError("claim");
         break;
@@ -304,24 +352,25 @@ Result<ClaimResult> SqliteStore::claim(const ClaimRequest &req)
 
 Result<FinishVerdict> SqliteStore::finish(const FinishRequest &req)
 {
-    Transaction tx(m_db);
+    const qint64 nowMs = wallMs();
+    Transaction tx(m_db, m_inBatch);
     if (!tx.begin())
-        return lastError("begin finish");
+        return beginError("finish");
     auto existing = readKey(req.key);
     if (!existing)
         return existing.error();
     const KeyRecord *current = existing->has_value() ? &existing->value() : nullptr;
-    const FinishVerdict verdict = decideFinish(current, req.token, req.nowMs);
+    const FinishVerdict verdict = decideFinish(current, req.token, req.state, req.result, nowMs);
     if (verdict != FinishVerdict::Accept)
         return verdict;
 
     QList<HistoryEntry> history = current->history;
-    appendHistory(history, {req.nowMs, toString(req.state), req.token, req.error});
+    appendHistory(history, {nowMs, toString(req.state), req.token, req.error});
     IDEM_PREPARE(update,
                  "UPDATE idem_keys SET state = ?2, updated_ms = ?3, lease_until_ms = 0,"
                  " res_status = ?4, res_headers = ?5, res_body = ?6, error = ?7, history = ?8"
                  " WHERE key = ?1");
-    update.bind(1, req.key).bind(2, toString(req.state)).bind(3, req.nowMs);
+    update.bind(1, req.key).bind(2, toString(req.state)).bind(3, nowMs);
     update.bind(4, qint64(req.result.status)).bindText(5, compactJson(headersToJson(req.result.headers)));
     update.bindBlob(6, req.result.body).bind(7, req.error).bindText(8, compactJson(historyToJson(history)));
     if (update.step() != SQLITE_DONE)
@@ -331,10 +380,44 @@ Result<FinishVerdict> SqliteStore::finish(const FinishRequest &req)
     return verdict;
 }
 
-Result<std::optional<KeyRecord>> SqliteStore::key(const QString &key, qint64 nowMs)
+template<typename T, typename Request, typename Step>
+Result<QList<T>> SqliteStore::inOneTransaction(const QList<Request> &requests, Step step)
+{
+    Transaction tx(m_db, m_inBatch);
+    if (!tx.begin())
+        return beginError("batch");
+    // Each step is a savepoint of this transaction.
+    const bool wasInBatch = m_inBatch;
+    m_inBatch = true;
+    QList<T> results;
+    for (const Request &request : requests) {
+        auto one = step(request);
+        if (!one) {
+            m_inBatch = wasInBatch;
+            return one.error();
+        }
+        results.append(std::move(*one));
+    }
+    m_inBatch = wasInBatch;
+    if (!tx.commit())
+        return lastError("commit batch");
+    return results;
+}
+
+Result<QList<ClaimResult>> SqliteStore::claimBatch(const QList<ClaimRequest> &requests)
+{
+    return inOneTransaction<ClaimResult>(requests, [this](const ClaimRequest &r) { return claim(r); });
+}
+
+Result<QList<FinishVerdict>> SqliteStore::finishBatch(const QList<FinishRequest> &requests)
+{
+    return inOneTransaction<FinishVerdict>(requests, [this](const FinishRequest &r) { return finish(r); });
+}
+
+Result<std::optional<KeyRecord>> SqliteStore::key(const QString &key)
 {
     auto r = readKey(key);
-    if (r && r->has_value() && (*r)->expiredAt(nowMs))
+    if (r && r->has_value() && (*r)->expiredAt(wallMs()))
         return std::optional<KeyRecord>();
     return r;
 }
@@ -355,7 +438,7 @@ Result<QList<KeyRecord>> SqliteStore::listKeys(const KeyQuery &q)
     std::unique_ptr<sqlite3_stmt, int (*)(sqlite3_stmt *)> owner(raw, sqlite3_finalize);
     {
         Statement s(raw);
-        s.bind(1, q.nowMs).bind(5, qint64(q.limit)).bind(6, qint64(q.offset));
+        s.bind(1, wallMs()).bind(5, qint64(q.limit)).bind(6, qint64(q.offset));
         if (q.state)
             s.bind(2, toString(*q.state));
         if (!q.endpoint.isEmpty())
@@ -373,8 +456,9 @@ Result<QList<KeyRecord>> SqliteStore::listKeys(const KeyQuery &q)
     }
 }
 
-Result<StateCounts> SqliteStore::countKeys(const QString &endpoint, qint64 nowMs)
+Result<StateCounts> SqliteStore::countKeys(const QString &endpoint)
 {
+    const qint64 nowMs = wallMs();
     IDEM_PREPARE(count, "SELECT state, count(*) FROM idem_keys WHERE expires_at_ms > ?1"
                         " AND (?2 = '' OR endpoint = ?2) GROUP BY state");
     count.bind(1, nowMs).bind(2, endpoint);
@@ -395,11 +479,12 @@ Result<StateCounts> SqliteStore::countKeys(const QString &endpoint, qint64 nowMs
 }
 
 Result<OperatorVerdict> SqliteStore::applyOperator(const QString &key, OperatorAction action,
-                                                   bool force, const QString &detail, qint64 nowMs)
+                                                   bool force, const QString &detail)
 {
-    Transaction tx(m_db);
+    const qint64 nowMs = wallMs();
+    Transaction tx(m_db, m_inBatch);
     if (!tx.begin())
-        return lastError("begin");
+        return beginError("operator");
     auto existing = readKey(key);
     if (!existing)
         return existing.error();
@@ -429,8 +514,9 @@ Result<OperatorVerdict> SqliteStore::applyOperator(const QString &key, OperatorA
     return verdict;
 }
 
-Result<qint64> SqliteStore::purgeExpired(qint64 nowMs)
+Result<qint64> SqliteStore::purgeExpired()
 {
+    const qint64 nowMs = wallMs();
     // In slices, so a purge of a large backlog never holds the write lock for long.
     qint64 removed = 0;
     for (;;) {
@@ -453,9 +539,9 @@ Result<qint64> SqliteStore::purgeExpired(qint64 nowMs)
 
 Result<void> SqliteStore::appendDeliveries(const QList<DeliveryEvent> &events)
 {
-    Transaction tx(m_db);
+    Transaction tx(m_db, m_inBatch);
     if (!tx.begin())
-        return lastError("begin log");
+        return beginError("log");
     for (const DeliveryEvent &e : events) {
         IDEM_PREPARE(insert, "INSERT INTO idem_deliveries (at_ms, endpoint, key, outcome, status,"
                              " latency_us, token, instance, detail, payload) VALUES (?1, ?2, ?3, ?4, ?5,"

@@ -11,6 +11,7 @@ namespace idem {
 struct SqliteOptions
 {
     int busyTimeoutMs = 5000;
+    bool synchronousFull = false; // sqlite:PATH?synchronous=full: a commit survives a power cut
     qint64 deliveryRetentionMs = 7LL * 24 * 3600 * 1000;
 };
 
@@ -18,7 +19,9 @@ struct SqliteOptions
 // transaction (read, decide, write), so several threads and processes may share the file; in a
 // batch (group commit, see IdempotencyStore::beginBatch) it is a savepoint of the batch's.
 // With synchronous=NORMAL a committed transition survives a crash of the process (not a power
-// cut: WAL checkpoints make it durable on disk a little later).
+// cut: WAL checkpoints make it durable on disk a little later); synchronous=FULL survives both.
+// Fencing tokens come from a counter row (idem_counters), never from the key's own record.
+// The clock is this machine's: every process sharing the file shares it.
 class SqliteStore final : public IdempotencyStore
 {
 public:
@@ -28,18 +31,23 @@ public:
 
     Result<ClaimResult> claim(const ClaimRequest &request) override;
     Result<FinishVerdict> finish(const FinishRequest &request) override;
-    Result<std::optional<KeyRecord>> key(const QString &key, qint64 nowMs) override;
+    Result<QList<ClaimResult>> claimBatch(const QList<ClaimRequest> &requests) override;
+    Result<QList<FinishVerdict>> finishBatch(const QList<FinishRequest> &requests) override;
+    Result<std::optional<KeyRecord>> key(const QString &key) override;
     Result<QList<KeyRecord>> listKeys(const KeyQuery &query) override;
-    Result<StateCounts> countKeys(const QString &endpoint, qint64 nowMs) override;
+    Result<StateCounts> countKeys(const QString &endpoint) override;
     Result<OperatorVerdict> applyOperator(const QString &key, OperatorAction action, bool force,
-                                          const QString &detail, qint64 nowMs) override;
-    Result<qint64> purgeExpired(qint64 nowMs) override;
+                                          const QString &detail) override;
+    Result<qint64> purgeExpired() override;
+    Result<qint64> clockMs() override;
     Result<void> appendDeliveries(const QList<DeliveryEvent> &events) override;
     Result<QList<DeliveryEvent>> deliveries(const DeliveryQuery &query) override;
     Result<void> ping() override;
     bool batches() const override { return true; }
     bool beginBatch() override;
     Result<void> endBatch() override;
+    // The connection itself, for tests that play SQLite's own faults (a rollback it made itself).
+    sqlite3 *handle() const { return m_db; }
 
 private:
     SqliteStore(sqlite3 *db, const SqliteOptions &options);
@@ -48,10 +56,15 @@ private:
     Result<void> exec(const char *sql);
     Result<std::optional<KeyRecord>> readKey(const QString &key);
     Error lastError(const char *what) const;
+    Error beginError(const char *what) const;
+    Result<qint64> nextToken();
+    template<typename T, typename Request, typename Step>
+    Result<QList<T>> inOneTransaction(const QList<Request> &requests, Step step);
 
     sqlite3 *m_db = nullptr;
     SqliteOptions m_options;
     std::unique_ptr<Cache> m_cache;
+    bool m_inBatch = false; // inside beginBatch()/endBatch(): each call is a savepoint
 };
 
 } // namespace idem

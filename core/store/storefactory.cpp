@@ -11,8 +11,10 @@ StoreFactory storeFactory(const StoreUrl &url)
 {
     switch (url.kind) {
     case StoreUrl::Kind::Sqlite:
-        return [path = url.path]() -> Result<std::unique_ptr<IdempotencyStore>> {
-            auto store = SqliteStore::open(path);
+        return [path = url.path, full = url.synchronousFull]() -> Result<std::unique_ptr<IdempotencyStore>> {
+            SqliteOptions options;
+            options.synchronousFull = full;
+            auto store = SqliteStore::open(path, options);
             if (!store)
                 return store.error();
             return std::unique_ptr<IdempotencyStore>(std::move(store.value()));
@@ -63,7 +65,10 @@ Result<std::shared_ptr<StorePool>> openStorePool(const QString &text, int worker
     if (auto ping = (*probe)->ping(); !ping)
         return ping.error();
     auto pool = std::make_shared<StorePool>(factory, workers > 0 ? workers : defaultWorkers(*url, use));
-    if (url->kind == StoreUrl::Kind::Redis)
+    // The Redis lane pipelines claims and finishes from the receiver thread; with wait_replicas
+    // every write waits for its replicas (WAIT blocks the connection), so the pool's workers
+    // make those calls instead.
+    if (url->kind == StoreUrl::Kind::Redis && url->waitReplicas == 0)
         pool->setLaneFactory([url = *url](StorePool &health) -> std::unique_ptr<StoreLane> {
             return std::make_unique<RedisLane>(url, RedisOptions{}, health);
         });

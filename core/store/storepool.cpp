@@ -31,15 +31,18 @@ struct StoreWatch final : IdempotencyStore
     }
     Result<ClaimResult> claim(const ClaimRequest &q) override { return seen(inner.claim(q)); }
     Result<FinishVerdict> finish(const FinishRequest &q) override { return seen(inner.finish(q)); }
-    Result<std::optional<KeyRecord>> key(const QString &k, qint64 n) override { return seen(inner.key(k, n)); }
+    Result<QList<ClaimResult>> claimBatch(const QList<ClaimRequest> &q) override { return seen(inner.claimBatch(q)); }
+    Result<QList<FinishVerdict>> finishBatch(const QList<FinishRequest> &q) override { return seen(inner.finishBatch(q)); }
+    Result<std::optional<KeyRecord>> key(const QString &k) override { return seen(inner.key(k)); }
     Result<QList<KeyRecord>> listKeys(const KeyQuery &q) override { return seen(inner.listKeys(q)); }
-    Result<StateCounts> countKeys(const QString &e, qint64 n) override { return seen(inner.countKeys(e, n)); }
-    Result<OperatorVerdict> applyOperator(const QString &k, OperatorAction a, bool f,
-                                          const QString &d, qint64 n) override
+    Result<StateCounts> countKeys(const QString &e) override { return seen(inner.countKeys(e)); }
+    Result<OperatorVerdict> applyOperator(const QString &k, OperatorAction a, bool f, const QString &d) override
     {
-        return seen(inner.applyOperator(k, a, f, d, n));
+        return seen(inner.applyOperator(k, a, f, d));
     }
-    Result<qint64> purgeExpired(qint64 n) override { return seen(inner.purgeExpired(n)); }
+    Result<qint64> purgeExpired() override { return seen(inner.purgeExpired()); }
+    Result<qint64> clockMs() override { return seen(inner.clockMs()); }
+    Result<QStringList> durabilityWarnings() override { return seen(inner.durabilityWarnings()); }
     Result<void> appendDeliveries(const QList<DeliveryEvent> &e) override { return seen(inner.appendDeliveries(e)); }
     Result<QList<DeliveryEvent>> deliveries(const DeliveryQuery &q) override { return seen(inner.deliveries(q)); }
     Result<void> ping() override { return seen(inner.ping()); }
@@ -69,12 +72,18 @@ StorePool::~StorePool()
         worker.join();
 }
 
-void StorePool::enqueue(Job job, Batch batch)
+void StorePool::enqueue(Job job, Batch batch, Priority priority)
 {
     {
         std::unique_lock lock(m_mutex);
-        // Back-pressure: a store that cannot keep up refuses at once (503) instead of queueing
-        // deliveries until the senders time out.
+        // Back-pressure: a store that cannot keep up refuses new work at once (503) instead of
+        // queueing deliveries until the senders time out. Finishes are never refused for load.
+        if (!m_stopping && priority == Priority::Finish) {
+            m_finishes.emplace_back(std::move(job), batch);
+            lock.unlock();
+            m_wake.notify_one();
+            return;
+        }
         if (!m_stopping && qint64(m_jobs.size()) < m_maxQueued) {
             m_jobs.emplace_back(std::move(job), batch);
             lock.unlock();
@@ -95,17 +104,20 @@ void StorePool::workerLoop()
         std::vector<Job> jobs;
         {
             std::unique_lock lock(m_mutex);
-            m_wake.wait(lock, [this] { return m_stopping || !m_jobs.empty(); });
-            if (m_jobs.empty())
+            m_wake.wait(lock, [this] { return m_stopping || !m_jobs.empty() || !m_finishes.empty(); });
+            if (m_jobs.empty() && m_finishes.empty())
                 return; // stopping and drained
-            // A store with group commit takes the groupable jobs waiting in a row, up to a batch;
-            // otherwise one job, leaving the rest to the other workers.
-            const bool grouping = store && store->batches() && m_jobs.front().second == Batch::Grouped;
+            // Finishes first. A store with group commit takes the groupable jobs waiting in a row,
+            // up to a batch; otherwise one job, leaving the rest to the other workers.
+            auto next = [this]() -> std::deque<std::pair<Job, Batch>> * {
+                return !m_finishes.empty() ? &m_finishes : !m_jobs.empty() ? &m_jobs : nullptr;
+            };
+            const bool grouping = store && store->batches() && next()->front().second == Batch::Grouped;
             do {
-                jobs.push_back(std::move(m_jobs.front().first));
-                m_jobs.pop_front();
-            } while (grouping && !m_jobs.empty() && m_jobs.front().second == Batch::Grouped
-                     && jobs.size() < kMaxBatch);
+                auto *queue = next();
+                jobs.push_back(std::move(queue->front().first));
+                queue->pop_front();
+            } while (grouping && next() && next()->front().second == Batch::Grouped && jobs.size() < kMaxBatch);
         }
         std::optional<Error> connectError;
         if (!store) {
@@ -172,7 +184,7 @@ public:
     {
         m_pool.submit<FinishVerdict>(
             m_context, [request](IdempotencyStore &store) { return store.finish(request); }, std::move(done),
-            StorePool::Batch::Grouped);
+            StorePool::Batch::Grouped, StorePool::Priority::Finish);
     }
 
 private:
@@ -192,14 +204,14 @@ StoreHealth StorePool::health() const
 {
     std::lock_guard lock(m_mutex);
     StoreHealth h = m_health;
-    h.queued = qint64(m_jobs.size());
+    h.queued = qint64(m_jobs.size() + m_finishes.size());
     return h;
 }
 
 qint64 StorePool::queued() const
 {
     std::lock_guard lock(m_mutex);
-    return qint64(m_jobs.size());
+    return qint64(m_jobs.size() + m_finishes.size());
 }
 
 } // namespace idem

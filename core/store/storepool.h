@@ -51,10 +51,14 @@ public:
     // short writes on every delivery's path do; reads and operator actions run alone, so that
     // they never hold SQLite's write lock for a batch.
     enum class Batch { Alone, Grouped };
+    // Recording what already ran (a finish) comes before new work and is never refused for load:
+    // refusing it would have the delivery processed again once its lease ends.
+    enum class Priority { Normal, Finish };
 
     template<typename T>
     void submit(QObject *context, std::function<Result<T>(IdempotencyStore &)> job,
-                std::function<void(Result<T>)> done, Batch batch = Batch::Alone)
+                std::function<void(Result<T>)> done, Batch batch = Batch::Alone,
+                Priority priority = Priority::Normal)
     {
         QPointer<QObject> guard(context);
         enqueue([job = std::move(job), done = std::move(done), guard](IdempotencyStore *store,
@@ -67,7 +71,7 @@ public:
                 QMetaObject::invokeMethod(
                     guard.data(), [done, result]() { done(std::move(*result)); }, Qt::QueuedConnection);
             };
-        }, batch);
+        }, batch, priority);
     }
 
     // Blocks the calling thread until the job ran (CLI and tests; never the GUI thread).
@@ -107,13 +111,14 @@ private:
         if (batchError && result.ok())
             result = Result<T>(*batchError);
     }
-    void enqueue(Job job, Batch batch = Batch::Alone);
+    void enqueue(Job job, Batch batch = Batch::Alone, Priority priority = Priority::Normal);
     void workerLoop();
 
     StoreFactory m_factory;
     int m_maxQueued;
     mutable std::mutex m_mutex;
     std::condition_variable m_wake;
+    std::deque<std::pair<Job, Batch>> m_finishes; // taken before m_jobs
     std::deque<std::pair<Job, Batch>> m_jobs;
     bool m_stopping = false;
     std::vector<std::thread> m_workers;

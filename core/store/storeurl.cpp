@@ -27,6 +27,19 @@ Result<StoreUrl> StoreUrl::parse(const QString &text)
         url.path = text.mid(7);
         if (url.path.startsWith(u"//"_qs)) // sqlite:///abs/path
             url.path = url.path.mid(2);
+        if (const qsizetype q = url.path.indexOf(u'?'); q >= 0) {
+            const QUrlQuery query(url.path.mid(q + 1));
+            url.path.truncate(q);
+            for (const auto &[name, value] : query.queryItems(QUrl::FullyDecoded)) {
+                if (name != u"synchronous"_qs || (value != u"full"_qs && value != u"normal"_qs))
+                    return makeError(ErrorCode::Invalid,
+                                     u"store URL %1: unknown option %2=%3 (sqlite takes synchronous=full or normal)"_qs
+                                         .arg(text, name, value));
+                url.synchronousFull = value == u"full"_qs;
+            }
+        }
+        if (url.path.isEmpty())
+            url.path = defaultSqlitePath();
         return url;
     }
     const QUrl parsed(text, QUrl::StrictMode);
@@ -42,7 +55,22 @@ Result<StoreUrl> StoreUrl::parse(const QString &text)
         if (!numeric)
             return makeError(ErrorCode::Invalid,
                              u"store URL %1: the Redis database must be a number"_qs.arg(text));
-        url.prefix = QUrlQuery(parsed).queryItemValue(u"prefix"_qs, QUrl::FullyDecoded);
+        for (const auto &[name, value] : QUrlQuery(parsed).queryItems(QUrl::FullyDecoded)) {
+            bool number = true;
+            if (name == u"prefix"_qs)
+                url.prefix = value;
+            else if (name == u"wait_replicas"_qs)
+                url.waitReplicas = value.toInt(&number);
+            else if (name == u"wait_timeout_ms"_qs)
+                url.waitTimeoutMs = value.toInt(&number);
+            else
+                return makeError(ErrorCode::Invalid,
+                                 u"store URL %1: unknown option %2 (redis takes prefix, wait_replicas, wait_timeout_ms)"_qs
+                                     .arg(text, name));
+            if (!number || url.waitReplicas < 0 || url.waitTimeoutMs < 1)
+                return makeError(ErrorCode::Invalid,
+                                 u"store URL %1: %2 must be a positive number"_qs.arg(text, name));
+        }
         if (url.prefix.isEmpty())
             url.prefix = u"idem:"_qs;
     } else if (scheme == u"postgresql"_qs || scheme == u"postgres"_qs) {

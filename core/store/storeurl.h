@@ -20,6 +20,9 @@ struct StoreUrl
     QString password;
     QString database; // postgres dbname; redis db number as text
     QString prefix;   // redis key prefix (?prefix=...), default "idem:"
+    bool synchronousFull = false; // sqlite:PATH?synchronous=full
+    int waitReplicas = 0;         // redis ?wait_replicas=N: WAIT after each claim and finish
+    int waitTimeoutMs = 100;      // redis ?wait_timeout_ms=M
 
     static Result<StoreUrl> parse(const QString &text);
     static QString defaultSqlitePath();

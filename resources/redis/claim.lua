@@ -1,16 +1,18 @@
 -- claim: read the key, decide (the Redis twin of decideClaim() in core/engine/statemachine.cpp,
 -- held to it by the store contract suite), apply; all atomic. On every delivery's path, so it
 -- does the least it can: a first claim writes the record and its indexes and answers the token.
--- ARGV: prefix key endpoint provider fingerprint now lease_ms ttl_ms on_failed on_mismatch
+-- ARGV: prefix key endpoint provider fingerprint lease_ms ttl_ms on_failed on_mismatch
 --       req_method req_path req_headers req_body history_cap
--- Returns, by action (the caller builds the record from what it sent and this):
---   create:  {action, outcome, token}
---   reclaim: {action, outcome, token, attempts, created, history}   (as they were before)
---   replay, in-progress, mismatch: {action, outcome, SUMMARY fields of the record after the step}
+-- Time is Redis's own (TIME). Returns, by action (the caller builds the record from what it
+-- sent and this), each ending with the clock the decision was made at:
+--   create:  {action, outcome, token, now}
+--   reclaim: {action, outcome, token, attempts, created, history, now}   (as they were before)
+--   replay, in-progress, mismatch: {action, outcome, SUMMARY fields of the record after the step, now}
 local prefix, key, endpoint, provider, fp = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
-local now, leaseMs, ttlMs = tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8])
-local onFailed, onMismatch = ARGV[9], ARGV[10]
-local cap = tonumber(ARGV[15])
+local leaseMs, ttlMs = tonumber(ARGV[6]), tonumber(ARGV[7])
+local onFailed, onMismatch = ARGV[8], ARGV[9]
+local cap = tonumber(ARGV[14])
+local now = clockMs()
 local rk = prefix .. 'k:' .. key
 local SUMMARY = {'key', 'endpoint', 'provider', 'state', 'fingerprint', 'token', 'attempts', 'created',
                  'updated', 'lease_until', 'expires_at', 'res_status', 'res_headers', 'res_body', 'error'}
@@ -47,6 +49,7 @@ local function summary()
   for i = 1, #SUMMARY do
     answer[i + 2] = values[i] or ''
   end
+  answer[#SUMMARY + 3] = fmt(now)
   return answer
 end
 
@@ -67,6 +70,10 @@ local attempts, created, history
 if state then
   unindex(prefix, key)
   redis.call('DEL', rk)
+elseif redis.call('ZSCORE', prefix .. 'i:exp', key) then
+  -- The record expired natively but its index entries are still there: they go with it, so the
+  -- key is not listed (and counted) under its old state as well.
+  unindex(prefix, key)
 end
 local expiresAt = now + ttlMs
 if action == 'reclaim' then
@@ -85,11 +92,11 @@ end
 redis.call('HSET', rk, 'key', key, 'endpoint', endpoint, 'provider', provider, 'state', 'processing',
            'fingerprint', fp, 'token', token, 'attempts', attempts, 'created', fmt(created),
            'updated', fmt(now), 'lease_until', fmt(now + leaseMs), 'expires_at', fmt(expiresAt),
-           'req_method', ARGV[11], 'req_path', ARGV[12], 'req_headers', ARGV[13], 'req_body', ARGV[14],
+           'req_method', ARGV[10], 'req_path', ARGV[11], 'req_headers', ARGV[12], 'req_body', ARGV[13],
            'history', history)
 redis.call('PEXPIREAT', rk, fmt(expiresAt))
 index(prefix, key, endpoint, 'processing', now, expiresAt)
 if action == 'reclaim' then
-  return {action, outcome, token, cur[5], cur[6], cur[7] or '[]'}
+  return {action, outcome, token, cur[5], cur[6], cur[7] or '[]', fmt(now)}
 end
-return {action, outcome, token}
+return {action, outcome, token, fmt(now)}

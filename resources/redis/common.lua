@@ -13,6 +13,12 @@ local function fmt(n)
   return string.format('%.0f', n)
 end
 
+-- The store's clock in ms: leases and expiry are decided here, never on a desk's clock.
+local function clockMs()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
 local function endpointOf(key)
   return string.match(key, '^([^:]*):')
 end

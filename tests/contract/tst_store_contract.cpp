@@ -1,16 +1,20 @@
 // The store contract (SPEC §5): one suite, run unchanged against every backend.
 //   tst_store_contract sqlite | redis | postgres
 // redis and postgres read IDEM_TEST_REDIS_URL / IDEM_TEST_POSTGRES_URL (./dev test sets them).
+#include "store/sqlitestore.h"
 #include "store/storefactory.h"
 #include "store/storepool.h"
 #include "support/names.h"
 #include "util/clock.h"
 
+#include <QDeadlineTimer>
 #include <QRandomGenerator>
 #include <QTemporaryDir>
 #include <QTest>
 
 #include <thread>
+
+#include <sqlite3.h>
 
 using namespace idem;
 using idem::test::name;
@@ -29,15 +33,15 @@ struct CommitProbe final : IdempotencyStore
     {}
     Result<ClaimResult> claim(const ClaimRequest &q) override { return inner->claim(q); }
     Result<FinishVerdict> finish(const FinishRequest &q) override { return inner->finish(q); }
-    Result<std::optional<KeyRecord>> key(const QString &k, qint64 n) override { return inner->key(k, n); }
+    Result<std::optional<KeyRecord>> key(const QString &k) override { return inner->key(k); }
     Result<QList<KeyRecord>> listKeys(const KeyQuery &q) override { return inner->listKeys(q); }
-    Result<StateCounts> countKeys(const QString &e, qint64 n) override { return inner->countKeys(e, n); }
-    Result<OperatorVerdict> applyOperator(const QString &k, OperatorAction a, bool f, const QString &d,
-                                          qint64 n) override
+    Result<StateCounts> countKeys(const QString &e) override { return inner->countKeys(e); }
+    Result<OperatorVerdict> applyOperator(const QString &k, OperatorAction a, bool f, const QString &d) override
     {
-        return inner->applyOperator(k, a, f, d, n);
+        return inner->applyOperator(k, a, f, d);
     }
-    Result<qint64> purgeExpired(qint64 n) override { return inner->purgeExpired(n); }
+    Result<qint64> purgeExpired() override { return inner->purgeExpired(); }
+    Result<qint64> clockMs() override { return inner->clockMs(); }
     Result<void> appendDeliveries(const QList<DeliveryEvent> &e) override { return inner->appendDeliveries(e); }
     Result<QList<DeliveryEvent>> deliveries(const DeliveryQuery &q) override { return inner->deliveries(q); }
     Result<void> ping() override { return inner->ping(); }
@@ -81,7 +85,6 @@ private:
         r.request = {"POST", "/hooks/" + ep.toUtf8(), {{"Idempotency-Key", k.toUtf8()}, {"X-A", "1"}}, "{\"a\":1}"};
         r.policy.leaseMs = leaseMs;
         r.policy.ttlMs = ttlMs;
-        r.nowMs = wallMs();
         return r;
     }
     ClaimResult claim(const ClaimRequest &r)
@@ -90,6 +93,25 @@ private:
         if (!result)
             qFatal("claim failed: %s", qPrintable(result.error().message));
         return *result;
+    }
+    // The store's clock: leases and expiry are measured on it, so tests wait on it too.
+    qint64 storeNow()
+    {
+        auto now = m_store->clockMs();
+        if (!now)
+            qFatal("clock failed: %s", qPrintable(now.error().message));
+        return *now;
+    }
+    // Waits until the store's clock has passed `ms` (a lease's or a record's end).
+    bool storeClockPasses(qint64 ms)
+    {
+        QDeadlineTimer deadline(15'000);
+        while (storeNow() <= ms) { // polled like QTRY_VERIFY does
+            if (deadline.hasExpired())
+                return false;
+            QTest::qWait(20);
+        }
+        return true;
     }
     FinishVerdict finish(const QString &key, qint64 token, KeyState state, int status = 200,
                          const QByteArray &body = "ok")
@@ -100,7 +122,6 @@ private:
         f.state = state;
         f.result = {status, {{"Content-Type", "application/json"}, {"X-R", "r"}}, body};
         f.error = state == KeyState::Failed ? u"boom"_qs : QString();
-        f.nowMs = wallMs();
         auto v = m_store->finish(f);
         if (!v)
             qFatal("finish failed: %s", qPrintable(v.error().message));
@@ -139,7 +160,7 @@ private Q_SLOTS:
         QCOMPARE(name(r.record.state), name(KeyState::Processing));
         QVERIFY(r.record.token >= 1);
         QCOMPARE(r.record.attempts, 1);
-        auto stored = m_store->key(ep + u":a"_qs, wallMs());
+        auto stored = m_store->key(ep + u":a"_qs);
         QVERIFY(stored.ok() && stored->has_value());
         const KeyRecord &k = **stored;
         QCOMPARE(name(k.state), name(KeyState::Processing));
@@ -150,8 +171,11 @@ private Q_SLOTS:
         QCOMPARE(k.request.method, QByteArray("POST"));
         QCOMPARE(k.request.body, QByteArray("{\"a\":1}"));
         QCOMPARE(headerValue(k.request.headers, "x-a"), QByteArray("1"));
-        QVERIFY(k.leaseUntilMs > wallMs());
-        QVERIFY(k.expiresAtMs > wallMs() + 3'000'000);
+        // Decided on the store's clock, at the claim.
+        QCOMPARE(k.leaseUntilMs, r.storeNowMs + 60'000);
+        QCOMPARE(k.expiresAtMs, r.storeNowMs + 3'600'000);
+        QCOMPARE(k.createdMs, r.storeNowMs);
+        QVERIFY(qAbs(storeNow() - r.storeNowMs) < 10'000);
         QCOMPARE(k.history.size(), 1);
         QCOMPARE(k.history.first().event, u"claimed"_qs);
     }
@@ -164,8 +188,8 @@ private Q_SLOTS:
         QCOMPARE(name(second.decision.action), name(ClaimAction::InProgress));
         QVERIFY(!second.claimed());
         QCOMPARE(second.record.token, first.record.token);
-        QVERIFY(second.record.leaseUntilMs > wallMs());
-        QCOMPARE((*m_store->key(ep + u":a"_qs, wallMs()))->attempts, 2);
+        QVERIFY(second.record.leaseUntilMs > second.storeNowMs);
+        QCOMPARE((*m_store->key(ep + u":a"_qs))->attempts, 2);
     }
 
     void completedIsReplayedByteForByte()
@@ -181,7 +205,7 @@ private Q_SLOTS:
         QCOMPARE(replay.record.result.status, 201);
         QCOMPARE(replay.record.result.body, body);
         QCOMPARE(headerValue(replay.record.result.headers, "X-R"), QByteArray("r"));
-        const KeyRecord k = **m_store->key(key, wallMs());
+        const KeyRecord k = **m_store->key(key);
         QCOMPARE(name(k.state), name(KeyState::Completed));
         QCOMPARE(k.attempts, 2);
         QCOMPARE(k.history.last().event, u"completed"_qs);
@@ -194,10 +218,10 @@ private Q_SLOTS:
         const ClaimResult c = claim(request(ep, u"a"_qs));
         QCOMPARE(name(finish(key, c.record.token + 1, KeyState::Completed)), name(FinishVerdict::StaleToken));
         QCOMPARE(name(finish(key, c.record.token - 1, KeyState::Failed)), name(FinishVerdict::StaleToken));
-        QCOMPARE(name((*m_store->key(key, wallMs()))->state), name(KeyState::Processing));
+        QCOMPARE(name((*m_store->key(key))->state), name(KeyState::Processing));
         QCOMPARE(name(finish(key, c.record.token, KeyState::Completed)), name(FinishVerdict::Accept));
         QCOMPARE(name(finish(key, c.record.token, KeyState::Failed)), name(FinishVerdict::NotProcessing));
-        QCOMPARE(name((*m_store->key(key, wallMs()))->state), name(KeyState::Completed));
+        QCOMPARE(name((*m_store->key(key))->state), name(KeyState::Completed));
         QCOMPARE(name(finish(ep + u":never"_qs, 1, KeyState::Completed)), name(FinishVerdict::Missing));
     }
 
@@ -205,16 +229,16 @@ private Q_SLOTS:
     {
         const QString ep = endpoint();
         const QString key = ep + u":a"_qs;
-        const ClaimResult first = claim(request(ep, u"a"_qs, "f1", 300));
-        QCOMPARE(name(claim(request(ep, u"a"_qs, "f1", 300)).decision.action), name(ClaimAction::InProgress));
-        QTRY_VERIFY_WITH_TIMEOUT(wallMs() > first.record.leaseUntilMs, 5000);
-        const ClaimResult second = claim(request(ep, u"a"_qs, "f1", 300));
+        const ClaimResult first = claim(request(ep, u"a"_qs, "f1", 1500));
+        QCOMPARE(name(claim(request(ep, u"a"_qs, "f1", 1500)).decision.action), name(ClaimAction::InProgress));
+        QVERIFY(storeClockPasses(first.record.leaseUntilMs));
+        const ClaimResult second = claim(request(ep, u"a"_qs, "f1"));
         QVERIFY(second.claimed());
         QCOMPARE(name(second.decision.outcome), name(Outcome::Recovered));
         QVERIFY(second.record.token > first.record.token);
         QCOMPARE(name(finish(key, first.record.token, KeyState::Completed, 200, "old")), name(FinishVerdict::StaleToken));
         QCOMPARE(name(finish(key, second.record.token, KeyState::Completed, 200, "new")), name(FinishVerdict::Accept));
-        const KeyRecord k = **m_store->key(key, wallMs());
+        const KeyRecord k = **m_store->key(key);
         QCOMPARE(k.result.body, QByteArray("new"));
         QStringList events;
         for (const auto &h : k.history)
@@ -228,7 +252,7 @@ private Q_SLOTS:
         const QString key = ep + u":a"_qs;
         ClaimResult c = claim(request(ep, u"a"_qs));
         QCOMPARE(name(finish(key, c.record.token, KeyState::Failed, 502, "down")), name(FinishVerdict::Accept));
-        const KeyRecord failed = **m_store->key(key, wallMs());
+        const KeyRecord failed = **m_store->key(key);
         QCOMPARE(name(failed.state), name(KeyState::Failed));
         QCOMPARE(failed.error, u"boom"_qs);
 
@@ -243,7 +267,7 @@ private Q_SLOTS:
         QCOMPARE(name(again.decision.outcome), name(Outcome::Reprocessed));
         QVERIFY(again.record.token > c.record.token);
         QCOMPARE(name(finish(key, again.record.token, KeyState::Completed)), name(FinishVerdict::Accept));
-        QCOMPARE((*m_store->key(key, wallMs()))->attempts, 3);
+        QCOMPARE((*m_store->key(key))->attempts, 3);
     }
 
     void mismatchLeavesTheRecordUntouched()
@@ -252,11 +276,11 @@ private Q_SLOTS:
         const QString key = ep + u":a"_qs;
         const ClaimResult c = claim(request(ep, u"a"_qs, "f1"));
         QCOMPARE(name(finish(key, c.record.token, KeyState::Completed)), name(FinishVerdict::Accept));
-        const KeyRecord before = **m_store->key(key, wallMs());
+        const KeyRecord before = **m_store->key(key);
         const ClaimResult m = claim(request(ep, u"a"_qs, "f2"));
         QCOMPARE(name(m.decision.action), name(ClaimAction::Mismatch));
         QCOMPARE(m.record.fingerprint, QByteArray("f1"));
-        const KeyRecord after = **m_store->key(key, wallMs());
+        const KeyRecord after = **m_store->key(key);
         QCOMPARE(after.attempts, before.attempts);
         QCOMPARE(after.fingerprint, QByteArray("f1"));
         QCOMPARE(after.updatedMs, before.updatedMs);
@@ -267,14 +291,13 @@ private Q_SLOTS:
     {
         const QString ep = endpoint();
         const QString key = ep + u":a"_qs;
-        const ClaimResult c = claim(request(ep, u"a"_qs, "f1", 60'000, 400));
+        const ClaimResult c = claim(request(ep, u"a"_qs, "f1", 60'000, 1500));
         QCOMPARE(name(finish(key, c.record.token, KeyState::Completed)), name(FinishVerdict::Accept));
-        QTRY_VERIFY_WITH_TIMEOUT(!m_store->key(key, wallMs())->has_value(), 5000);
+        QTRY_VERIFY_WITH_TIMEOUT(!m_store->key(key)->has_value(), 5000);
         KeyQuery q;
         q.endpoint = ep;
-        q.nowMs = wallMs();
         QCOMPARE(m_store->listKeys(q)->size(), 0);
-        QCOMPARE(m_store->countKeys(ep, wallMs())->total(), 0);
+        QCOMPARE(m_store->countKeys(ep)->total(), 0);
         const ClaimResult fresh = claim(request(ep, u"a"_qs, "other-payload"));
         QCOMPARE(name(fresh.decision.action), name(ClaimAction::Create));
         QCOMPARE(fresh.record.attempts, 1);
@@ -285,12 +308,11 @@ private Q_SLOTS:
         const QString ep = endpoint();
         claim(request(ep, u"gone"_qs, "f1", 60'000, 200));
         claim(request(ep, u"kept"_qs));
-        const qint64 later = wallMs() + 1000;
-        QTRY_VERIFY_WITH_TIMEOUT(wallMs() > later, 3000);
-        auto purged = m_store->purgeExpired(wallMs());
+        QVERIFY(storeClockPasses((*m_store->key(ep + u":gone"_qs))->expiresAtMs));
+        auto purged = m_store->purgeExpired();
         QVERIFY(purged.ok());
-        QVERIFY(!m_store->key(ep + u":gone"_qs, wallMs())->has_value());
-        QVERIFY(m_store->key(ep + u":kept"_qs, wallMs())->has_value());
+        QVERIFY(!m_store->key(ep + u":gone"_qs)->has_value());
+        QVERIFY(m_store->key(ep + u":kept"_qs)->has_value());
     }
 
     void listAndCountByStateEndpointAndGlob()
@@ -308,7 +330,7 @@ private Q_SLOTS:
         claim(request(ep, u"busy"_qs));
         claim(request(other, u"elsewhere"_qs));
 
-        const StateCounts counts = *m_store->countKeys(ep, wallMs());
+        const StateCounts counts = *m_store->countKeys(ep);
         QCOMPARE(counts.completed, 3);
         QCOMPARE(counts.failed, 2);
         QCOMPARE(counts.processing, 1);
@@ -316,7 +338,6 @@ private Q_SLOTS:
 
         KeyQuery q;
         q.endpoint = ep;
-        q.nowMs = wallMs();
         QCOMPARE(m_store->listKeys(q)->size(), 6);
         q.state = KeyState::Failed;
         auto failed = *m_store->listKeys(q);
@@ -334,7 +355,6 @@ private Q_SLOTS:
         q.offset = 4;
         QCOMPARE(m_store->listKeys(q)->size(), 2);
         KeyQuery all;
-        all.nowMs = wallMs();
         all.glob = u"*elsewhere"_qs;
         all.limit = 1000;
         const auto found = *m_store->listKeys(all);
@@ -348,25 +368,25 @@ private Q_SLOTS:
         ClaimRequest reject = request(ep, u"a"_qs);
         reject.policy.onFailed = OnFailed::Reject;
         const ClaimResult c = claim(reject);
-        QCOMPARE(name(*m_store->applyOperator(key, OperatorAction::Reset, false, u"op"_qs, wallMs())), name(OperatorVerdict::WrongState));
-        QCOMPARE(name(*m_store->applyOperator(key, OperatorAction::ForceFail, false, u"stuck"_qs, wallMs())), name(OperatorVerdict::Accept));
-        const KeyRecord forced = **m_store->key(key, wallMs());
+        QCOMPARE(name(*m_store->applyOperator(key, OperatorAction::Reset, false, u"op"_qs)), name(OperatorVerdict::WrongState));
+        QCOMPARE(name(*m_store->applyOperator(key, OperatorAction::ForceFail, false, u"stuck"_qs)), name(OperatorVerdict::Accept));
+        const KeyRecord forced = **m_store->key(key);
         QCOMPARE(name(forced.state), name(KeyState::Failed));
         QCOMPARE(forced.error, u"stuck"_qs);
         // The worker that held the claim can no longer finish it.
         QCOMPARE(name(finish(key, c.record.token, KeyState::Completed)), name(FinishVerdict::NotProcessing));
         QCOMPARE(name(claim(reject).decision.action), name(ClaimAction::Replay));
-        QCOMPARE(name(*m_store->applyOperator(key, OperatorAction::Reset, false, u"op"_qs, wallMs())), name(OperatorVerdict::Accept));
-        QCOMPARE(name((*m_store->key(key, wallMs()))->state), name(KeyState::Reset));
+        QCOMPARE(name(*m_store->applyOperator(key, OperatorAction::Reset, false, u"op"_qs)), name(OperatorVerdict::Accept));
+        QCOMPARE(name((*m_store->key(key))->state), name(KeyState::Reset));
         const ClaimResult again = claim(reject);
         QCOMPARE(name(again.decision.outcome), name(Outcome::Reprocessed));
         QCOMPARE(name(finish(key, again.record.token, KeyState::Completed)), name(FinishVerdict::Accept));
-        QCOMPARE(name(*m_store->applyOperator(key, OperatorAction::Reset, false, u"op"_qs, wallMs())), name(OperatorVerdict::WrongState));
-        QCOMPARE(name(*m_store->applyOperator(key, OperatorAction::Reset, true, u"op"_qs, wallMs())), name(OperatorVerdict::Accept));
-        QCOMPARE(name(*m_store->applyOperator(key, OperatorAction::Delete, false, {}, wallMs())), name(OperatorVerdict::Accept));
-        QVERIFY(!m_store->key(key, wallMs())->has_value());
-        QCOMPARE(name(*m_store->applyOperator(key, OperatorAction::Delete, false, {}, wallMs())), name(OperatorVerdict::Missing));
-        QCOMPARE(m_store->countKeys(ep, wallMs())->total(), 0);
+        QCOMPARE(name(*m_store->applyOperator(key, OperatorAction::Reset, false, u"op"_qs)), name(OperatorVerdict::WrongState));
+        QCOMPARE(name(*m_store->applyOperator(key, OperatorAction::Reset, true, u"op"_qs)), name(OperatorVerdict::Accept));
+        QCOMPARE(name(*m_store->applyOperator(key, OperatorAction::Delete, false, {})), name(OperatorVerdict::Accept));
+        QVERIFY(!m_store->key(key)->has_value());
+        QCOMPARE(name(*m_store->applyOperator(key, OperatorAction::Delete, false, {})), name(OperatorVerdict::Missing));
+        QCOMPARE(m_store->countKeys(ep)->total(), 0);
     }
 
     void deliveryLog()
@@ -410,6 +430,153 @@ private Q_SLOTS:
         QCOMPARE(mismatch->payload, QByteArray("{\"changed\":true}\0\xff", 18));
     }
 
+    // Fencing tokens come from one counter per store: a key deleted and claimed again gets a
+    // higher token, and the old worker's late finish is refused.
+    void tokensAreNeverReusedAfterDelete()
+    {
+        const QString ep = endpoint();
+        const QString key = ep + u":a"_qs;
+        const ClaimResult first = claim(request(ep, u"a"_qs));
+        QCOMPARE(name(*m_store->applyOperator(key, OperatorAction::Delete, false, {})), name(OperatorVerdict::Accept));
+        const ClaimResult second = claim(request(ep, u"a"_qs));
+        QCOMPARE(name(second.decision.action), name(ClaimAction::Create));
+        QVERIFY2(second.record.token > first.record.token,
+                 qPrintable(u"token %1 after %2"_qs.arg(second.record.token).arg(first.record.token)));
+        QCOMPARE(name(finish(key, first.record.token, KeyState::Completed, 200, "stale")), name(FinishVerdict::StaleToken));
+        QCOMPARE(name((*m_store->key(key))->state), name(KeyState::Processing));
+        QCOMPARE(name(finish(key, second.record.token, KeyState::Completed, 200, "new")), name(FinishVerdict::Accept));
+        QCOMPARE((*m_store->key(key))->result.body, QByteArray("new"));
+    }
+
+    void tokensAreNeverReusedAfterExpiryAndPurge()
+    {
+        const QString ep = endpoint();
+        const QString key = ep + u":a"_qs;
+        const ClaimResult first = claim(request(ep, u"a"_qs, "f1", 200, 300));
+        QVERIFY(storeClockPasses(first.record.expiresAtMs));
+        QVERIFY(m_store->purgeExpired().ok());
+        const ClaimResult second = claim(request(ep, u"a"_qs));
+        QCOMPARE(name(second.decision.action), name(ClaimAction::Create));
+        QVERIFY2(second.record.token > first.record.token,
+                 qPrintable(u"token %1 after %2"_qs.arg(second.record.token).arg(first.record.token)));
+        QCOMPARE(name(finish(key, first.record.token, KeyState::Completed, 200, "stale")), name(FinishVerdict::StaleToken));
+        QCOMPARE(name(finish(key, second.record.token, KeyState::Completed, 200, "new")), name(FinishVerdict::Accept));
+    }
+
+    // A finish sent again after its answer was lost (timeout, dropped connection) is not refused.
+    void repeatedFinishIsRecognised()
+    {
+        const QString ep = endpoint();
+        const QString key = ep + u":a"_qs;
+        const ClaimResult c = claim(request(ep, u"a"_qs));
+        QCOMPARE(name(finish(key, c.record.token, KeyState::Completed, 200, "ok")), name(FinishVerdict::Accept));
+        QCOMPARE(name(finish(key, c.record.token, KeyState::Completed, 200, "ok")), name(FinishVerdict::Repeated));
+        QCOMPARE(name(finish(key, c.record.token, KeyState::Completed, 200, "other")), name(FinishVerdict::NotProcessing));
+        QCOMPARE(name(finish(key, c.record.token, KeyState::Failed, 200, "ok")), name(FinishVerdict::NotProcessing));
+        QCOMPARE(name(finish(key, c.record.token + 1, KeyState::Completed, 200, "ok")), name(FinishVerdict::StaleToken));
+        const KeyRecord k = **m_store->key(key);
+        QCOMPARE(k.history.size(), 2); // claimed, completed: the repeat wrote nothing
+    }
+
+    // A key that expired and is claimed again is listed and counted once, in its new state.
+    void reclaimedAfterExpiryIsCountedOnce()
+    {
+        const QString ep = endpoint();
+        const QString key = ep + u":a"_qs;
+        const ClaimResult c = claim(request(ep, u"a"_qs, "f1", 200, 300));
+        QCOMPARE(name(finish(key, c.record.token, KeyState::Completed)), name(FinishVerdict::Accept));
+        QVERIFY(storeClockPasses(c.record.expiresAtMs));
+        QTRY_VERIFY_WITH_TIMEOUT(!m_store->key(key)->has_value(), 5000);
+        QCOMPARE(name(claim(request(ep, u"a"_qs)).decision.action), name(ClaimAction::Create));
+        const StateCounts counts = *m_store->countKeys(ep);
+        QCOMPARE(counts.processing, 1);
+        QCOMPARE(counts.completed, 0);
+        KeyQuery q;
+        q.endpoint = ep;
+        q.state = KeyState::Completed;
+        QCOMPARE(m_store->listKeys(q)->size(), 0);
+        q.state = KeyState::Processing;
+        QCOMPARE(m_store->listKeys(q)->size(), 1);
+    }
+
+    // A batch is claimed and finished in one step; answers in the order asked.
+    void batchClaimAndFinish()
+    {
+        const QString ep = endpoint();
+        const ClaimResult busy = claim(request(ep, u"busy"_qs));
+        auto claimed = m_store->claimBatch({request(ep, u"a"_qs), request(ep, u"busy"_qs), request(ep, u"b"_qs)});
+        QVERIFY2(claimed.ok(), claimed.ok() ? "" : qPrintable(claimed.error().message));
+        QCOMPARE(claimed->size(), 3);
+        QCOMPARE(name(claimed->at(0).decision.action), name(ClaimAction::Create));
+        QCOMPARE(name(claimed->at(1).decision.action), name(ClaimAction::InProgress));
+        QCOMPARE(name(claimed->at(2).decision.action), name(ClaimAction::Create));
+        QVERIFY(claimed->at(0).record.token != claimed->at(2).record.token);
+        QList<FinishRequest> finishes;
+        for (const auto &[k, token] : QList<QPair<QString, qint64>>{{u"a"_qs, claimed->at(0).record.token},
+                                                                    {u"busy"_qs, busy.record.token + 1000},
+                                                                    {u"b"_qs, claimed->at(2).record.token}}) {
+            FinishRequest f;
+            f.key = ep + u":"_qs + k;
+            f.token = token;
+            f.state = KeyState::Completed;
+            f.result = {200, {}, "done"};
+            finishes << f;
+        }
+        auto verdicts = m_store->finishBatch(finishes);
+        QVERIFY2(verdicts.ok(), verdicts.ok() ? "" : qPrintable(verdicts.error().message));
+        QCOMPARE(name(verdicts->at(0)), name(FinishVerdict::Accept));
+        QCOMPARE(name(verdicts->at(1)), name(FinishVerdict::StaleToken));
+        QCOMPARE(name(verdicts->at(2)), name(FinishVerdict::Accept));
+        QCOMPARE(name((*m_store->key(ep + u":b"_qs))->state), name(KeyState::Completed));
+        QCOMPARE(name((*m_store->key(ep + u":busy"_qs))->state), name(KeyState::Processing));
+        QCOMPARE(name(m_store->finishBatch(finishes)->at(0)), name(FinishVerdict::Repeated));
+    }
+
+    // Many connections racing for keys whose lease ran out, and for failed keys: each is taken
+    // over exactly once (recovered, reprocessed), never twice.
+    void concurrentReclaimsAreExclusive()
+    {
+        const QString ep = endpoint();
+        constexpr int kThreads = 8;
+        constexpr int kKeys = 60; // even: leased, odd: failed
+        qint64 lastLease = 0;
+        for (int k = 0; k < kKeys; ++k) {
+            const ClaimResult c = claim(request(ep, QString::number(k), "f1", 300));
+            lastLease = std::max(lastLease, c.record.leaseUntilMs);
+            if (k % 2)
+                QCOMPARE(name(finish(ep + u":"_qs + QString::number(k), c.record.token, KeyState::Failed)),
+                         name(FinishVerdict::Accept));
+        }
+        QVERIFY(storeClockPasses(lastLease));
+        std::vector<std::atomic<int>> recovered(kKeys), reprocessed(kKeys);
+        std::atomic<int> errors{0};
+        std::vector<std::thread> threads;
+        for (int t = 0; t < kThreads; ++t) {
+            threads.emplace_back([&, t] {
+                auto store = m_factory();
+                if (!store) {
+                    ++errors;
+                    return;
+                }
+                for (int i = 0; i < kKeys; ++i) {
+                    const int k = (i * 7 + t * 13) % kKeys;
+                    auto r = (*store)->claim(request(ep, QString::number(k)));
+                    if (!r)
+                        ++errors;
+                    else if (r->claimed())
+                        ++(r->decision.outcome == Outcome::Recovered ? recovered : reprocessed)[k];
+                }
+            });
+        }
+        for (auto &t : threads)
+            t.join();
+        QCOMPARE(errors.load(), 0);
+        for (int k = 0; k < kKeys; ++k) {
+            QCOMPARE(recovered[k].load(), k % 2 ? 0 : 1);
+            QCOMPARE(reprocessed[k].load(), k % 2 ? 1 : 0);
+        }
+    }
+
     // Many connections racing for the same keys: each key is claimed exactly once.
     void concurrentClaimsAreExclusive()
     {
@@ -441,7 +608,30 @@ private Q_SLOTS:
         QCOMPARE(errors.load(), 0);
         for (int k = 0; k < kKeys; ++k)
             QCOMPARE(claims[k].load(), 1);
-        QCOMPARE((*m_store->key(ep + u":0"_qs, wallMs()))->attempts, kThreads);
+        QCOMPARE((*m_store->key(ep + u":0"_qs))->attempts, kThreads);
+    }
+
+    // SQLite rolls a whole transaction back by itself on some errors (SQLITE_FULL, IOERR): the
+    // rest of a group commit must then fail, not commit call by call.
+    void sqliteRollbackFailsTheRestOfTheBatch()
+    {
+        if (g_backend != u"sqlite"_qs)
+            QSKIP("SQLite's own rollback of a transaction");
+        auto opened = SqliteStore::open(m_dir.filePath(u"rollback.db"_qs));
+        QVERIFY(opened.ok());
+        SqliteStore &store = **opened;
+        const QString ep = endpoint();
+        QVERIFY(store.beginBatch());
+        QVERIFY(store.claim(request(ep, u"a"_qs)).ok());
+        sqlite3_exec(store.handle(), "ROLLBACK", nullptr, nullptr, nullptr); // as SQLite does on SQLITE_FULL
+        auto later = store.claim(request(ep, u"b"_qs));
+        QVERIFY(!later.ok());
+        QVERIFY2(later.error().message.contains(u"rolled back"_qs), qPrintable(later.error().message));
+        QVERIFY(!store.endBatch().ok());
+        QVERIFY(!(*store.key(ep + u":a"_qs)).has_value());
+        QVERIFY(!(*store.key(ep + u":b"_qs)).has_value());
+        // The connection works again afterwards.
+        QVERIFY(store.claim(request(ep, u"c"_qs)).ok());
     }
 
     void groupCommit()
@@ -458,10 +648,10 @@ private Q_SLOTS:
         QVERIFY(claim(request(ep, u"a"_qs)).claimed());
         QVERIFY(claim(request(ep, u"b"_qs)).claimed());
         QCOMPARE(name(claim(request(ep, u"a"_qs)).decision.action), name(ClaimAction::InProgress));
-        QVERIFY(!(*(*other)->key(ep + u":a"_qs, wallMs())).has_value());
+        QVERIFY(!(*(*other)->key(ep + u":a"_qs)).has_value());
         QVERIFY(m_store->endBatch().ok());
-        QCOMPARE((*(*other)->key(ep + u":a"_qs, wallMs()))->attempts, 2);
-        QVERIFY((*(*other)->key(ep + u":b"_qs, wallMs())).has_value());
+        QCOMPARE((*(*other)->key(ep + u":a"_qs))->attempts, 2);
+        QVERIFY((*(*other)->key(ep + u":b"_qs)).has_value());
 
         // Through the pool: what waits is run in batches, and each caller hears back only
         // after its batch's commit — a failed commit fails every call of the batch.

@@ -65,7 +65,7 @@ class TestReceiver : public QObject
     }
     static std::optional<KeyRecord> record(Desk &desk, const QString &key)
     {
-        auto r = desk.pool->run<std::optional<KeyRecord>>([&](IdempotencyStore &s) { return s.key(key, wallMs()); });
+        auto r = desk.pool->run<std::optional<KeyRecord>>([&](IdempotencyStore &s) { return s.key(key); });
         return r ? *r : std::nullopt;
     }
 
@@ -208,7 +208,7 @@ private Q_SLOTS:
         QCOMPARE(notPost.status, 405);
         QCOMPARE(notPost.header("Allow"), QByteArray("POST"));
         QCOMPARE(down.total(), 0);
-        auto counts = desk.pool->run<StateCounts>([](IdempotencyStore &s) { return s.countKeys({}, wallMs()); });
+        auto counts = desk.pool->run<StateCounts>([](IdempotencyStore &s) { return s.countKeys({}); });
         QCOMPARE(counts->total(), 0);
         const EngineCounters c = desk.receiver->engine()->counters();
         QCOMPARE(c.byOutcome[size_t(Outcome::Rejected)], 5);

@@ -11,10 +11,12 @@
 namespace idem::test {
 
 std::unique_ptr<QProcess> startServe(const QString &binary, const QStringList &args, quint16 &port,
-                                     QByteArray *stderrText, bool keepStdout)
+                                     QByteArray *stderrText, bool keepStdout, const QProcessEnvironment &environment)
 {
     port = 0;
     auto process = std::make_unique<QProcess>();
+    if (!environment.isEmpty())
+        process->setProcessEnvironment(environment);
     if (!keepStdout)
         process->setStandardOutputFile(QProcess::nullDevice());
     process->start(binary, QStringList{QStringLiteral("serve"), QStringLiteral("--listen"), QStringLiteral("127.0.0.1:0")} + args);

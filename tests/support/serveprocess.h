@@ -10,9 +10,11 @@ namespace idem::test {
 
 // `idemdesk serve --listen 127.0.0.1:0 ARGS…` as a child process; `port` is read from its first
 // stderr line (0 when it did not start; what it printed is in `stderrText`). Its stdout is
-// discarded unless `keepStdout`.
+// discarded unless `keepStdout`. A non-empty `environment` replaces the inherited one (e.g. to
+// run it under libfaketime).
 std::unique_ptr<QProcess> startServe(const QString &binary, const QStringList &args, quint16 &port,
-                                     QByteArray *stderrText = nullptr, bool keepStdout = false);
+                                     QByteArray *stderrText = nullptr, bool keepStdout = false,
+                                     const QProcessEnvironment &environment = {});
 
 // One million (or `count`) keys written straight into a SQLite store's file, for the dashboard's
 // scale test and benchmark: three completed for every failed one, newest last.

@@ -23,7 +23,7 @@ private Q_SLOTS:
 
     void fullConfig()
     {
-        const QByteArray json = "{" "          \"listen\": \"127.0.0.1:9999\", \"store\": \"sqlite:/tmp/x.db\"," "          \"defaults\": {\"ttl_seconds\": 100, \"lease_seconds\": 5, \"in_progress_status\": 202," "                       \"on_failed\": \"reject\", \"on_mismatch\": \"ignore\", \"on_missing_key\": \"passthrough\"}," "          \"endpoints\": [" "            {\"name\": \"orders\", \"provider\": \"generic\"," "             \"key\": {\"header\": \"X-Key\", \"json_pointer\": \"/id\", \"composite\": [\"/type\", \"/data/order_id\"]}," "             \"simulate\": {\"delay_ms\": 200, \"fail_rate\": 0.1}, \"lease_seconds\": 9}," "            {\"name\": \"fwd\", \"forward_to\": \"http://127.0.0.1:3000/x\", \"secret\": [\"a\", \"b\"]}" "          ]}";
+        const QByteArray json = "{" "          \"listen\": \"127.0.0.1:9999\", \"store\": \"sqlite:/tmp/x.db\"," "          \"defaults\": {\"ttl_seconds\": 100, \"lease_seconds\": 5, \"forward_timeout_seconds\": 3, \"in_progress_status\": 202," "                       \"on_failed\": \"reject\", \"on_mismatch\": \"ignore\", \"on_missing_key\": \"passthrough\"}," "          \"endpoints\": [" "            {\"name\": \"orders\", \"provider\": \"generic\"," "             \"key\": {\"header\": \"X-Key\", \"json_pointer\": \"/id\", \"composite\": [\"/type\", \"/data/order_id\"]}," "             \"simulate\": {\"delay_ms\": 200, \"fail_rate\": 0.1}, \"lease_seconds\": 9}," "            {\"name\": \"fwd\", \"forward_to\": \"http://127.0.0.1:3000/x\", \"secret\": [\"a\", \"b\"]}" "          ]}";
         auto c = Config::parse(json, QStringLiteral("c.json"));
         QVERIFY2(c.ok(), c.ok() ? "" : qPrintable(c.error().message));
         QCOMPARE(c->listen.port, 9999);
@@ -62,6 +62,16 @@ private Q_SLOTS:
         QTest::newRow("bad pointer") << QByteArray("{\"endpoints\": [{\"name\": \"a\", \"key\": {\"json_pointer\": \"id\"}}]}") << QStringLiteral("c.json: endpoints[0].key.json_pointer: must start with '/'");
         QTest::newRow("unknown key field") << QByteArray("{\"endpoints\": [{\"name\": \"a\", \"key\": {\"jsonpointer\": \"/id\"}}]}") << QStringLiteral("c.json: endpoints[0].key.jsonpointer: unknown field");
         QTest::newRow("bad listen") << QByteArray("{\"listen\": \"8787\"}") << QStringLiteral("c.json: listen: '8787' is not HOST:PORT");
+        QTest::newRow("lease under forward timeout") << QByteArray("{\"defaults\": {\"lease_seconds\": 5, \"forward_timeout_seconds\": 30}}")
+                                                     << QStringLiteral("c.json: defaults.lease_seconds: must be at least forward_timeout_seconds + 2 (30 + 2 = 32)");
+        QTest::newRow("lease within the margin") << QByteArray("{\"endpoints\": [{\"name\": \"a\", \"lease_seconds\": 31}]}")
+                                                 << QStringLiteral("c.json: endpoints[0].lease_seconds: must be at least forward_timeout_seconds + 2");
+        QTest::newRow("endpoint forward timeout over the default lease") << QByteArray("{\"endpoints\": [{\"name\": \"a\", \"forward_timeout_seconds\": 59}]}")
+                                                                         << QStringLiteral("c.json: endpoints[0].lease_seconds: must be at least forward_timeout_seconds + 2 (59 + 2 = 61)");
+        QTest::newRow("ttl under lease") << QByteArray("{\"defaults\": {\"ttl_seconds\": 30}}")
+                                         << QStringLiteral("c.json: defaults.ttl_seconds: must be at least lease_seconds (60)");
+        QTest::newRow("bad max response") << QByteArray("{\"defaults\": {\"max_response_bytes\": 0}}")
+                                          << QStringLiteral("c.json: defaults.max_response_bytes: must be an integer");
         QTest::newRow("empty secret") << QByteArray("{\"endpoints\": [{\"name\": \"a\", \"secret\": \"\"}]}") << QStringLiteral("c.json: endpoints[0].secret: must be a non-empty");
     }
     void errorsNameTheField()
@@ -75,7 +85,7 @@ private Q_SLOTS:
 
     void jsonRoundTrip()
     {
-        const QByteArray json = "{\"listen\": \"127.0.0.1:9000\", \"endpoints\": [{\"name\": \"o\", \"secret\": [\"a\", \"b\"], \"lease_seconds\": 7,"
+        const QByteArray json = "{\"listen\": \"127.0.0.1:9000\", \"endpoints\": [{\"name\": \"o\", \"secret\": [\"a\", \"b\"], \"lease_seconds\": 7, \"forward_timeout_seconds\": 5,"
                                 " \"on_failed\": \"reject\", \"key\": {\"json_pointer\": \"/id\"}, \"simulate\": {\"delay_ms\": 5, \"fail_rate\": 0.5}},"
                                 " {\"name\": \"f\", \"forward_to\": \"http://127.0.0.1:1/x\", \"in_progress_status\": 202}]}";
         auto first = Config::parse(json, QStringLiteral("a"));

@@ -25,8 +25,8 @@ std::optional<KeyRecord> make(Given given)
     case Given::Expired: r.state = KeyState::Completed; r.expiresAtMs = kNow; break;
     case Given::ProcessingLive: r.state = KeyState::Processing; r.leaseUntilMs = kNow + 1; break;
     case Given::ProcessingLeaseOver: r.state = KeyState::Processing; r.leaseUntilMs = kNow; break;
-    case Given::Completed: r.state = KeyState::Completed; break;
-    case Given::Failed: r.state = KeyState::Failed; break;
+    case Given::Completed: r.state = KeyState::Completed; r.result = {200, {}, "ok"}; break;
+    case Given::Failed: r.state = KeyState::Failed; r.result = {200, {}, "ok"}; break;
     case Given::Reset: r.state = KeyState::Reset; break;
     }
     return r;
@@ -38,6 +38,7 @@ Q_DECLARE_METATYPE(Given)
 Q_DECLARE_METATYPE(ClaimAction)
 Q_DECLARE_METATYPE(Outcome)
 Q_DECLARE_METATYPE(FinishVerdict)
+Q_DECLARE_METATYPE(KeyState)
 Q_DECLARE_METATYPE(OperatorAction)
 Q_DECLARE_METATYPE(OperatorVerdict)
 Q_DECLARE_METATYPE(OnFailed)
@@ -99,24 +100,39 @@ private Q_SLOTS:
     {
         QTest::addColumn<Given>("given");
         QTest::addColumn<qint64>("token");
+        QTest::addColumn<KeyState>("asks");
+        QTest::addColumn<bool>("sameResult"); // the result asked for is the one the record holds
         QTest::addColumn<FinishVerdict>("verdict");
-        QTest::newRow("absent") << Given::Absent << qint64(3) << FinishVerdict::Missing;
-        QTest::newRow("expired") << Given::Expired << qint64(3) << FinishVerdict::Missing;
-        QTest::newRow("processing, holder") << Given::ProcessingLive << qint64(3) << FinishVerdict::Accept;
-        QTest::newRow("processing, lease over, still the holder") << Given::ProcessingLeaseOver << qint64(3) << FinishVerdict::Accept;
-        QTest::newRow("processing, stale token") << Given::ProcessingLive << qint64(2) << FinishVerdict::StaleToken;
-        QTest::newRow("completed, holder again") << Given::Completed << qint64(3) << FinishVerdict::NotProcessing;
-        QTest::newRow("completed, stale") << Given::Completed << qint64(1) << FinishVerdict::StaleToken;
-        QTest::newRow("failed, holder again") << Given::Failed << qint64(3) << FinishVerdict::NotProcessing;
-        QTest::newRow("reset, holder") << Given::Reset << qint64(3) << FinishVerdict::NotProcessing;
+        const auto C = KeyState::Completed, F = KeyState::Failed;
+        struct Row { const char *name; Given g; qint64 token; KeyState asks; bool same; FinishVerdict v; };
+        const Row rows[] = {
+            {"absent", Given::Absent, 3, C, true, FinishVerdict::Missing},
+            {"expired", Given::Expired, 3, C, true, FinishVerdict::Missing},
+            {"processing, holder", Given::ProcessingLive, 3, C, false, FinishVerdict::Accept},
+            {"processing, holder fails it", Given::ProcessingLive, 3, F, false, FinishVerdict::Accept},
+            {"processing, lease over, still the holder", Given::ProcessingLeaseOver, 3, C, false, FinishVerdict::Accept},
+            {"processing, stale token", Given::ProcessingLive, 2, C, false, FinishVerdict::StaleToken},
+            {"completed, holder repeats its finish", Given::Completed, 3, C, true, FinishVerdict::Repeated},
+            {"completed, holder with another result", Given::Completed, 3, C, false, FinishVerdict::NotProcessing},
+            {"completed, holder asks failed", Given::Completed, 3, F, true, FinishVerdict::NotProcessing},
+            {"completed, stale", Given::Completed, 1, C, true, FinishVerdict::StaleToken},
+            {"failed, holder repeats its finish", Given::Failed, 3, F, true, FinishVerdict::Repeated},
+            {"failed, holder asks completed", Given::Failed, 3, C, true, FinishVerdict::NotProcessing},
+            {"reset, holder", Given::Reset, 3, C, true, FinishVerdict::NotProcessing},
+        };
+        for (const Row &r : rows)
+            QTest::newRow(r.name) << r.g << r.token << r.asks << r.same << r.v;
     }
     void finish()
     {
         QFETCH(Given, given);
         QFETCH(qint64, token);
+        QFETCH(KeyState, asks);
+        QFETCH(bool, sameResult);
         QFETCH(FinishVerdict, verdict);
         const auto record = make(given);
-        QCOMPARE(toString(decideFinish(record ? &*record : nullptr, token, kNow)), toString(verdict));
+        const StoredResult result = sameResult ? StoredResult{200, {}, "ok"} : StoredResult{201, {}, "new"};
+        QCOMPARE(toString(decideFinish(record ? &*record : nullptr, token, asks, result, kNow)), toString(verdict));
     }
 
     void operatorAction_data()

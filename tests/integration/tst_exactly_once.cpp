@@ -1,0 +1,573 @@
+// Exactly once under faults (issue 12): every path to a second run or a wrong answer that a
+// review found, each closed and held shut here, against every store where it touches one.
+#include "http/blockingclient.h"
+#include "http/httpserver.h"
+#include "receiver/receiver.h"
+#include "store/redislane.h"
+#include "store/storefactory.h"
+#include "support/names.h"
+#include "support/serveprocess.h"
+#include "util/clock.h"
+
+#include <QJsonArray>
+#include <QJsonDocument>
+#include <QJsonObject>
+#include <QProcess>
+#include <QTcpServer>
+#include <QTcpSocket>
+#include <QTemporaryDir>
+#include <QTest>
+#include <QThread>
+#include <QTimer>
+
+#include <future>
+#include <mutex>
+
+#include <sqlite3.h>
+
+using namespace idem;
+using namespace idem::test;
+
+namespace {
+
+// A downstream app on its own thread that records what reaches it and holds its answers while
+// its gate is closed, so a test can act while a delivery is being processed.
+class GatedDownstream
+{
+public:
+    GatedDownstream()
+    {
+        m_server = new HttpServer({}, [this](HttpRequest request, Responder responder) {
+            std::lock_guard lock(m_mutex);
+            m_requests.append(request);
+            if (m_open)
+                responder.send(answer());
+            else
+                m_held.append(responder);
+        });
+        m_server->moveToThread(&m_thread);
+        m_thread.start();
+        QMetaObject::invokeMethod(m_server, [this] {
+            m_server->listen(QHostAddress::LocalHost, 0);
+            m_port = m_server->port();
+        }, Qt::BlockingQueuedConnection);
+    }
+    ~GatedDownstream()
+    {
+        QMetaObject::invokeMethod(m_server, [this] { delete m_server; }, Qt::BlockingQueuedConnection);
+        m_thread.quit();
+        m_thread.wait();
+    }
+    QByteArray url() const { return "http://127.0.0.1:" + QByteArray::number(m_port) + "/hook"; }
+    void close() { std::lock_guard lock(m_mutex); m_open = false; }
+    void open()
+    {
+        QMetaObject::invokeMethod(m_server, [this] {
+            std::lock_guard lock(m_mutex);
+            m_open = true;
+            for (const Responder &r : std::as_const(m_held))
+                r.send(answer());
+            m_held.clear();
+        }, Qt::BlockingQueuedConnection);
+    }
+    void setAnswer(int status, QByteArray body, HeaderList headers = {})
+    {
+        std::lock_guard lock(m_mutex);
+        m_status = status;
+        m_body = std::move(body);
+        m_headers = std::move(headers);
+    }
+    QList<HttpRequest> requests() const { std::lock_guard lock(m_mutex); return m_requests; }
+    int count() const { std::lock_guard lock(m_mutex); return int(m_requests.size()); }
+
+private:
+    HttpResponse answer() const { return {m_status, m_headers + HeaderList{{"Content-Type", "application/json"}}, m_body}; }
+    QThread m_thread;
+    HttpServer *m_server = nullptr;
+    quint16 m_port = 0;
+    mutable std::mutex m_mutex;
+    bool m_open = true;
+    int m_status = 200;
+    QByteArray m_body = "{\"app\":\"ok\"}";
+    HeaderList m_headers;
+    QList<Responder> m_held;
+    QList<HttpRequest> m_requests;
+};
+
+// A downstream that answers one byte at a time, forever: an inactivity timeout never fires.
+class TrickleServer
+{
+public:
+    TrickleServer()
+    {
+        m_server.moveToThread(&m_thread);
+        m_thread.start();
+        QMetaObject::invokeMethod(&m_server, [this] {
+            QObject::connect(&m_server, &QTcpServer::newConnection, &m_server, [this] {
+                while (QTcpSocket *socket = m_server.nextPendingConnection()) {
+                    socket->write("HTTP/1.1 200 OK\r\nContent-Length: 100000\r\n\r\n");
+                    auto *timer = new QTimer(socket);
+                    QObject::connect(timer, &QTimer::timeout, socket, [socket] { socket->write("x"); });
+                    timer->start(100);
+                }
+            });
+            m_server.listen(QHostAddress::LocalHost, 0);
+            m_port = m_server.serverPort();
+        }, Qt::BlockingQueuedConnection);
+    }
+    ~TrickleServer()
+    {
+        QMetaObject::invokeMethod(&m_server, [this] {
+            m_server.close();
+            qDeleteAll(m_server.findChildren<QTcpSocket *>());
+        }, Qt::BlockingQueuedConnection);
+        m_thread.quit();
+        m_thread.wait();
+    }
+    QByteArray url() const { return "http://127.0.0.1:" + QByteArray::number(m_port) + "/slow"; }
+
+private:
+    QThread m_thread;
+    QTcpServer m_server;
+    quint16 m_port = 0;
+};
+
+struct Desk
+{
+    std::shared_ptr<StorePool> pool;
+    std::unique_ptr<Receiver> receiver;
+    quint16 port = 0;
+};
+
+QString storeUrl(const QString &backend, const QTemporaryDir &dir, int seq)
+{
+    if (backend == u"redis"_qs)
+        return qEnvironmentVariable("IDEM_TEST_REDIS_URL");
+    if (backend == u"postgres"_qs)
+        return qEnvironmentVariable("IDEM_TEST_POSTGRES_URL");
+    return u"sqlite:"_qs + dir.filePath(u"e%1.db"_qs.arg(seq));
+}
+
+// A random per-run tag, so keys of this run never meet an earlier run's on a shared server.
+const QByteArray g_run = QByteArray::number(QDateTime::currentMSecsSinceEpoch(), 36);
+
+int runTool(const QString &program, const QStringList &args, QByteArray *out = nullptr)
+{
+    QProcess p;
+    p.start(program, args);
+    if (!p.waitForFinished(20'000))
+        return -1;
+    if (out)
+        *out = p.readAllStandardOutput() + p.readAllStandardError();
+    return p.exitCode();
+}
+
+} // namespace
+
+class TestExactlyOnce : public QObject
+{
+    Q_OBJECT
+    QTemporaryDir m_dir;
+    int m_seq = 0;
+
+    Desk start(const QString &backend, const QByteArray &endpointsJson, const QByteArray &defaults = "{}")
+    {
+        auto config = Config::parse("{\"defaults\": " + defaults + ", \"endpoints\": " + endpointsJson + "}", u"test"_qs);
+        if (!config)
+            qFatal("config: %s", qPrintable(config.error().message));
+        Desk desk;
+        const QString url = storeUrl(backend, m_dir, ++m_seq);
+        if (url.isEmpty())
+            qFatal("%s: run through ./dev test (IDEM_TEST_REDIS_URL, IDEM_TEST_POSTGRES_URL)", qPrintable(backend));
+        auto pool = openStorePool(url);
+        if (!pool)
+            qFatal("store: %s", qPrintable(pool.error().message));
+        desk.pool = *pool;
+        desk.receiver = std::make_unique<Receiver>(*config, desk.pool);
+        ListenAddress any;
+        any.port = 0;
+        desk.port = desk.receiver->start(any)->port;
+        return desk;
+    }
+    static QByteArray endpoint(const QByteArray &name, const QByteArray &forwardTo, const QByteArray &extra = {})
+    {
+        return "[{\"name\": \"" + name + "\", \"forward_to\": \"" + forwardTo + "\"" + extra + "}]";
+    }
+    static std::optional<KeyRecord> record(Desk &desk, const QString &key)
+    {
+        auto r = desk.pool->run<std::optional<KeyRecord>>([&](IdempotencyStore &s) { return s.key(key); });
+        return r ? *r : std::nullopt;
+    }
+    static ClientResponse deliver(quint16 port, const QByteArray &endpoint, const QByteArray &key,
+                                  const QByteArray &body = "{\"a\":1}", HeaderList headers = {})
+    {
+        headers.append({"Idempotency-Key", key});
+        return post(port, "/hooks/" + endpoint, body, headers);
+    }
+    static void stores()
+    {
+        QTest::addColumn<QString>("backend");
+        for (const char *b : {"sqlite", "redis", "postgres"})
+            QTest::newRow(b) << QString::fromLatin1(b);
+    }
+
+private Q_SLOTS:
+    // The app gets the claim's fencing token, so it can refuse a stale worker's write; a
+    // sender cannot forge it (nor Idempotency-Key).
+    void fencingTokenIsForwarded_data() { stores(); }
+    void fencingTokenIsForwarded()
+    {
+        QFETCH(QString, backend);
+        GatedDownstream down;
+        Desk desk = start(backend, endpoint("fence" + g_run, down.url()));
+        const QByteArray key = "k-" + backend.toLatin1();
+        const ClientResponse r = deliver(desk.port, "fence" + g_run, key, "{}",
+                                         {{"Idempotency-Fencing-Token", "999999999"}});
+        QCOMPARE(r.status, 200);
+        const auto stored = record(desk, u"fence%1:%2"_qs.arg(QString::fromLatin1(g_run), QString::fromLatin1(key)));
+        QVERIFY(stored && stored->token > 0);
+        QCOMPARE(down.count(), 1);
+        const HttpRequest got = down.requests().first();
+        QCOMPARE(got.header("Idempotency-Fencing-Token"), QByteArray::number(stored->token));
+        int copies = 0;
+        for (const auto &[name, value] : got.headers)
+            copies += name.compare("Idempotency-Fencing-Token", Qt::CaseInsensitive) == 0;
+        QCOMPARE(copies, 1);
+    }
+
+    // forward_timeout_seconds bounds the whole answer: a downstream trickling a byte at a time
+    // is cut at the deadline (504, failed), never answered after the lease.
+    void forwardTimeoutIsAHardDeadline()
+    {
+        TrickleServer slow;
+        Desk desk = start(u"sqlite"_qs, endpoint("slow", slow.url(), ", \"forward_timeout_seconds\": 1, \"lease_seconds\": 3"));
+        const qint64 t0 = monotonicUs();
+        const ClientResponse r = deliver(desk.port, "slow", "k1");
+        const qint64 tookMs = (monotonicUs() - t0) / 1000;
+        QCOMPARE(r.status, 504);
+        QVERIFY2(tookMs < 2900, qPrintable(u"answered after %1 ms, the lease is 3000 ms"_qs.arg(tookMs)));
+        QCOMPARE(name(record(desk, u"slow:k1"_qs)->state), name(KeyState::Failed));
+    }
+
+    // The built-in processor keeps the same deadline.
+    void simulatedDelayPastTheDeadlineIs504()
+    {
+        Desk desk = start(u"sqlite"_qs, "[{\"name\": \"sim\", \"simulate\": {\"delay_ms\": 60000}, \"forward_timeout_seconds\": 1, \"lease_seconds\": 3}]");
+        const ClientResponse r = deliver(desk.port, "sim", "k1");
+        QCOMPARE(r.status, 504);
+        QCOMPARE(name(record(desk, u"sim:k1"_qs)->state), name(KeyState::Failed));
+    }
+
+    // An answer over max_response_bytes is not stored as the result (nor replayed).
+    void oversizedAnswerIsFailed()
+    {
+        GatedDownstream down;
+        down.setAnswer(200, QByteArray(300'000, 'x'));
+        Desk desk = start(u"sqlite"_qs, endpoint("big", down.url(), ", \"max_response_bytes\": 100000"));
+        const ClientResponse r = deliver(desk.port, "big", "k1");
+        QCOMPARE(r.status, 502);
+        QVERIFY2(r.body.contains("max_response_bytes"), r.body.constData());
+        const auto stored = record(desk, u"big:k1"_qs);
+        QCOMPARE(name(stored->state), name(KeyState::Failed));
+        QVERIFY(stored->result.body.size() < 10'000);
+    }
+
+    // Nothing of one delivery reaches another: no cookie jar, the desk's own User-Agent, no
+    // compression asked for on the sender's behalf; hop-by-hop headers stay behind.
+    void forwardedRequestsStandAlone()
+    {
+        GatedDownstream down;
+        down.setAnswer(200, "{}", {{"Set-Cookie", "session=abc; Path=/"}});
+        Desk desk = start(u"sqlite"_qs, endpoint("hop", down.url()));
+        QCOMPARE(deliver(desk.port, "hop", "k1").status, 200);
+        QCOMPARE(deliver(desk.port, "hop", "k2", "{}",
+                         {{"Connection", "keep-alive, X-Hop"}, {"X-Hop", "secret"}, {"Proxy-Authorization", "Basic eA=="},
+                          {"Keep-Alive", "timeout=5"}, {"X-Forwarded-For", "10.9.8.7"}, {"X-App", "kept"}})
+                     .status,
+                 200);
+        QCOMPARE(down.count(), 2);
+        const HttpRequest second = down.requests().at(1);
+        QVERIFY2(second.header("Cookie").isEmpty(), second.header("Cookie").constData());
+        QVERIFY(second.header("User-Agent").startsWith("idemdesk/"));
+        QCOMPARE(second.header("Accept-Encoding"), QByteArray("identity"));
+        QVERIFY(second.header("X-Hop").isEmpty());
+        QVERIFY(second.header("Proxy-Authorization").isEmpty());
+        QVERIFY(second.header("Keep-Alive").isEmpty());
+        QCOMPARE(second.header("X-App"), QByteArray("kept"));
+        QCOMPARE(second.header("X-Forwarded-For"), QByteArray("10.9.8.7, 127.0.0.1"));
+        // The stored result keeps no cookie for replays either.
+        QVERIFY(!record(desk, u"hop:k1"_qs)->result.headers.contains({"Set-Cookie", "session=abc; Path=/"}));
+    }
+
+    // A finish that meets a store error is retried while the lease lasts: the sender gets the
+    // result, the key is completed, a duplicate is replayed (not 409, not a second run).
+    void failedFinishIsRetried_data() { stores(); }
+    void failedFinishIsRetried()
+    {
+        QFETCH(QString, backend);
+        GatedDownstream down;
+        down.close();
+        const QByteArray ep = "retry" + g_run;
+        Desk desk = start(backend, endpoint(ep, down.url(), ", \"forward_timeout_seconds\": 20, \"lease_seconds\": 40"));
+        const QByteArray key = "k-" + backend.toLatin1();
+        auto first = std::async(std::launch::async, [&] { return deliver(desk.port, ep, key); });
+        QTRY_COMPARE_WITH_TIMEOUT(down.count(), 1, 10'000);
+
+        // The fault, while the delivery is being processed.
+        std::thread holder;
+        QProcess psqlLock;
+        if (backend == u"redis"_qs) {
+            // Writes refused for longer than the desk's 3 s command timeout.
+            QByteArray out;
+            QCOMPARE(runTool(u"redis-cli"_qs, {u"-p"_qs, qEnvironmentVariable("IDEM_TEST_REDIS_PORT"), u"CLIENT"_qs,
+                                               u"PAUSE"_qs, u"4500"_qs, u"WRITE"_qs}, &out), 0);
+        } else if (backend == u"postgres"_qs) {
+            // Another session holds the row past the desk's 5 s statement timeout.
+            const QString sql = u"BEGIN; SELECT 1 FROM idem_keys WHERE key = '%1' FOR UPDATE; SELECT pg_sleep(6.5); COMMIT;"_qs
+                                    .arg(QString::fromLatin1(ep + ":" + key));
+            psqlLock.start(u"psql"_qs, {qEnvironmentVariable("IDEM_TEST_POSTGRES_URL"), u"-qc"_qs, sql});
+            QTRY_VERIFY_WITH_TIMEOUT(
+                [] {
+                    QByteArray out;
+                    runTool(u"psql"_qs, {qEnvironmentVariable("IDEM_TEST_POSTGRES_URL"), u"-Atc"_qs,
+                                         u"SELECT count(*) FROM pg_stat_activity WHERE query LIKE '%%pg_sleep(6.5)%%' AND pid <> pg_backend_pid()"_qs},
+                            &out);
+                    return out.trimmed().toInt() > 0;
+                }(),
+                10'000);
+        } else {
+            // Another process holds the write lock past the desk's 5 s busy timeout.
+            const QByteArray path = QFile::encodeName(m_dir.filePath(u"e%1.db"_qs.arg(m_seq)));
+            std::promise<void> locked;
+            holder = std::thread([path, &locked] {
+                sqlite3 *db = nullptr;
+                sqlite3_open(path.constData(), &db);
+                sqlite3_exec(db, "BEGIN EXCLUSIVE", nullptr, nullptr, nullptr);
+                locked.set_value();
+                std::this_thread::sleep_for(std::chrono::milliseconds(6500));
+                sqlite3_exec(db, "COMMIT", nullptr, nullptr, nullptr);
+                sqlite3_close(db);
+            });
+            locked.get_future().wait();
+        }
+        const qint64 retriesBefore = desk.receiver->engine()->counters().finishRetries;
+        down.open();
+        const ClientResponse r = first.get();
+        if (holder.joinable())
+            holder.join();
+        psqlLock.waitForFinished(20'000);
+        QVERIFY2(r.status == 200, r.body.constData());
+        QCOMPARE(r.header("Idempotency-Outcome"), QByteArray("processed"));
+        QVERIFY2(desk.receiver->engine()->counters().finishRetries > retriesBefore, "the finish never met the fault");
+        const QString stored = QString::fromLatin1(ep + ":" + key);
+        QCOMPARE(name(record(desk, stored)->state), name(KeyState::Completed));
+        const ClientResponse again = deliver(desk.port, ep, key);
+        QCOMPARE(again.status, 200);
+        QCOMPARE(again.header("Idempotency-Outcome"), QByteArray("replayed"));
+        QCOMPARE(down.count(), 1);
+    }
+
+    // Back-pressure refuses new claims, never a finish; finishes run before waiting claims.
+    void poolRunsFinishesFirstAndNeverRefusesThem()
+    {
+        StorePool pool(storeFactory(*StoreUrl::parse(u"sqlite:"_qs + m_dir.filePath(u"pool.db"_qs))), 1, 2);
+        QObject context;
+        std::promise<void> gate;
+        std::shared_future<void> opened = gate.get_future().share();
+        std::mutex mutex;
+        QStringList order;
+        auto job = [&](const QString &what) {
+            return [&, what](IdempotencyStore &) -> Result<Ok> {
+                std::lock_guard lock(mutex);
+                order << what;
+                return Ok{};
+            };
+        };
+        QStringList refused;
+        auto done = [&](const QString &what) {
+            return [&, what](Result<Ok> r) {
+                if (!r)
+                    refused << what + u": "_qs + r.error().message;
+            };
+        };
+        pool.submit<Ok>(&context, [opened](IdempotencyStore &) -> Result<Ok> { opened.wait(); return Ok{}; }, [](Result<Ok>) {});
+        QTRY_COMPARE(pool.queued(), 0); // the worker holds the first job
+        pool.submit<Ok>(&context, job(u"claim1"_qs), done(u"claim1"_qs));
+        pool.submit<Ok>(&context, job(u"claim2"_qs), done(u"claim2"_qs));
+        pool.submit<Ok>(&context, job(u"claim3"_qs), done(u"claim3"_qs)); // over the limit of 2
+        for (int i = 0; i < 5; ++i)
+            pool.submit<Ok>(&context, job(u"finish%1"_qs.arg(i)), done(u"finish%1"_qs.arg(i)),
+                            StorePool::Batch::Alone, StorePool::Priority::Finish);
+        gate.set_value();
+        QTRY_COMPARE(pool.queued(), 0);
+        QTRY_COMPARE(refused.size(), 1);
+        QVERIFY2(refused.first().startsWith(u"claim3: "_qs) && refused.first().contains(u"overloaded"_qs), qPrintable(refused.first()));
+        std::lock_guard lock(mutex);
+        QCOMPARE(order, QStringList({u"finish0"_qs, u"finish1"_qs, u"finish2"_qs, u"finish3"_qs, u"finish4"_qs,
+                                     u"claim1"_qs, u"claim2"_qs}));
+    }
+
+    // The Redis lane refuses claims past its in-flight bound, never a finish.
+    void redisLaneNeverRefusesAFinish()
+    {
+        const auto url = StoreUrl::parse(qEnvironmentVariable("IDEM_TEST_REDIS_URL"));
+        QVERIFY(url.ok());
+        StorePool health(storeFactory(*url), 1);
+        RedisLane lane(*url, RedisOptions{}, health, 1);
+        QByteArray out;
+        QCOMPARE(runTool(u"redis-cli"_qs, {u"-p"_qs, qEnvironmentVariable("IDEM_TEST_REDIS_PORT"), u"CLIENT"_qs,
+                                           u"PAUSE"_qs, u"800"_qs, u"ALL"_qs}, &out), 0);
+        ClaimRequest c;
+        c.endpoint = u"lane"_qs + QString::fromLatin1(g_run);
+        c.key = c.endpoint + u":a"_qs;
+        c.provider = u"generic"_qs;
+        c.fingerprint = "f";
+        std::optional<Result<ClaimResult>> first, second;
+        std::optional<Result<FinishVerdict>> finish;
+        lane.claim(c, [&](Result<ClaimResult> r) { first = std::move(r); });
+        ClaimRequest other = c;
+        other.key = c.endpoint + u":b"_qs;
+        lane.claim(other, [&](Result<ClaimResult> r) { second = std::move(r); });
+        FinishRequest f;
+        f.key = c.key;
+        f.token = 1;
+        lane.finish(f, [&](Result<FinishVerdict> r) { finish = std::move(r); });
+        QTRY_VERIFY_WITH_TIMEOUT(first && second && finish, 10'000);
+        QVERIFY(first->ok());
+        QVERIFY(!second->ok());
+        QVERIFY2(second->error().message.contains(u"overloaded"_qs), qPrintable(second->error().message));
+        QVERIFY2(finish->ok(), finish->ok() ? "" : qPrintable(finish->error().message)); // answered by Redis
+    }
+
+    // SendGrid batches (SPEC §4): every element new → the original bytes and signature go to
+    // the app; a subset → its own array, without the signature that covered the whole.
+    void sendgridForwardsTheOriginalBytes_data() { stores(); }
+    void sendgridForwardsTheOriginalBytes()
+    {
+        QFETCH(QString, backend);
+        GatedDownstream down;
+        const QByteArray ep = "sg" + g_run;
+        Desk desk = start(backend, "[{\"name\": \"" + ep + "\", \"provider\": \"sendgrid\", \"forward_to\": \"" + down.url() + "\"}]");
+        const QByteArray id = backend.toLatin1() + g_run;
+        const QByteArray batch = "[ {\"sg_event_id\": \"" + id + "-1\", \"event\": \"delivered\"},\n"
+                                 "  {\"sg_event_id\": \"" + id + "-2\", \"event\": \"open\"} ]";
+        const HeaderList signature{{"X-Twilio-Email-Event-Webhook-Signature", "MEUCIQ=="},
+                                   {"X-Twilio-Email-Event-Webhook-Timestamp", "1700000000"},
+                                   {"Content-Type", "application/json"}};
+        const ClientResponse r = post(desk.port, "/hooks/" + ep, batch, signature);
+        QCOMPARE(r.status, 200);
+        QCOMPARE(down.count(), 1);
+        QCOMPARE(down.requests().at(0).body, batch); // byte for byte
+        QCOMPARE(down.requests().at(0).header("X-Twilio-Email-Event-Webhook-Signature"), QByteArray("MEUCIQ=="));
+        const QList<QByteArray> tokens = down.requests().at(0).header("Idempotency-Fencing-Token").split(',');
+        QCOMPARE(tokens.size(), 2);
+
+        const QByteArray mixed = "[{\"sg_event_id\": \"" + id + "-2\", \"event\": \"open\"}, {\"sg_event_id\": \"" + id + "-3\", \"event\": \"click\"}]";
+        QCOMPARE(post(desk.port, "/hooks/" + ep, mixed, signature).status, 200);
+        QCOMPARE(down.count(), 2);
+        const HttpRequest subset = down.requests().at(1);
+        QCOMPARE(QJsonDocument::fromJson(subset.body).array().size(), 1);
+        QCOMPARE(QJsonDocument::fromJson(subset.body).array().at(0).toObject().value(u"sg_event_id"_qs).toString(),
+                 QString::fromLatin1(id + "-3"));
+        QVERIFY(subset.header("X-Twilio-Email-Event-Webhook-Signature").isEmpty());
+    }
+
+    // An element whose finish is refused (a newer claim took it over) is not completed by this
+    // delivery: the answer is not 2xx, so the sender retries and gets the newer result.
+    void sendgridAnswersNot2xxWhenAnElementIsSuperseded_data() { stores(); }
+    void sendgridAnswersNot2xxWhenAnElementIsSuperseded()
+    {
+        QFETCH(QString, backend);
+        GatedDownstream down;
+        down.close();
+        const QByteArray ep = "sgs" + g_run;
+        Desk desk = start(backend, "[{\"name\": \"" + ep + "\", \"provider\": \"sendgrid\", \"forward_to\": \"" + down.url() + "\"}]");
+        const QByteArray id = backend.toLatin1() + g_run;
+        const QByteArray batch = "[{\"sg_event_id\": \"" + id + "-a\"}, {\"sg_event_id\": \"" + id + "-b\"}]";
+        auto answer = std::async(std::launch::async, [&] { return post(desk.port, "/hooks/" + ep, batch); });
+        QTRY_COMPARE_WITH_TIMEOUT(down.count(), 1, 10'000);
+        // An operator deletes one element's key and a new delivery claims it (a new token).
+        const QString a = QString::fromLatin1(ep + ":" + id + "-a");
+        auto takenOver = desk.pool->run<ClaimResult>([&](IdempotencyStore &s) -> Result<ClaimResult> {
+            if (auto deleted = s.applyOperator(a, OperatorAction::Delete, false, u"test"_qs); !deleted)
+                return deleted.error();
+            ClaimRequest c;
+            c.key = a;
+            c.endpoint = QString::fromLatin1(ep);
+            c.provider = u"sendgrid"_qs;
+            c.fingerprint = "other";
+            return s.claim(c);
+        });
+        QVERIFY(takenOver.ok() && takenOver->claimed());
+        down.open();
+        const ClientResponse r = answer.get();
+        QVERIFY2(r.status < 200 || r.status >= 300, qPrintable(u"status %1: %2"_qs.arg(r.status).arg(QString::fromUtf8(r.body))));
+        QCOMPARE(name(record(desk, a)->state), name(KeyState::Processing)); // the newer claim's
+        QCOMPARE(record(desk, a)->token, takenOver->record.token);
+        QCOMPARE(name(record(desk, QString::fromLatin1(ep + ":" + id + "-b"))->state), name(KeyState::Completed));
+    }
+
+    // Leases are decided on the store's clock: a second desk whose clock is 90 s ahead sees a
+    // live lease as live (409), and does not run the event a second time.
+    void skewedInstanceKeepsTheGuarantee_data()
+    {
+        QTest::addColumn<QString>("backend");
+        QTest::newRow("redis") << u"redis"_qs;
+        QTest::newRow("postgres") << u"postgres"_qs;
+    }
+    void skewedInstanceKeepsTheGuarantee()
+    {
+        QFETCH(QString, backend);
+        const QString faketime = u"/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1"_qs;
+        QVERIFY2(QFile::exists(faketime), "libfaketime is missing (Debian package faketime; ./dev installs it)");
+        GatedDownstream down;
+        down.close();
+        const QByteArray ep = "skew" + g_run;
+        QFile config(m_dir.filePath(u"skew.json"_qs));
+        QVERIFY(config.open(QIODevice::WriteOnly));
+        config.write("{\"endpoints\": " + endpoint(ep, down.url(), ", \"forward_timeout_seconds\": 20, \"lease_seconds\": 30") + "}");
+        config.close();
+        const QStringList args{u"--config"_qs, config.fileName(), u"--store"_qs, storeUrl(backend, m_dir, 0)};
+        quint16 portA = 0, portB = 0;
+        auto a = startServe(QStringLiteral(IDEMDESK_BIN), args, portA);
+        QProcessEnvironment skewed = QProcessEnvironment::systemEnvironment();
+        skewed.insert(u"LD_PRELOAD"_qs, faketime);
+        skewed.insert(u"FAKETIME"_qs, u"+90s"_qs);
+        auto b = startServe(QStringLiteral(IDEMDESK_BIN), args, portB, nullptr, false, skewed);
+        QVERIFY(portA && portB);
+        const QByteArray key = "k-" + backend.toLatin1();
+        auto first = std::async(std::launch::async, [&] { return deliver(portA, ep, key); });
+        QTRY_COMPARE_WITH_TIMEOUT(down.count(), 1, 10'000);
+        const ClientResponse duplicate = deliver(portB, ep, key);
+        QCOMPARE(duplicate.header("Idempotency-Outcome"), QByteArray("in-progress"));
+        QCOMPARE(duplicate.status, 409);
+        down.open();
+        QCOMPARE(first.get().status, 200);
+        const ClientResponse later = deliver(portB, ep, key);
+        QCOMPARE(later.header("Idempotency-Outcome"), QByteArray("replayed"));
+        QCOMPARE(down.count(), 1);
+        for (auto *p : {a.get(), b.get()}) {
+            p->terminate();
+            p->waitForFinished(10'000);
+        }
+    }
+
+    // A config whose lease could end while its delivery is still processed is refused at start.
+    void serveRefusesALeaseShorterThanTheForwardTimeout()
+    {
+        QFile config(m_dir.filePath(u"short-lease.json"_qs));
+        QVERIFY(config.open(QIODevice::WriteOnly));
+        config.write("{\"endpoints\": [{\"name\": \"a\", \"lease_seconds\": 5, \"forward_timeout_seconds\": 30}]}");
+        config.close();
+        QProcess serve;
+        serve.start(QStringLiteral(IDEMDESK_BIN), {u"serve"_qs, u"--config"_qs, config.fileName(), u"--listen"_qs,
+                                                   u"127.0.0.1:0"_qs, u"--store"_qs, u"sqlite:"_qs + m_dir.filePath(u"x.db"_qs)});
+        QVERIFY(serve.waitForFinished(10'000));
+        QCOMPARE(serve.exitCode(), 2);
+        const QByteArray err = serve.readAllStandardError();
+        QVERIFY2(err.contains("endpoints[0].lease_seconds") && err.contains("forward_timeout_seconds"), err.constData());
+    }
+};
+
+QTEST_GUILESS_MAIN(TestExactlyOnce)
+#include "tst_exactly_once.moc"
