@@ -429,7 +429,7 @@ Result<QList<KeyRecord>> PostgresStore::listKeys(const KeyQuery &q)
             sql += " AND endpoint = " + n.quote(s(q.endpoint));
         if (!q.glob.isEmpty())
             sql += " AND key ~ " + n.quote(s(globToPosixRegex(q.glob)));
-        sql += " ORDER BY updated_ms DESC, key LIMIT " + std::to_string(q.limit) + " OFFSET "
+        sql += " ORDER BY updated_ms DESC, key DESC LIMIT " + std::to_string(q.limit) + " OFFSET "
                + std::to_string(q.offset);
         QList<KeyRecord> records;
         for (const auto &row : n.exec(sql))

@@ -431,7 +431,7 @@ Result<QList<KeyRecord>> SqliteStore::listKeys(const KeyQuery &q)
         sql += " AND endpoint = ?3";
     if (!q.glob.isEmpty())
         sql += " AND key GLOB ?4";
-    sql += " ORDER BY updated_ms DESC, key LIMIT ?5 OFFSET ?6";
+    sql += " ORDER BY updated_ms DESC, key DESC LIMIT ?5 OFFSET ?6";
     sqlite3_stmt *raw = nullptr;
     if (sqlite3_prepare_v2(m_db, sql.constData(), -1, &raw, nullptr) != SQLITE_OK)
         return lastError("list");

@@ -7,6 +7,7 @@
 #include "store/storefactory.h"
 #include "support/names.h"
 #include "support/serveprocess.h"
+#include "support/servers.h"
 #include "util/clock.h"
 
 #include <QJsonArray>
@@ -550,6 +551,64 @@ private Q_SLOTS:
             p->terminate();
             p->waitForFinished(10'000);
         }
+    }
+
+    // ?wait_replicas=N: a claim or finish that N replicas did not acknowledge is refused (503),
+    // so a failover cannot lose a claim whose event then ran.
+    void redisWaitReplicasRefusesUnreplicatedWrites()
+    {
+        QTemporaryDir masterDir, replicaDir;
+        RedisServer master(masterDir.path()), replica(replicaDir.path());
+        QVERIFY(master.start());
+        GatedDownstream down;
+        const QString url = master.url() + u"?wait_replicas=1&wait_timeout_ms=100"_qs;
+        auto config = Config::parse("{\"endpoints\": " + endpoint("w", down.url()) + "}", u"test"_qs);
+        QVERIFY(config.ok());
+        auto pool = openStorePool(url);
+        QVERIFY2(pool.ok(), pool.ok() ? "" : qPrintable(pool.error().message));
+        Desk desk;
+        desk.pool = *pool;
+        desk.receiver = std::make_unique<Receiver>(*config, desk.pool);
+        desk.port = desk.receiver->start(ListenAddress{QHostAddress::LocalHost, 0})->port;
+
+        const ClientResponse alone = deliver(desk.port, "w", "k1");
+        QCOMPARE(alone.status, 503);
+        QVERIFY2(alone.body.contains("replicas"), alone.body.constData());
+        QCOMPARE(down.count(), 0); // refused before anything ran
+
+        QVERIFY(replica.start({u"--replicaof"_qs, u"127.0.0.1"_qs, QString::number(master.port())}));
+        QTRY_VERIFY_WITH_TIMEOUT(
+            [&] {
+                QByteArray out;
+                runTool(u"redis-cli"_qs, {u"-p"_qs, QString::number(master.port()), u"INFO"_qs, u"replication"_qs}, &out);
+                return out.contains("connected_slaves:1") && out.contains("state=online");
+            }(),
+            20'000);
+        const ClientResponse replicated = deliver(desk.port, "w", "k2");
+        QCOMPARE(replicated.status, 200);
+        QCOMPARE(down.count(), 1);
+    }
+
+    // The desk says when Redis may lose acknowledged records (eviction, no persistence).
+    void redisDurabilityWarnings()
+    {
+        QTemporaryDir dir;
+        RedisServer redis(dir.path()); // AOF, appendfsync always, noeviction
+        QVERIFY(redis.start());
+        auto pool = openStorePool(redis.url());
+        QVERIFY(pool.ok());
+        auto warnings = [&] { return *(*pool)->run<QStringList>([](IdempotencyStore &s) { return s.durabilityWarnings(); }); };
+        QCOMPARE(warnings(), QStringList());
+        const QString port = QString::number(redis.port());
+        QCOMPARE(runTool(u"redis-cli"_qs, {u"-p"_qs, port, u"CONFIG"_qs, u"SET"_qs, u"maxmemory-policy"_qs, u"allkeys-lru"_qs}), 0);
+        QCOMPARE(runTool(u"redis-cli"_qs, {u"-p"_qs, port, u"CONFIG"_qs, u"SET"_qs, u"appendfsync"_qs, u"everysec"_qs}), 0);
+        QStringList found = warnings();
+        QCOMPARE(found.size(), 2);
+        QVERIFY2(found.at(0).contains(u"allkeys-lru"_qs), qPrintable(found.at(0)));
+        QVERIFY2(found.at(1).contains(u"everysec"_qs), qPrintable(found.at(1)));
+        QCOMPARE(runTool(u"redis-cli"_qs, {u"-p"_qs, port, u"CONFIG"_qs, u"SET"_qs, u"appendonly"_qs, u"no"_qs}), 0);
+        found = warnings();
+        QVERIFY2(found.last().contains(u"persists nothing"_qs), qPrintable(found.join(u"; "_qs)));
     }
 
     // A config whose lease could end while its delivery is still processed is refused at start.

@@ -39,16 +39,16 @@ RedisServer::~RedisServer()
     stop(true);
 }
 
-bool RedisServer::start()
+bool RedisServer::start(const QStringList &extraArgs)
 {
     m_process = std::make_unique<QProcess>();
     m_process->setProcessChannelMode(QProcess::MergedChannels);
     m_process->start(QStringLiteral("redis-server"),
-                     {QStringLiteral("--port"), QString::number(m_port), QStringLiteral("--bind"),
+                     QStringList{QStringLiteral("--port"), QString::number(m_port), QStringLiteral("--bind"),
                       QStringLiteral("127.0.0.1"), QStringLiteral("--dir"), m_dir,
                       QStringLiteral("--save"), QString(), QStringLiteral("--appendonly"),
                       QStringLiteral("yes"), QStringLiteral("--appendfsync"), QStringLiteral("always"),
-                      QStringLiteral("--loglevel"), QStringLiteral("warning")});
+                      QStringLiteral("--loglevel"), QStringLiteral("warning")} + extraArgs);
     return m_process->waitForStarted(5000) && waitForPort(m_port, 10000);
 }
 

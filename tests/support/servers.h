@@ -15,7 +15,7 @@ class RedisServer
 public:
     explicit RedisServer(QString dir); // AOF with appendfsync always: acknowledged writes survive
     ~RedisServer();
-    bool start();
+    bool start(const QStringList &extraArgs = {}); // e.g. {"--replicaof", host, port}
     void stop(bool kill = false);
     QString url() const;
     quint16 port() const { return m_port; }
