@@ -105,7 +105,9 @@ private Q_SLOTS:
                  qPrintable(u"the killed worker's key is %1, not processing"_qs.arg(claimed.value(u"state"_qs).toString())));
         const qint64 leaseEnd = msOf(claimed.value(u"lease_until"_qs));
         const qint64 deadToken = claimed.value(u"token"_qs).toInteger();
-        QVERIFY(leaseEnd > 0);
+        // The lease the config asked for, from the claim (its last update) on.
+        const qint64 leaseMs = leaseEnd - msOf(claimed.value(u"updated_at"_qs));
+        QVERIFY2(leaseMs >= 2900 && leaseMs <= 3100, qPrintable(u"a lease of %1 ms"_qs.arg(leaseMs)));
 
         auto second = serve(config, port);
         QVERIFY(port);
