@@ -166,32 +166,42 @@ private Q_SLOTS:
     void stormOf64IdenticalDeliveriesForwardsOnce()
     {
         CountingDownstream down;
-        down.setDelayMs(150); // the others arrive while the first is being processed
         Desk desk = start(forwardTo(down));
         for (int round = 0; round < 3; ++round) {
             const QByteArray key = "storm-" + QByteArray::number(round);
+            // The first delivery to win the claim is held at the downstream until every other
+            // copy has its answer: all 63 arrive while it is being processed.
+            down.closeGate();
             std::vector<ClientResponse> answers(64);
-            std::vector<std::thread> senders;
+            std::atomic<int> answered{0};
+            std::vector<std::jthread> senders;
             for (int i = 0; i < 64; ++i)
-                senders.emplace_back([&, i] { answers[i] = deliver(desk.port, key, "{\"order\":42}"); });
+                senders.emplace_back([&, i] {
+                    answers[i] = deliver(desk.port, key, "{\"order\":42}");
+                    ++answered;
+                });
+            QTRY_COMPARE_WITH_TIMEOUT(answered.load(), 63, 15000);
+            QCOMPARE(down.held(), 1);
+            down.openGate();
             for (auto &t : senders)
                 t.join();
-            int processed = 0;
+            int processed = 0, inProgress = 0;
             for (const ClientResponse &a : answers) {
                 const QByteArray outcome = a.header("Idempotency-Outcome");
                 if (outcome == "processed") {
                     ++processed;
                     QCOMPARE(a.status, 200);
-                } else if (outcome == "in-progress") {
+                } else {
+                    ++inProgress;
+                    QCOMPARE(outcome, QByteArray("in-progress"));
                     QCOMPARE(a.status, 409);
                     QVERIFY(a.header("Retry-After").toInt() >= 1);
-                } else {
-                    QCOMPARE(outcome, QByteArray("replayed"));
-                    QCOMPARE(a.status, 200);
                 }
             }
             QCOMPARE(processed, 1);
+            QCOMPARE(inProgress, 63);
             QCOMPARE(down.count("orders:" + key), 1);
+            QCOMPARE(deliver(desk.port, key, "{\"order\":42}").header("Idempotency-Outcome"), QByteArray("replayed"));
         }
         QCOMPARE(down.total(), 3);
     }
