@@ -43,9 +43,8 @@
 #include <QDeadlineTimer>
 #include <QScopeGuard>
 
-
-#include <thread>
 #include <atomic>
+#include <thread>
 
 using namespace idem;
 using idem::test::generateSqliteKeys;
@@ -75,7 +74,6 @@ void answerNextMessageBox(QMessageBox::StandardButton button, QString *text = nu
 struct StoreCalls
 {
     QThread *gui = nullptr;
-    std::atomic<int> total{0};
     std::atomic<int> onGuiThread{0};
     std::atomic<int> operatorCalls{0};
     std::atomic<bool> watchGui{false};
@@ -84,7 +82,7 @@ struct StoreCalls
     std::atomic<int> guiWaited{0};
     void reset()
     {
-        total = onGuiThread = operatorCalls = watched = guiWaited = 0;
+        onGuiThread = operatorCalls = watched = guiWaited = 0;
         watchGui = false;
     }
 };
@@ -117,7 +115,6 @@ private:
     template<typename Call>
     auto recorded(Call call) -> decltype(call())
     {
-        ++m_calls->total;
         if (QThread::currentThread() == m_calls->gui)
             ++m_calls->onGuiThread;
         if (!m_calls->watchGui)
