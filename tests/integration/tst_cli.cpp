@@ -1,7 +1,10 @@
 // The admin CLI against every store: keys list/show/reset/retry/delete/purge-expired, stats, storm.
 #include "http/blockingclient.h"
+#include "support/downstream.h"
 #include "support/serveprocess.h"
+#include "util/clock.h"
 
+#include <QDateTime>
 #include <QJsonArray>
 #include <QJsonDocument>
 #include <QJsonObject>
@@ -30,6 +33,12 @@ Run idemdesk(const QStringList &args)
     p.start(QStringLiteral(IDEMDESK_BIN), args);
     p.waitForFinished(60000);
     return {p.exitStatus() == QProcess::NormalExit ? p.exitCode() : -2, p.readAllStandardOutput(), p.readAllStandardError()};
+}
+
+qint64 msOf(const QJsonValue &isoTime)
+{
+    const QDateTime t = QDateTime::fromString(isoTime.toString(), Qt::ISODateWithMs);
+    return t.isValid() ? t.toMSecsSinceEpoch() : 0;
 }
 
 QList<QJsonObject> jsonLines(const QByteArray &out)
@@ -62,12 +71,18 @@ private Q_SLOTS:
         if (store.isEmpty())
             QFAIL("IDEM_TEST_REDIS_URL / IDEM_TEST_POSTGRES_URL are not set: run through ./dev test");
         const QString run = QString::number(QRandomGenerator::global()->bounded(1u << 30), 36);
-        const QString ok = u"ok"_qs + run, bad = u"bad"_qs + run;
+        const QString ok = u"ok"_qs + run, bad = u"bad"_qs + run, fwd = u"fwd"_qs + run, brief = u"brief"_qs + run;
+        idem::test::CountingDownstream down; // storms are graded here, where the processor's work lands
         const QString config = m_dir.filePath(run + u".json"_qs);
         QFile f(config);
         QVERIFY(f.open(QIODevice::WriteOnly));
+        // `brief` keeps its keys for the shortest legal TTL: 3 s (not below the lease, which is
+        // not below the forward deadline plus 2 s).
         f.write(QStringLiteral("{\"store\": \"%1\", \"endpoints\": [{\"name\": \"%2\", \"simulate\": {\"delay_ms\": 20}},"
-                               " {\"name\": \"%3\", \"simulate\": {\"fail_rate\": 1}}]}").arg(store, ok, bad).toUtf8());
+                               " {\"name\": \"%3\", \"simulate\": {\"fail_rate\": 1}},"
+                               " {\"name\": \"%4\", \"forward_to\": \"%5\"},"
+                               " {\"name\": \"%6\", \"ttl_seconds\": 3, \"lease_seconds\": 3, \"forward_timeout_seconds\": 1}]}")
+                    .arg(store, ok, bad, fwd, down.url().toString(), brief).toUtf8());
         f.close();
         const QStringList common{u"--config"_qs, config};
 
@@ -86,8 +101,27 @@ private Q_SLOTS:
         QCOMPARE(deliver(bad, "b2").status, 500);
         const QString k1 = ok + u":k1"_qs, b1 = bad + u":b1"_qs, b2 = bad + u":b2"_qs;
 
+        // purge-expired with nothing expired: 0, and every key still there. (The first purge
+        // clears what earlier tests left expired in a shared store.)
+        Run r = idemdesk(QStringList{u"keys"_qs, u"purge-expired"_qs} + common);
+        QCOMPARE(r.rc, 0);
+        auto ourKeys = [&] {
+            QStringList keys;
+            for (const QString &endpoint : {ok, bad})
+                for (const QJsonObject &line : jsonLines(idemdesk(QStringList{u"keys"_qs, u"list"_qs, u"--endpoint"_qs, endpoint, u"--json"_qs} + common).out))
+                    keys << line.value(u"key").toString();
+            keys.sort();
+            return keys;
+        };
+        const QStringList before = ourKeys();
+        QCOMPARE(before, QStringList({b1, b2, k1}));
+        r = idemdesk(QStringList{u"keys"_qs, u"purge-expired"_qs} + common);
+        QCOMPARE(r.rc, 0);
+        QVERIFY2(r.out.contains("removed 0 expired key(s)"), r.out.constData());
+        QCOMPARE(ourKeys(), before);
+
         // keys list
-        Run r = idemdesk(QStringList{u"keys"_qs, u"list"_qs, u"--endpoint"_qs, ok, u"--json"_qs} + common);
+        r = idemdesk(QStringList{u"keys"_qs, u"list"_qs, u"--endpoint"_qs, ok, u"--json"_qs} + common);
         QCOMPARE(r.rc, 0);
         auto lines = jsonLines(r.out);
         QCOMPARE(lines.size(), 1);
@@ -156,14 +190,11 @@ private Q_SLOTS:
         r = idemdesk(QStringList{u"keys"_qs, u"list"_qs, u"--state"_qs, u"reset"_qs, u"--endpoint"_qs, bad, u"--json"_qs} + common);
         QCOMPARE(jsonLines(r.out).size(), 2);
 
-        // delete, purge-expired
+        // delete
         r = idemdesk(QStringList{u"keys"_qs, u"delete"_qs, b2} + common);
         QCOMPARE(r.rc, 0);
         QCOMPARE(idemdesk(QStringList{u"keys"_qs, u"show"_qs, b2} + common).rc, 1);
         QCOMPARE(idemdesk(QStringList{u"keys"_qs, u"delete"_qs, b2} + common).rc, 1);
-        r = idemdesk(QStringList{u"keys"_qs, u"purge-expired"_qs} + common);
-        QCOMPARE(r.rc, 0);
-        QVERIFY(r.out.contains("expired key(s)"));
 
         // stats
         r = idemdesk(QStringList{u"stats"_qs, u"--json"_qs} + common);
@@ -182,20 +213,52 @@ private Q_SLOTS:
         QCOMPARE(r.rc, 0);
         QVERIFY(r.out.contains("DUP RATIO") && r.out.contains(ok.toUtf8()));
 
-        // storm
-        r = idemdesk(QStringList{u"storm"_qs, u"--endpoint"_qs, ok, u"--copies"_qs, u"16"_qs, u"--concurrency"_qs, u"16"_qs,
+        // storm: its verdict, and what the downstream behind the endpoint counted per key
+        down.setDelayMs(50); // the copies arrive while the first of each key is being processed
+        r = idemdesk(QStringList{u"storm"_qs, u"--endpoint"_qs, fwd, u"--copies"_qs, u"16"_qs, u"--concurrency"_qs, u"16"_qs,
                                  u"--keys"_qs, u"3"_qs, u"--url"_qs, u"http://127.0.0.1:%1"_qs.arg(port)} + common);
         QCOMPARE(r.rc, 0);
         QVERIFY2(r.out.contains("every key processed exactly once (3 of 3)"), r.out.constData());
         QVERIFY(r.out.contains("p99"));
-        r = idemdesk(QStringList{u"storm"_qs, u"--endpoint"_qs, bad, u"--copies"_qs, u"2"_qs, u"--concurrency"_qs, u"1"_qs,
+        QHash<QByteArray, int> reached;
+        for (const HttpRequest &request : down.requests())
+            reached[request.header("Idempotency-Key")] += 1;
+        QCOMPARE(reached.size(), 3);
+        for (auto it = reached.cbegin(); it != reached.cend(); ++it) {
+            QVERIFY2(it.key().startsWith(fwd.toUtf8() + ":storm-"), it.key().constData());
+            QVERIFY2(it.value() == 1, it.key().constData());
+        }
+        // A failing downstream runs each copy again: not exactly once, and the downstream saw it.
+        down.setStatus(500);
+        r = idemdesk(QStringList{u"storm"_qs, u"--endpoint"_qs, fwd, u"--copies"_qs, u"2"_qs, u"--concurrency"_qs, u"1"_qs,
                                  u"--url"_qs, u"http://127.0.0.1:%1"_qs.arg(port)} + common);
-        QCOMPARE(r.rc, 1); // a failing processor runs each key again: not exactly once
+        QCOMPARE(r.rc, 1);
         QVERIFY(r.out.contains("NOT exactly once"));
+        QCOMPARE(down.total(), 3 + 2);
+        QCOMPARE(down.requests().at(3).header("Idempotency-Key"), down.requests().at(4).header("Idempotency-Key"));
+        QVERIFY(!reached.contains(down.requests().at(4).header("Idempotency-Key")));
+
+        // A key that will expire, for purge-expired. From here until that purge nothing lists or
+        // counts keys: on Redis a listing drops expired index entries on its way.
+        QCOMPARE(deliver(brief, "e1").status, 200);
+        const QString e1 = brief + u":e1"_qs;
+        const qint64 e1Expires = msOf(QJsonDocument::fromJson(idemdesk(QStringList{u"keys"_qs, u"show"_qs, e1, u"--json"_qs} + common).out)
+                                          .object().value(u"expires_at"));
+        QVERIFY(e1Expires > 0);
 
         ::kill(pid_t(serve->processId()), SIGTERM);
         QVERIFY(serve->waitForFinished(15000));
         QCOMPARE(serve->exitCode(), 0);
+
+        // purge-expired with something expired (serve is gone: its periodic purge cannot run first).
+        QTRY_VERIFY_WITH_TIMEOUT(wallMs() > e1Expires, 10000);
+        r = idemdesk(QStringList{u"keys"_qs, u"purge-expired"_qs} + common);
+        QCOMPARE(r.rc, 0);
+        QVERIFY2(r.out.contains("removed 1 expired key(s)"), r.out.constData());
+        QCOMPARE(idemdesk(QStringList{u"keys"_qs, u"show"_qs, e1} + common).rc, 1);
+        QCOMPARE(ourKeys(), QStringList({b1, k1})); // b2 deleted above; the others untouched
+        r = idemdesk(QStringList{u"keys"_qs, u"purge-expired"_qs} + common);
+        QVERIFY2(r.out.contains("removed 0 expired key(s)"), r.out.constData());
     }
 
     void usageAndRuntimeErrors()

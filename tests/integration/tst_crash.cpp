@@ -1,11 +1,16 @@
 // `idemdesk serve` killed (SIGKILL) while a delivery is being processed, then restarted on the
-// same store: a retry within the lease gets 409; after it, the key is recovered and processed
-// once more; completed records survive. SQLite, PostgreSQL, and Redis with appendfsync always.
+// same store: a retry within the lease gets 409; after the lease end the store reports, the key
+// is recovered under a higher token and processed once more; completed records survive. SQLite,
+// PostgreSQL, and Redis with appendfsync always.
 #include "http/blockingclient.h"
 #include "support/downstream.h"
 #include "support/serveprocess.h"
 #include "support/servers.h"
+#include "util/clock.h"
 
+#include <QDateTime>
+#include <QJsonDocument>
+#include <QJsonObject>
 #include <QProcess>
 #include <QRandomGenerator>
 #include <QRegularExpression>
@@ -26,6 +31,19 @@ class TestCrash : public QObject
     static std::unique_ptr<QProcess> serve(const QString &config, quint16 &port)
     {
         return startServe(QStringLiteral(IDEMDESK_BIN), {u"--config"_qs, config}, port);
+    }
+    // The key as the store has it (`idemdesk keys show KEY --json`, another process).
+    static QJsonObject show(const QString &config, const QString &key)
+    {
+        QProcess p;
+        p.start(QStringLiteral(IDEMDESK_BIN), {u"keys"_qs, u"show"_qs, key, u"--json"_qs, u"--config"_qs, config});
+        p.waitForFinished(30000);
+        return QJsonDocument::fromJson(p.readAllStandardOutput()).object();
+    }
+    static qint64 msOf(const QJsonValue &isoTime)
+    {
+        const QDateTime t = QDateTime::fromString(isoTime.toString(), Qt::ISODateWithMs);
+        return t.isValid() ? t.toMSecsSinceEpoch() : 0;
     }
 
 private Q_SLOTS:
@@ -54,47 +72,61 @@ private Q_SLOTS:
             store = redis->url();
         }
         CountingDownstream down;
-        down.setDelayMs(4000);
         const QString endpoint = u"c%1"_qs.arg(QRandomGenerator::global()->bounded(1u << 30), 0, 36);
         const QString config = m_dir.filePath(endpoint + u".json"_qs);
         QFile f(config);
         QVERIFY(f.open(QIODevice::WriteOnly));
-        f.write(QStringLiteral("{\"store\": \"%1\", \"endpoints\": [{\"name\": \"%2\", \"lease_seconds\": 2,"
-                               " \"forward_timeout_seconds\": 10, \"forward_to\": \"%3\"}]}")
+        // The shortest legal lease: the forward's deadline plus the 2 s margin.
+        f.write(QStringLiteral("{\"store\": \"%1\", \"endpoints\": [{\"name\": \"%2\", \"lease_seconds\": 3,"
+                               " \"forward_timeout_seconds\": 1, \"forward_to\": \"%3\"}]}")
                     .arg(store, endpoint, down.url().toString()).toUtf8());
         f.close();
         const QByteArray path = "/hooks/" + endpoint.toUtf8();
+        const QString slow = endpoint + u":slow"_qs;
 
         quint16 port = 0;
         auto first = serve(config, port);
         QVERIFY(port);
         // A completed record before the crash.
-        down.setDelayMs(0);
         QCOMPARE(post(port, path, "{\"done\":1}", {{"Idempotency-Key", "done"}}).status, 200);
-        down.setDelayMs(4000);
+        // The next delivery is held at the downstream, and its worker killed while it waits there
+        // (well within its 1 s forward deadline: the kill follows the arrival at once).
+        down.closeGate();
         std::thread stuck([&] { post(port, path, "{\"slow\":1}", {{"Idempotency-Key", "slow"}}); });
-        QTRY_COMPARE_WITH_TIMEOUT(down.count((endpoint + u":slow"_qs).toUtf8()), 1, 10000); // it is being processed
+        QTRY_COMPARE_WITH_TIMEOUT(down.count(slow.toUtf8()), 1, 10000); // it is being processed
         ::kill(pid_t(first->processId()), SIGKILL);
         QVERIFY(first->waitForFinished(5000));
         stuck.join();
+        down.openGate(); // its answer goes nowhere: the connection died with the process
+
+        // The dead worker's claim, as the store has it.
+        const QJsonObject claimed = show(config, slow);
+        QVERIFY2(claimed.value(u"state"_qs).toString() == u"processing"_qs,
+                 qPrintable(u"the killed worker's key is %1, not processing"_qs.arg(claimed.value(u"state"_qs).toString())));
+        const qint64 leaseEnd = msOf(claimed.value(u"lease_until"_qs));
+        const qint64 deadToken = claimed.value(u"token"_qs).toInteger();
+        // The lease the config asked for, from the claim (its last update) on.
+        const qint64 leaseMs = leaseEnd - msOf(claimed.value(u"updated_at"_qs));
+        QVERIFY2(leaseMs >= 2900 && leaseMs <= 3100, qPrintable(u"a lease of %1 ms"_qs.arg(leaseMs)));
 
         auto second = serve(config, port);
         QVERIFY(port);
-        down.setDelayMs(0);
         // Within the lease: the dead worker's claim still holds.
+        QVERIFY2(wallMs() < leaseEnd - 200, "the restart took longer than the 3 s lease: the within-lease retry cannot be sent");
         const ClientResponse within = post(port, path, "{\"slow\":1}", {{"Idempotency-Key", "slow"}});
         QCOMPARE(within.status, 409);
         QCOMPARE(within.header("Idempotency-Outcome"), QByteArray("in-progress"));
         QVERIFY(within.header("Retry-After").toInt() >= 1);
-        // After the lease: recovered, and processed once more.
-        ClientResponse after;
-        QVERIFY(QTest::qWaitFor([&] {
-            after = post(port, path, "{\"slow\":1}", {{"Idempotency-Key", "slow"}});
-            return after.header("Idempotency-Outcome") != "in-progress";
-        }, 10000));
+        QCOMPARE(down.count(slow.toUtf8()), 1);
+        // Once the lease the store holds has ended: recovered under a new token, processed once more.
+        QTRY_VERIFY_WITH_TIMEOUT(wallMs() > leaseEnd, 10000);
+        const ClientResponse after = post(port, path, "{\"slow\":1}", {{"Idempotency-Key", "slow"}});
         QCOMPARE(after.status, 200);
         QCOMPARE(after.header("Idempotency-Outcome"), QByteArray("recovered"));
-        QCOMPARE(down.count((endpoint + u":slow"_qs).toUtf8()), 2);
+        QCOMPARE(down.count(slow.toUtf8()), 2);
+        const QJsonObject recovered = show(config, slow);
+        QCOMPARE(recovered.value(u"state"_qs).toString(), u"completed"_qs);
+        QVERIFY(recovered.value(u"token"_qs).toInteger() > deadToken);
         QCOMPARE(post(port, path, "{\"slow\":1}", {{"Idempotency-Key", "slow"}}).header("Idempotency-Outcome"), QByteArray("replayed"));
         // The record completed before the crash survived it.
         const ClientResponse done = post(port, path, "{\"done\":1}", {{"Idempotency-Key", "done"}});

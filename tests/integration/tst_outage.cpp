@@ -1,5 +1,6 @@
 // The store goes away during a storm: answers turn 503, nothing is forwarded while it is down,
-// the receiver recovers by itself when it returns, and no key is processed twice.
+// the receiver recovers by itself when it returns, and no key is processed twice — not even when
+// the sender retries, after the outage, every key it ever sent.
 #include "receiver/receiver.h"
 #include "store/storefactory.h"
 #include "support/downstream.h"
@@ -18,7 +19,14 @@ using namespace idem::test;
 
 namespace {
 
+QByteArray bodyOf(const QByteArray &key)
+{
+    return "{\"k\":\"" + key + "\"}";
+}
+
 // Keeps sending deliveries of a rotating set of keys from a few threads until told to stop.
+// Keys carry the phase they were made in, and answers are counted per phase: a key of a phase
+// is only sent during that phase.
 class Storm
 {
 public:
@@ -35,22 +43,29 @@ public:
             if (t.joinable())
                 t.join();
     }
-    // Keys from this generation on are new: keys of a phase are only sent during that phase.
     void nextPhase() { ++m_phase; }
-    int count(int status) const
+    int count(int phase, int status) const
     {
         std::lock_guard lock(m_mutex);
-        return m_byStatus.value(status);
+        return m_byStatus.value({phase, status});
+    }
+    int answered(int phase) const
+    {
+        std::lock_guard lock(m_mutex);
+        int n = 0;
+        for (auto it = m_byStatus.cbegin(); it != m_byStatus.cend(); ++it)
+            n += it.key().first == phase ? it.value() : 0;
+        return n;
     }
     QSet<QString> acknowledged() const
     {
         std::lock_guard lock(m_mutex);
         return m_acknowledged;
     }
-    void resetCounts()
+    QSet<QByteArray> sent() const
     {
         std::lock_guard lock(m_mutex);
-        m_byStatus.clear();
+        return m_sent;
     }
 
 private:
@@ -63,8 +78,13 @@ private:
                 owner = std::make_unique<RawConnection>(m_port, 5000);
                 c = owner.get();
             }
-            const QByteArray key = m_prefix + "-p" + QByteArray::number(m_phase.load()) + "-k" + QByteArray::number((i + t) % 40);
-            c->send(buildPost("/hooks/orders", "{\"k\":\"" + key + "\"}", {{"Idempotency-Key", key}}, false));
+            const int phase = m_phase.load();
+            const QByteArray key = m_prefix + "-p" + QByteArray::number(phase) + "-k" + QByteArray::number((i + t) % 40);
+            {
+                std::lock_guard lock(m_mutex);
+                m_sent.insert(key);
+            }
+            c->send(buildPost("/hooks/orders", bodyOf(key), {{"Idempotency-Key", key}}, false));
             const ClientResponse r = c->readResponse();
             if (r.status == 0) {
                 owner.reset();
@@ -72,7 +92,7 @@ private:
                 continue;
             }
             std::lock_guard lock(m_mutex);
-            m_byStatus[r.status] += 1;
+            m_byStatus[{phase, r.status}] += 1;
             if (r.status == 200)
                 m_acknowledged.insert(QString::fromLatin1(r.header("Idempotency-Key")));
             if (r.header("Connection") == "close") {
@@ -86,8 +106,9 @@ private:
     std::atomic<bool> m_stop{false};
     std::atomic<int> m_phase{0};
     mutable std::mutex m_mutex;
-    QHash<int, int> m_byStatus;
+    QHash<std::pair<int, int>, int> m_byStatus; // (phase, status) -> answers
     QSet<QString> m_acknowledged; // keys a sender got a 2xx for: their completion is durable
+    QSet<QByteArray> m_sent;
     std::vector<std::thread> m_threads;
 };
 
@@ -102,56 +123,119 @@ class TestOutage : public QObject
                             const std::function<void()> &startStore)
     {
         CountingDownstream down;
-        auto config = Config::parse("{\"endpoints\": [{\"name\": \"orders\", \"forward_to\": \""
+        // A lease that outlasts the outage: a result in doubt while the store was away is
+        // settled once it is back, and the re-sent key is replayed, not processed again.
+        auto config = Config::parse("{\"endpoints\": [{\"name\": \"orders\", \"lease_seconds\": 10,"
+                                    " \"forward_timeout_seconds\": 5, \"forward_to\": \""
                                         + down.url().toString().toUtf8() + "\"}]}",
                                     u"test"_qs);
+        QVERIFY2(config.ok(), config.ok() ? "" : qPrintable(config.error().message));
         auto pool = openStorePool(storeUrl);
         QVERIFY2(pool.ok(), pool.ok() ? "" : qPrintable(pool.error().message));
         Receiver receiver(*config, *pool);
         ListenAddress any;
         any.port = 0;
         const quint16 port = receiver.start(any)->port;
+        auto reachedDownstream = [&] {
+            QHash<QByteArray, int> perKey;
+            for (const HttpRequest &r : down.requests())
+                perKey[r.header("Idempotency-Key")] += 1;
+            return perKey;
+        };
 
         Storm storm(port, "o");
-        QTRY_VERIFY_WITH_TIMEOUT(storm.count(200) > 200, 10000);
+        QTRY_VERIFY_WITH_TIMEOUT(storm.count(0, 200) > 200, 10000);
 
-        stopStore();
-        QTRY_VERIFY_WITH_TIMEOUT(storm.count(503) > 20, 10000);
-        QVERIFY(!(*pool)->health().healthy);
-        // Claims granted just before the stop may still be forwarded; after that, nothing.
-        QTest::qWait(300);
+        // Phase 1: the deliveries in flight when the store goes are held at the downstream
+        // (processed there) until it is gone, so their results are in doubt: the hardest case
+        // for a retry. (Held for well under the forward deadline, so none of them times out.)
         storm.nextPhase();
-        const int forwardedBefore = down.total();
-        storm.resetCounts();
-        QTest::qWait(1500);
-        QCOMPARE(down.total(), forwardedBefore);
-        QCOMPARE(storm.count(200), 0);
-        QVERIFY(storm.count(503) > 0);
+        const int forwardedBeforeGate = down.total();
+        down.closeGate();
+        QTRY_VERIFY_WITH_TIMEOUT(down.held() > 0, 10000);
+        stopStore();
+        QSet<QByteArray> inDoubt;
+        for (const HttpRequest &r : down.requests().mid(forwardedBeforeGate))
+            inDoubt.insert(r.header("Idempotency-Key"));
+        QVERIFY(!inDoubt.isEmpty());
+        down.openGate();
 
-        storm.nextPhase(); // new keys from now on: each must be processed exactly once
+        // Phase 2: keys first sent while the store is down are refused (503), never processed.
+        // The test sends some itself: the storm's senders may all be waiting for the results in
+        // doubt above.
+        storm.nextPhase();
+        QSet<QByteArray> refused;
+        for (int i = 0; i < 50; ++i) {
+            const QByteArray key = "o-p2-t" + QByteArray::number(i);
+            const ClientResponse r = post(port, "/hooks/orders", bodyOf(key), {{"Idempotency-Key", key}});
+            QCOMPARE(r.status, 503);
+            QCOMPARE(r.header("Idempotency-Outcome"), QByteArray("unavailable"));
+            refused.insert(key);
+        }
+        QVERIFY(!(*pool)->health().healthy);
+        QCOMPARE(storm.answered(2), storm.count(2, 503));
+        const QHash<QByteArray, int> duringOutage = reachedDownstream();
+        for (auto it = duringOutage.cbegin(); it != duringOutage.cend(); ++it)
+            QVERIFY2(!it.key().contains("-p2-"), it.key().constData());
+
+        // Phase 3: new keys once the store is back: each processed exactly once.
+        storm.nextPhase();
         startStore();
-        QTRY_VERIFY_WITH_TIMEOUT(storm.count(200) > 100, 20000);
+        QTRY_VERIFY_WITH_TIMEOUT(storm.count(3, 200) > 100, 20000);
         QTRY_VERIFY_WITH_TIMEOUT((*pool)->health().healthy, 5000);
         storm.stop();
 
         // No key reached the downstream twice, across the whole storm.
-        QHash<QByteArray, int> perKey;
-        for (const HttpRequest &r : down.requests())
-            perKey[r.header("Idempotency-Key")] += 1;
-        for (auto it = perKey.begin(); it != perKey.end(); ++it)
+        QHash<QByteArray, int> perKey = reachedDownstream();
+        for (auto it = perKey.cbegin(); it != perKey.cend(); ++it)
             QVERIFY2(it.value() == 1, it.key().constData());
         int afterRecovery = 0;
-        for (auto it = perKey.begin(); it != perKey.end(); ++it)
-            afterRecovery += it.key().contains("-p2-");
+        for (auto it = perKey.cbegin(); it != perKey.cend(); ++it)
+            afterRecovery += it.key().contains("-p3-");
         QVERIFY(afterRecovery > 0);
         qInfo("forwarded %d keys, %d of them after the store came back", down.total(), afterRecovery);
         // Every completion acknowledged to a sender survived the store's restart.
         const QSet<QString> acknowledged = storm.acknowledged();
         QVERIFY(!acknowledged.isEmpty());
         for (const QString &key : acknowledged) {
-            auto record = (*pool)->run<std::optional<KeyRecord>>([&](IdempotencyStore &s) { return s.key(key); });
-            QVERIFY2(record.ok() && record->has_value() && (*record)->state == KeyState::Completed, qPrintable(key));
+            // A pool worker whose connection died with the store fails its next call once
+            // (then connects again): read until the store answers.
+            Result<std::optional<KeyRecord>> record = makeError(ErrorCode::Unavailable, u"not read"_qs);
+            QTest::qWaitFor([&] {
+                record = (*pool)->run<std::optional<KeyRecord>>([&](IdempotencyStore &s) { return s.key(key); });
+                return record.ok();
+            }, 5000);
+            QVERIFY2(record.ok() && record->has_value() && (*record)->state == KeyState::Completed,
+                     qPrintable(key + u": "_qs + (!record.ok() ? record.error().message
+                                                  : !record->has_value() ? u"absent"_qs : toString((*record)->state))));
         }
+
+        // The sender retries every key it ever sent, those whose result was in doubt during the
+        // outage included (processed, but the finish did not reach the store): each gets its
+        // answer, and none reaches the downstream a second time.
+        const QSet<QByteArray> sent = storm.sent() + refused;
+        QVERIFY(sent.size() > 90);
+        QHash<QByteArray, QByteArray> outcomes;
+        for (const QByteArray &key : sent) {
+            ClientResponse answer; // in progress (409) until a result in doubt is settled
+            QTest::qWaitFor([&] {
+                answer = post(port, "/hooks/orders", bodyOf(key), {{"Idempotency-Key", key}});
+                return answer.status != 409 && answer.status != 503;
+            }, 20000);
+            QVERIFY2(answer.status == 200, qPrintable(u"%1: %2 %3"_qs.arg(QString::fromLatin1(key)).arg(answer.status)
+                                                           .arg(QString::fromLatin1(answer.header("Idempotency-Outcome")))));
+            outcomes.insert("orders:" + key, answer.header("Idempotency-Outcome"));
+        }
+        perKey = reachedDownstream();
+        for (const QByteArray &key : sent) {
+            const QByteArray stored = "orders:" + key;
+            QVERIFY2(perKey.value(stored) == 1,
+                     qPrintable(u"%1 reached the downstream %2 times (in doubt during the outage: %3; re-sent: %4)"_qs
+                                    .arg(QString::fromLatin1(stored)).arg(perKey.value(stored))
+                                    .arg(inDoubt.contains(stored) ? u"yes"_qs : u"no"_qs, QString::fromLatin1(outcomes.value(stored)))));
+        }
+        QCOMPARE(perKey.size(), sent.size());
+        qInfo("re-sent %lld keys, %lld of them in doubt during the outage", qlonglong(sent.size()), qlonglong(inDoubt.size()));
     }
 
 private Q_SLOTS:

@@ -1,4 +1,6 @@
-// The receiver end to end: real HTTP in, a real store, a real counting downstream.
+// The receiver end to end: real HTTP in, a real store, a real counting downstream. What goes
+// through the store's own path (the Redis lane, the pool's workers) runs on every store: a fresh
+// SQLite file, and the Redis and PostgreSQL servers of IDEM_TEST_REDIS_URL / IDEM_TEST_POSTGRES_URL.
 #include "receiver/receiver.h"
 #include "store/storefactory.h"
 #include "store/sqlitestore.h"
@@ -7,11 +9,14 @@
 #include "support/names.h"
 #include "util/clock.h"
 
+#include <QJsonArray>
 #include <QJsonDocument>
 #include <QJsonObject>
+#include <QRandomGenerator>
 #include <QTemporaryDir>
 #include <QTest>
 
+#include <future>
 #include <thread>
 
 using namespace idem;
@@ -26,6 +31,43 @@ struct Desk
     quint16 port = 0;
 };
 
+// Stalls the thread `object` lives on, as a process paused by the OS or a debugger, until
+// released (at the latest when this goes out of scope).
+class Stall
+{
+public:
+    explicit Stall(QObject *object)
+    {
+        auto released = m_release.get_future().share();
+        QMetaObject::invokeMethod(object, [this, released] {
+            m_stalled = true;
+            released.wait();
+        });
+    }
+    ~Stall() { release(); }
+    bool stalled() const { return m_stalled.load(); }
+    void release()
+    {
+        if (!m_released.exchange(true))
+            m_release.set_value();
+    }
+
+private:
+    std::promise<void> m_release;
+    std::atomic<bool> m_stalled{false};
+    std::atomic<bool> m_released{false};
+};
+
+// How often each SendGrid event (sg_event_id) reached the downstream, across every batch.
+QHash<QString, int> forwardedEvents(const CountingDownstream &down)
+{
+    QHash<QString, int> n;
+    for (const HttpRequest &r : down.requests())
+        for (const QJsonValue &e : QJsonDocument::fromJson(r.body).array())
+            n[e.toObject().value(u"sg_event_id").toString()] += 1;
+    return n;
+}
+
 } // namespace
 
 class TestReceiver : public QObject
@@ -33,6 +75,24 @@ class TestReceiver : public QObject
     Q_OBJECT
     QTemporaryDir m_dir;
     int m_seq = 0;
+    // Keys of this run: the Redis and PostgreSQL servers keep earlier runs' keys.
+    const QByteArray m_run = QByteArray::number(QRandomGenerator::global()->bounded(1u << 30), 36);
+
+    // One row per store.
+    static void everyStore()
+    {
+        QTest::addColumn<QString>("store");
+        QTest::newRow("sqlite") << u"sqlite"_qs;
+        QTest::newRow("redis") << u"IDEM_TEST_REDIS_URL"_qs;
+        QTest::newRow("postgres") << u"IDEM_TEST_POSTGRES_URL"_qs;
+    }
+    // The row's store URL: a fresh SQLite file, or the server ./dev test started (empty: not set).
+    QString storeUrl(const QString &store)
+    {
+        if (store == u"sqlite"_qs)
+            return u"sqlite:"_qs + m_dir.filePath(u"r%1.db"_qs.arg(++m_seq));
+        return qEnvironmentVariable(store.toLatin1().constData());
+    }
 
     Desk start(const QByteArray &endpointsJson, const QString &storeUrl = {})
     {
@@ -68,6 +128,11 @@ class TestReceiver : public QObject
         auto r = desk.pool->run<std::optional<KeyRecord>>([&](IdempotencyStore &s) { return s.key(key); });
         return r ? *r : std::nullopt;
     }
+    static QString stateOf(Desk &desk, const QString &key)
+    {
+        const auto r = record(desk, key);
+        return r ? name(r->state) : u"absent"_qs;
+    }
 
 private Q_SLOTS:
     void firstDeliveryProcessedThenReplayed()
@@ -101,81 +166,110 @@ private Q_SLOTS:
     void stormOf64IdenticalDeliveriesForwardsOnce()
     {
         CountingDownstream down;
-        down.setDelayMs(150); // the others arrive while the first is being processed
         Desk desk = start(forwardTo(down));
         for (int round = 0; round < 3; ++round) {
             const QByteArray key = "storm-" + QByteArray::number(round);
+            // The first delivery to win the claim is held at the downstream until every other
+            // copy has its answer: all 63 arrive while it is being processed.
+            down.closeGate();
             std::vector<ClientResponse> answers(64);
-            std::vector<std::thread> senders;
+            std::atomic<int> answered{0};
+            std::vector<std::jthread> senders;
             for (int i = 0; i < 64; ++i)
-                senders.emplace_back([&, i] { answers[i] = deliver(desk.port, key, "{\"order\":42}"); });
+                senders.emplace_back([&, i] {
+                    answers[i] = deliver(desk.port, key, "{\"order\":42}");
+                    ++answered;
+                });
+            QTRY_COMPARE_WITH_TIMEOUT(answered.load(), 63, 15000);
+            QCOMPARE(down.held(), 1);
+            down.openGate();
             for (auto &t : senders)
                 t.join();
-            int processed = 0;
+            int processed = 0, inProgress = 0;
             for (const ClientResponse &a : answers) {
                 const QByteArray outcome = a.header("Idempotency-Outcome");
                 if (outcome == "processed") {
                     ++processed;
                     QCOMPARE(a.status, 200);
-                } else if (outcome == "in-progress") {
+                } else {
+                    ++inProgress;
+                    QCOMPARE(outcome, QByteArray("in-progress"));
                     QCOMPARE(a.status, 409);
                     QVERIFY(a.header("Retry-After").toInt() >= 1);
-                } else {
-                    QCOMPARE(outcome, QByteArray("replayed"));
-                    QCOMPARE(a.status, 200);
                 }
             }
             QCOMPARE(processed, 1);
+            QCOMPARE(inProgress, 63);
             QCOMPARE(down.count("orders:" + key), 1);
+            QCOMPARE(deliver(desk.port, key, "{\"order\":42}").header("Idempotency-Outcome"), QByteArray("replayed"));
         }
         QCOMPARE(down.total(), 3);
     }
 
+    void inProgressAnswersWithRetryAfterOrTheConfiguredStatus_data() { everyStore(); }
     void inProgressAnswersWithRetryAfterOrTheConfiguredStatus()
     {
+        QFETCH(QString, store);
+        const QString url = storeUrl(store);
+        QVERIFY2(!url.isEmpty(), "IDEM_TEST_REDIS_URL / IDEM_TEST_POSTGRES_URL are not set: run through ./dev test");
         CountingDownstream down;
-        down.setDelayMs(600);
         Desk desk = start("[{\"name\": \"orders\", \"forward_to\": \"" + down.url().toString().toUtf8()
                           + "\"}, {\"name\": \"accepting\", \"in_progress_status\": 202, \"forward_to\": \""
-                          + down.url().toString().toUtf8() + "\"}]");
+                          + down.url().toString().toUtf8() + "\"}]", url);
+        const QByteArray key = "slow-" + m_run;
         for (const QByteArray &endpoint : {QByteArray("orders"), QByteArray("accepting")}) {
-            std::thread first([&] { deliver(desk.port, "slow", "{}", endpoint); });
-            QTRY_VERIFY(record(desk, QString::fromLatin1(endpoint) + u":slow"_qs).has_value());
-            const ClientResponse dup = deliver(desk.port, "slow", "{}", endpoint);
+            // The first delivery is held at the downstream until the duplicate has its answer.
+            down.closeGate();
+            ClientResponse firstAnswer;
+            std::jthread first([&] { firstAnswer = deliver(desk.port, key, "{}", endpoint); });
+            QTRY_COMPARE(down.count(endpoint + ":" + key), 1);
+            const ClientResponse dup = deliver(desk.port, key, "{}", endpoint);
             QCOMPARE(dup.status, endpoint == "orders" ? 409 : 202);
             QCOMPARE(dup.header("Idempotency-Outcome"), QByteArray("in-progress"));
             QCOMPARE(dup.header("Content-Type"), QByteArray("application/problem+json"));
             QVERIFY(dup.header("Retry-After").toInt() >= 1);
+            down.openGate();
             first.join();
+            QCOMPARE(firstAnswer.status, 200);
+            QCOMPARE(firstAnswer.header("Idempotency-Outcome"), QByteArray("processed"));
+            QCOMPARE(deliver(desk.port, key, "{}", endpoint).header("Idempotency-Outcome"), QByteArray("replayed"));
+            QCOMPARE(down.count(endpoint + ":" + key), 1);
         }
     }
 
+    void failedIsReprocessedOrReplayedByPolicy_data() { everyStore(); }
     void failedIsReprocessedOrReplayedByPolicy()
     {
+        QFETCH(QString, store);
+        const QString url = storeUrl(store);
+        QVERIFY2(!url.isEmpty(), "IDEM_TEST_REDIS_URL / IDEM_TEST_POSTGRES_URL are not set: run through ./dev test");
         CountingDownstream down;
         down.setStatus(500);
         Desk desk = start("[{\"name\": \"orders\", \"forward_to\": \"" + down.url().toString().toUtf8()
                           + "\"}, {\"name\": \"strict\", \"on_failed\": \"reject\", \"forward_to\": \""
-                          + down.url().toString().toUtf8() + "\"}]");
-        const ClientResponse failed = deliver(desk.port, "f");
+                          + down.url().toString().toUtf8() + "\"}]", url);
+        const QByteArray key = "f-" + m_run;
+        const QString stored = u"orders:"_qs + QString::fromLatin1(key);
+        const ClientResponse failed = deliver(desk.port, key);
         QCOMPARE(failed.status, 500); // the downstream's answer
         QCOMPARE(failed.header("Idempotency-Outcome"), QByteArray("processed"));
-        QCOMPARE(name(record(desk, u"orders:f"_qs)->state), name(KeyState::Failed));
+        QCOMPARE(stateOf(desk, stored), name(KeyState::Failed));
         down.setStatus(200);
-        const ClientResponse again = deliver(desk.port, "f");
+        const ClientResponse again = deliver(desk.port, key);
         QCOMPARE(again.status, 200);
         QCOMPARE(again.header("Idempotency-Outcome"), QByteArray("reprocessed"));
-        QCOMPARE(name(record(desk, u"orders:f"_qs)->state), name(KeyState::Completed));
-        QCOMPARE(down.count("orders:f"), 2);
+        QCOMPARE(stateOf(desk, stored), name(KeyState::Completed));
+        QCOMPARE(down.count("orders:" + key), 2);
 
         down.setStatus(503);
-        QCOMPARE(deliver(desk.port, "f", "{\"a\":1}", "strict").status, 503);
+        QCOMPARE(deliver(desk.port, key, "{\"a\":1}", "strict").status, 503);
         down.setStatus(200);
-        const ClientResponse replayedFailure = deliver(desk.port, "f", "{\"a\":1}", "strict");
+        const ClientResponse replayedFailure = deliver(desk.port, key, "{\"a\":1}", "strict");
         QCOMPARE(replayedFailure.status, 503);
         QCOMPARE(replayedFailure.header("Idempotency-Outcome"), QByteArray("replayed"));
         QCOMPARE(replayedFailure.header("Idempotent-Replayed"), QByteArray("true"));
-        QCOMPARE(down.count("strict:f"), 1);
+        QCOMPARE(stateOf(desk, u"strict:"_qs + QString::fromLatin1(key)), name(KeyState::Failed));
+        QCOMPARE(down.count("strict:" + key), 1);
     }
 
     void mismatchIs422AndLeavesTheRecord()
@@ -242,35 +336,145 @@ private Q_SLOTS:
         QVERIFY(pass.header("Idempotency-Key").isEmpty());
     }
 
+    void leaseExpiryRecoversAndTheLateCompletionIsRefused_data() { everyStore(); }
     void leaseExpiryRecoversAndTheLateCompletionIsRefused()
     {
+        QFETCH(QString, store);
+        const QString url = storeUrl(store);
+        QVERIFY2(!url.isEmpty(), "IDEM_TEST_REDIS_URL / IDEM_TEST_POSTGRES_URL are not set: run through ./dev test");
         CountingDownstream down;
-        down.setDelayMs(2500); // longer than the 1 s lease
-        Desk desk = start(forwardTo(down, ", \"lease_seconds\": 1"));
+        // The shortest legal lease (the forward's deadline plus 2 s); two desks on one store.
+        const QByteArray endpoints = forwardTo(down, ", \"lease_seconds\": 3, \"forward_timeout_seconds\": 1");
+        Desk first = start(endpoints, url);
+        Desk second = start(endpoints, url);
+        const QByteArray key = "L-" + m_run;
+        const QString stored = u"orders:"_qs + QString::fromLatin1(key);
+
+        // The first desk's worker reaches the downstream, then its whole receiver thread stalls
+        // there (well within its forward deadline: the stall follows the arrival at once).
+        down.closeGate();
         ClientResponse firstAnswer;
-        std::thread first([&] { firstAnswer = deliver(desk.port, "L"); });
-        QTRY_VERIFY(record(desk, u"orders:L"_qs).has_value());
-        const qint64 leaseEnd = record(desk, u"orders:L"_qs)->leaseUntilMs;
-        QTRY_VERIFY_WITH_TIMEOUT(wallMs() > leaseEnd, 5000);
-        down.setDelayMs(0);
-        const ClientResponse second = deliver(desk.port, "L");
-        QCOMPARE(second.header("Idempotency-Outcome"), QByteArray("recovered"));
-        QCOMPARE(second.status, 200);
-        first.join();
-        // The first worker finished after its lease was taken over: its result is refused.
+        std::jthread sender([&] { firstAnswer = deliver(first.port, key); });
+        QTRY_COMPARE(down.count("orders:" + key), 1);
+        Stall stall(first.receiver->engine());
+        QTRY_VERIFY(stall.stalled());
+        const KeyRecord claimed = *record(second, stored);
+        QVERIFY2(claimed.state == KeyState::Processing,
+                 qPrintable(u"the first worker already finished (%1): it did not stall in time"_qs.arg(name(claimed.state))));
+        down.openGate(); // its answer waits, unread, for the stalled thread
+
+        // Once the lease the store holds has ended, the other desk recovers the key.
+        QTRY_VERIFY_WITH_TIMEOUT(wallMs() > claimed.leaseUntilMs, 10000);
+        const ClientResponse recovered = deliver(second.port, key);
+        QCOMPARE(recovered.header("Idempotency-Outcome"), QByteArray("recovered"));
+        QCOMPARE(recovered.status, 200);
+        QCOMPARE(down.count("orders:" + key), 2);
+
+        // The first worker wakes up and finishes after its lease was taken over: refused.
+        stall.release();
+        sender.join();
         QCOMPARE(firstAnswer.status, 409);
         QCOMPARE(firstAnswer.header("Idempotency-Outcome"), QByteArray("in-progress"));
-        const KeyRecord k = *record(desk, u"orders:L"_qs);
+        const KeyRecord k = *record(second, stored);
         QCOMPARE(name(k.state), name(KeyState::Completed));
-        QCOMPARE(k.token, 2);
-        QCOMPARE(down.count("orders:L"), 2);
-        QCOMPARE(deliver(desk.port, "L").header("Idempotency-Outcome"), QByteArray("replayed"));
+        QVERIFY2(k.token > claimed.token, qPrintable(u"token %1 after %2"_qs.arg(k.token).arg(claimed.token)));
+        QCOMPARE(k.result.body, recovered.body); // the newer worker's result stands
+        QCOMPARE(deliver(second.port, key).header("Idempotency-Outcome"), QByteArray("replayed"));
+        QCOMPARE(deliver(first.port, key).body, recovered.body);
+        QCOMPARE(down.count("orders:" + key), 2);
+    }
+
+    // SendGrid batches (SPEC 4): each element its own key; only what is not completed yet is
+    // forwarded; 2xx only when every element is completed. Through the pool on every store.
+    void sendgridPartialBatches_data() { everyStore(); }
+    void sendgridPartialBatches()
+    {
+        QFETCH(QString, store);
+        const QString url = storeUrl(store);
+        QVERIFY2(!url.isEmpty(), "IDEM_TEST_REDIS_URL / IDEM_TEST_POSTGRES_URL are not set: run through ./dev test");
+        CountingDownstream down;
+        Desk desk = start("[{\"name\": \"sg\", \"provider\": \"sendgrid\", \"forward_to\": \""
+                          + down.url().toString().toUtf8() + "\"}]", url);
+        auto id = [&](const char *n) { return "e" + QByteArray(n) + "-" + m_run; };
+        auto batch = [](const QList<QByteArray> &ids) {
+            QByteArray body = "[";
+            for (const QByteArray &i : ids)
+                body += (body.size() > 1 ? "," : "") + QByteArray("{\"event\":\"open\",\"sg_event_id\":\"") + i + "\",\"timestamp\":1}";
+            return body + "]";
+        };
+        auto send = [&](const QList<QByteArray> &ids) { return post(desk.port, "/hooks/sg", batch(ids)); };
+        auto state = [&](const char *n) { return stateOf(desk, u"sg:"_qs + QString::fromLatin1(id(n))); };
+
+        ClientResponse r = send({id("a"), id("b")});
+        QCOMPARE(r.status, 200);
+        QCOMPARE(r.header("Idempotency-Outcome"), QByteArray("processed"));
+        // Re-sent with a new element: only that element is forwarded.
+        r = send({id("a"), id("b"), id("c")});
+        QCOMPARE(r.status, 200);
+        QCOMPARE(QJsonDocument::fromJson(r.body).object().value(u"replayed").toInt(), 2);
+        QCOMPARE(QJsonDocument::fromJson(down.requests().last().body).array().size(), 1);
+        QCOMPARE(forwardedEvents(down).value(QString::fromLatin1(id("c"))), 1);
+
+        // One element fails: the batch is not 2xx although the other is completed.
+        down.setStatus(500);
+        r = send({id("c"), id("d")});
+        QCOMPARE(r.status, 500);
+        QCOMPARE(state("c"), name(KeyState::Completed));
+        QCOMPARE(state("d"), name(KeyState::Failed));
+        // SendGrid retries it: only the failed element runs again, and now the batch is 2xx.
+        down.setStatus(200);
+        r = send({id("c"), id("d")});
+        QCOMPARE(r.status, 200);
+        QCOMPARE(state("d"), name(KeyState::Completed));
+
+        // One element is still being processed by an earlier delivery: not 2xx, with Retry-After.
+        down.closeGate();
+        ClientResponse earlier;
+        std::jthread sender([&] { earlier = send({id("e")}); });
+        QTRY_COMPARE(forwardedEvents(down).value(QString::fromLatin1(id("e"))), 1);
+        r = send({id("c"), id("e")});
+        QCOMPARE(r.status, 409);
+        QCOMPARE(r.header("Idempotency-Outcome"), QByteArray("in-progress"));
+        QVERIFY(r.header("Retry-After").toInt() >= 1);
+        down.openGate();
+        sender.join();
+        QCOMPARE(earlier.status, 200);
+        r = send({id("c"), id("e")});
+        QCOMPARE(r.status, 200);
+        QCOMPARE(r.header("Idempotency-Outcome"), QByteArray("replayed"));
+        QCOMPARE(r.header("Idempotent-Replayed"), QByteArray("true"));
+
+        // How often each event reached the downstream: once, and the failed one twice.
+        const QHash<QString, int> n = forwardedEvents(down);
+        QCOMPARE(n.size(), 5);
+        for (const char *e : {"a", "b", "c", "e"})
+            QVERIFY2(n.value(QString::fromLatin1(id(e))) == 1, e);
+        QCOMPARE(n.value(QString::fromLatin1(id("d"))), 2);
+    }
+
+    // When every element is new the downstream gets the batch as the sender sent it, byte for
+    // byte (not re-serialised: key order, spacing and escapes kept).
+    void sendgridNewBatchIsForwardedAsSent_data() { everyStore(); }
+    void sendgridNewBatchIsForwardedAsSent()
+    {
+        QFETCH(QString, store);
+        const QString url = storeUrl(store);
+        QVERIFY2(!url.isEmpty(), "IDEM_TEST_REDIS_URL / IDEM_TEST_POSTGRES_URL are not set: run through ./dev test");
+        CountingDownstream down;
+        Desk desk = start("[{\"name\": \"sg\", \"provider\": \"sendgrid\", \"forward_to\": \""
+                          + down.url().toString().toUtf8() + "\"}]", url);
+        const QByteArray body = "[ {\"sg_event_id\": \"n1-" + m_run + "\", \"event\": \"open\", \"email\": \"caf\\u00e9@example.com\", \"timestamp\": 1.50},\n"
+                                "  {\"sg_event_id\": \"n2-" + m_run + "\", \"event\": \"click\", \"timestamp\": 2} ]";
+        const ClientResponse r = post(desk.port, "/hooks/sg", body, {{"Content-Type", "application/json"}});
+        QCOMPARE(r.status, 200);
+        QCOMPARE(down.total(), 1);
+        QCOMPARE(down.requests().first().body, body);
     }
 
     void downstreamUnreachableOrSlowFails()
     {
         CountingDownstream down;
-        down.setDelayMs(3000);
+        down.closeGate(); // never answers while the test runs
         quint16 deadPort;
         {
             CountingDownstream gone;

@@ -1,5 +1,6 @@
 // `idemdesk serve` as a user runs it: a real process, signals, restarts, exit codes.
 #include "store/sqlitestore.h"
+#include "support/downstream.h"
 #include "support/serveprocess.h"
 #include "http/blockingclient.h"
 #include "support/names.h"
@@ -55,6 +56,14 @@ class TestServe : public QObject
         if (!s.process->waitForFinished(20000))
             return -1;
         return s.process->exitStatus() == QProcess::NormalExit ? s.process->exitCode() : -2;
+    }
+    // A GET on a new connection; status 0 when the connection is refused or closed unanswered.
+    static ClientResponse get(quint16 port, const QByteArray &path)
+    {
+        RawConnection c(port, 2000);
+        if (!c.isOpen() || !c.send("GET " + path + " HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"))
+            return {};
+        return c.readResponse();
     }
     static std::pair<int, QByteArray> runToEnd(const QStringList &args)
     {
@@ -122,27 +131,41 @@ private Q_SLOTS:
 
     void sigtermFinishesInFlightDeliveries()
     {
+        CountingDownstream down;
         const QString db = m_dir.filePath(u"graceful.db"_qs);
-        const QString config = write(u"slow.json"_qs,
-                                     "{\"endpoints\": [{\"name\": \"slow\", \"simulate\": {\"delay_ms\": 1500}}]}");
+        const QString config = write(u"slow.json"_qs, "{\"endpoints\": [{\"name\": \"slow\", \"forward_to\": \""
+                                                          + down.url().toString().toUtf8() + "\"}]}");
         Served s = serve({u"--store"_qs, u"sqlite:"_qs + db, u"--config"_qs, config});
         QVERIFY(s.port);
+        QCOMPARE(get(s.port, "/healthz").status, 200); // it accepts connections before the signal
+        // A delivery held at the downstream: in flight for as long as the test keeps the gate shut.
+        down.closeGate();
         ClientResponse answer;
-        std::thread sender([&] { answer = post(s.port, "/hooks/slow", "{}", {{"Idempotency-Key", "g"}}); });
+        std::jthread sender([&] { answer = post(s.port, "/hooks/slow", "{}", {{"Idempotency-Key", "g"}}); });
+        QTRY_COMPARE_WITH_TIMEOUT(down.count("slow:g"), 1, 5000);
         // Another process's view of the same store: the claim is there, processing.
         auto watcher = SqliteStore::open(db);
         QVERIFY(watcher.ok());
-        QTRY_VERIFY_WITH_TIMEOUT((*watcher)->key(u"slow:g"_qs)->has_value(), 5000);
         QCOMPARE(name((*(*watcher)->key(u"slow:g"_qs))->state), name(KeyState::Processing));
+
         ::kill(pid_t(s.process->processId()), SIGTERM);
+        // Stopping began: no new connection is served, while the delivery is still in flight.
+        QTRY_COMPARE_WITH_TIMEOUT(get(s.port, "/healthz").status, 0, 10000);
+        QCOMPARE(s.process->state(), QProcess::Running);
+        QCOMPARE(down.held(), 1);
+        QCOMPARE(answer.status, 0);
+        QCOMPARE(name((*(*watcher)->key(u"slow:g"_qs))->state), name(KeyState::Processing));
+
+        // The in-flight delivery still gets its answer, is recorded, and then the process exits 0.
+        down.openGate();
         sender.join();
         QCOMPARE(answer.status, 200);
         QCOMPARE(answer.header("Idempotency-Outcome"), QByteArray("processed"));
         QVERIFY(s.process->waitForFinished(10000));
+        QCOMPARE(s.process->exitStatus(), QProcess::NormalExit);
         QCOMPARE(s.process->exitCode(), 0);
         QCOMPARE(name((*(*watcher)->key(u"slow:g"_qs))->state), name(KeyState::Completed));
-        // And no new connection is accepted once stopping began.
-        QCOMPARE(post(s.port, "/hooks/slow", "{}", {{"Idempotency-Key", "h"}}).status, 0);
+        QCOMPARE(down.total(), 1);
     }
 };
 

@@ -2,6 +2,8 @@
 
 #include <QTimer>
 
+#include <utility>
+
 namespace idem::test {
 
 CountingDownstream::CountingDownstream()
@@ -15,6 +17,11 @@ CountingDownstream::CountingDownstream()
         HttpResponse r = HttpResponse::json(m_status.load(), {{QStringLiteral("downstream"), true},
                                                               {QStringLiteral("n"), m_total.load()}});
         r.setHeader("X-Downstream", "counting");
+        if (m_gateClosed.load()) {
+            m_waiting.append({responder, r});
+            ++m_held;
+            return;
+        }
         const int delay = m_delayMs.load();
         if (delay <= 0)
             responder.send(r);
@@ -34,6 +41,22 @@ CountingDownstream::~CountingDownstream()
     QMetaObject::invokeMethod(m_server, [this] { delete m_server; }, Qt::BlockingQueuedConnection);
     m_thread.quit();
     m_thread.wait();
+}
+
+void CountingDownstream::closeGate()
+{
+    m_gateClosed = true;
+}
+
+void CountingDownstream::openGate()
+{
+    m_gateClosed = false;
+    // On the server's thread, after every request that saw the gate closed was queued there.
+    QMetaObject::invokeMethod(m_server, [this] {
+        for (const auto &[responder, response] : std::exchange(m_waiting, {}))
+            responder.send(response);
+        m_held = 0;
+    }, Qt::BlockingQueuedConnection);
 }
 
 QUrl CountingDownstream::url() const

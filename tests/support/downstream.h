@@ -11,7 +11,9 @@
 namespace idem::test {
 
 // A real HTTP downstream on its own thread that counts what reaches it, per Idempotency-Key.
-// Answers `status` after `delayMs`; thread-safe.
+// Answers `status` after `delayMs`; thread-safe. While the gate is closed, requests are counted
+// on arrival and held unanswered until the test opens it: a delivery is "in flight" for exactly
+// as long as the test wants, with no time window to guess.
 class CountingDownstream
 {
 public:
@@ -25,6 +27,9 @@ public:
     int total() const { return m_total.load(); }
     int count(const QByteArray &idempotencyKey) const;
     QList<HttpRequest> requests() const;
+    void closeGate();
+    void openGate(); // answers every held request now (each with the status set at its arrival)
+    int held() const { return m_held.load(); }
 
 private:
     QThread m_thread;
@@ -33,6 +38,9 @@ private:
     std::atomic<int> m_status{200};
     std::atomic<int> m_delayMs{0};
     std::atomic<int> m_total{0};
+    std::atomic<bool> m_gateClosed{false};
+    std::atomic<int> m_held{0};
+    QList<std::pair<Responder, HttpResponse>> m_waiting; // on the server's thread only
     mutable std::mutex m_mutex;
     QList<HttpRequest> m_requests;
 };

@@ -1,5 +1,6 @@
 // The dashboard on the offscreen platform: models under QAbstractItemModelTester, actions
-// driven through the widgets, against a real store and the embedded receiver.
+// driven through the widgets, against a real store and the embedded receiver. Every store call
+// goes through a recording wrapper: none may run on the GUI thread (checked after each test).
 #include "deliveriesmodel.h"
 #include "engine/engine.h"
 #include "http/blockingclient.h"
@@ -11,6 +12,7 @@
 #include "store/sqlitestore.h"
 #include "store/storefactory.h"
 #include "stormdialog.h"
+#include "support/downstream.h"
 #include "support/names.h"
 #include "support/serveprocess.h"
 #include "textdiff.h"
@@ -38,8 +40,10 @@
 #include <QTemporaryDir>
 #include <QTest>
 #include <QTimer>
+#include <QDeadlineTimer>
+#include <QScopeGuard>
 
-
+#include <atomic>
 #include <thread>
 
 using namespace idem;
@@ -64,6 +68,88 @@ void answerNextMessageBox(QMessageBox::StandardButton button, QString *text = nu
     timer->start();
 }
 
+// What the store was asked, and on which thread. While `watchGui` is on, each call also waits
+// until the GUI thread has turned twice (its heartbeat advanced): if it cannot turn within 5 s,
+// the GUI thread was waiting on that very call.
+struct StoreCalls
+{
+    QThread *gui = nullptr;
+    std::atomic<int> onGuiThread{0};
+    std::atomic<int> operatorCalls{0};
+    std::atomic<bool> watchGui{false};
+    std::atomic<quint64> heartbeat{0};
+    std::atomic<int> watched{0};
+    std::atomic<int> guiWaited{0};
+    void reset()
+    {
+        onGuiThread = operatorCalls = watched = guiWaited = 0;
+        watchGui = false;
+    }
+};
+
+// Forwards every call to the real store, recording it in StoreCalls (like the contract suite's
+// commit probe).
+class RecordingStore final : public IdempotencyStore
+{
+public:
+    RecordingStore(std::unique_ptr<IdempotencyStore> inner, StoreCalls *calls) : m_inner(std::move(inner)), m_calls(calls) {}
+    Result<ClaimResult> claim(const ClaimRequest &q) override { return recorded([&] { return m_inner->claim(q); }); }
+    Result<FinishVerdict> finish(const FinishRequest &q) override { return recorded([&] { return m_inner->finish(q); }); }
+    Result<QList<ClaimResult>> claimBatch(const QList<ClaimRequest> &q) override { return recorded([&] { return m_inner->claimBatch(q); }); }
+    Result<QList<FinishVerdict>> finishBatch(const QList<FinishRequest> &q) override { return recorded([&] { return m_inner->finishBatch(q); }); }
+    Result<std::optional<KeyRecord>> key(const QString &k) override { return recorded([&] { return m_inner->key(k); }); }
+    Result<QList<KeyRecord>> listKeys(const KeyQuery &q) override { return recorded([&] { return m_inner->listKeys(q); }); }
+    Result<StateCounts> countKeys(const QString &e) override { return recorded([&] { return m_inner->countKeys(e); }); }
+    Result<OperatorVerdict> applyOperator(const QString &k, OperatorAction a, bool f, const QString &d) override
+    {
+        ++m_calls->operatorCalls;
+        return recorded([&] { return m_inner->applyOperator(k, a, f, d); });
+    }
+    Result<qint64> purgeExpired() override { return recorded([&] { return m_inner->purgeExpired(); }); }
+    Result<qint64> clockMs() override { return recorded([&] { return m_inner->clockMs(); }); }
+    Result<QStringList> durabilityWarnings() override { return recorded([&] { return m_inner->durabilityWarnings(); }); }
+    Result<void> appendDeliveries(const QList<DeliveryEvent> &e) override { return recorded([&] { return m_inner->appendDeliveries(e); }); }
+    Result<QList<DeliveryEvent>> deliveries(const DeliveryQuery &q) override { return recorded([&] { return m_inner->deliveries(q); }); }
+    Result<void> ping() override { return recorded([&] { return m_inner->ping(); }); }
+    bool batches() const override { return m_inner->batches(); }
+    bool beginBatch() override { return m_inner->beginBatch(); }
+    Result<void> endBatch() override { return m_inner->endBatch(); }
+
+private:
+    template<typename Call>
+    auto recorded(Call call) -> decltype(call())
+    {
+        if (QThread::currentThread() == m_calls->gui)
+            ++m_calls->onGuiThread;
+        if (!m_calls->watchGui)
+            return call();
+        const quint64 before = m_calls->heartbeat.load();
+        auto result = call();
+        QDeadlineTimer deadline(5000);
+        while (m_calls->heartbeat.load() < before + 2 && !deadline.hasExpired())
+            std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        ++m_calls->watched;
+        if (m_calls->heartbeat.load() < before + 2)
+            ++m_calls->guiWaited;
+        return result;
+    }
+    std::unique_ptr<IdempotencyStore> m_inner;
+    StoreCalls *m_calls;
+};
+
+// A pool like openStorePool()'s whose every connection records its calls.
+std::shared_ptr<StorePool> recordedPool(const QString &url, StoreCalls *calls)
+{
+    const StoreUrl parsed = *StoreUrl::parse(url);
+    StoreFactory real = storeFactory(parsed);
+    return std::make_shared<StorePool>([real, calls]() -> Result<std::unique_ptr<IdempotencyStore>> {
+        auto store = real();
+        if (!store)
+            return store.error();
+        return std::unique_ptr<IdempotencyStore>(std::make_unique<RecordingStore>(std::move(store.value()), calls));
+    }, defaultWorkers(parsed));
+}
+
 struct Desk
 {
     std::shared_ptr<StorePool> pool;
@@ -79,6 +165,7 @@ class TestUi : public QObject
     Q_OBJECT
     QTemporaryDir m_dir;
     int m_seq = 0;
+    StoreCalls m_calls;
 
     Desk open(const QByteArray &endpoints)
     {
@@ -87,7 +174,7 @@ class TestUi : public QObject
         if (!config)
             qFatal("%s", qPrintable(config.error().message));
         const QString url = u"sqlite:"_qs + m_dir.filePath(u"ui%1.db"_qs.arg(++m_seq));
-        desk.pool = *openStorePool(url);
+        desk.pool = recordedPool(url, &m_calls);
         desk.receiver = std::make_unique<Receiver>(*config, desk.pool);
         ListenAddress any;
         any.port = 0;
@@ -114,6 +201,14 @@ class TestUi : public QObject
     }
 
 private Q_SLOTS:
+    void initTestCase() { m_calls.gui = QThread::currentThread(); }
+    void init() { m_calls.reset(); }
+    void cleanup()
+    {
+        // Every pool of the test is gone by now (each joins its workers when destroyed).
+        QCOMPARE(m_calls.onGuiThread.load(), 0);
+    }
+
     void deliveriesModelContract()
     {
         DeliveriesModel model(3);
@@ -136,7 +231,7 @@ private Q_SLOTS:
 
     void keysAndTimelineModelContracts()
     {
-        auto pool = *openStorePool(u"sqlite:"_qs + m_dir.filePath(u"models.db"_qs));
+        auto pool = recordedPool(u"sqlite:"_qs + m_dir.filePath(u"models.db"_qs), &m_calls);
         for (int i = 0; i < 450; ++i) {
             ClaimRequest c;
             c.key = u"ep:%1"_qs.arg(i, 3, 10, QLatin1Char('0'));
@@ -270,10 +365,12 @@ private Q_SLOTS:
         selectAndWait(w, u"d:x1"_qs);
         QString asked;
         answerNextMessageBox(QMessageBox::Cancel, &asked);
-        w.deleteAction()->trigger();
+        w.deleteAction()->trigger(); // the question is modal: answered when this returns
         QVERIFY(asked.contains(u"Delete 1 key"));
-        QTest::qWait(300);
-        QVERIFY(w.keys()->rowOfKey(u"d:x1"_qs) >= 0); // cancelled: still there
+        // The pool's one worker runs jobs in order: a delete submitted before this read ran before it.
+        QVERIFY(desk.pool->run<std::optional<KeyRecord>>([](IdempotencyStore &s) { return s.key(u"d:x1"_qs); })->has_value());
+        QCOMPARE(m_calls.operatorCalls.load(), 0); // cancelled: never asked of the store
+        QVERIFY(w.keys()->rowOfKey(u"d:x1"_qs) >= 0);
         answerNextMessageBox(QMessageBox::Yes);
         QSignalSpy done(&w, &MainWindow::actionFinished);
         w.deleteAction()->trigger();
@@ -287,10 +384,14 @@ private Q_SLOTS:
 
     void forceFailAStuckKeyAndCopyAsCurl()
     {
-        Desk desk = open("[{\"name\": \"slow\", \"simulate\": {\"delay_ms\": 3000}}]");
+        // The delivery is held at the downstream until the test has force-failed it.
+        idem::test::CountingDownstream down;
+        down.closeGate();
+        Desk desk = open("[{\"name\": \"slow\", \"forward_to\": \"" + down.url().toString().toUtf8() + "\"}]");
         MainWindow &w = *desk.window;
         ClientResponse slow;
-        std::thread t([&] { slow = post(desk.port, "/hooks/slow", "{\"it's\":1}", {{"Idempotency-Key", "s1"}, {"Authorization", "Bearer hunter2"}}); });
+        std::jthread t([&] { slow = post(desk.port, "/hooks/slow", "{\"it's\":1}", {{"Idempotency-Key", "s1"}, {"Authorization", "Bearer hunter2"}}); });
+        QTRY_COMPARE(down.held(), 1);
         selectAndWait(w, u"slow:s1"_qs);
         QCOMPARE(name(w.detail()->current().state), name(KeyState::Processing));
         w.copyCurlAction()->trigger();
@@ -301,8 +402,11 @@ private Q_SLOTS:
         answerNextMessageBox(QMessageBox::Yes);
         w.forceFailAction()->trigger();
         QTRY_COMPARE(name(w.detail()->current().state), name(KeyState::Failed));
+        QCOMPARE(down.held(), 1); // its worker is still waiting for the downstream
+        down.openGate();
         t.join();
         QCOMPARE(slow.status, 409); // its worker could not record the result any more
+        QCOMPARE(name(w.detail()->current().state), name(KeyState::Failed));
     }
 
     void mismatchShowsThePayloadDifference()
@@ -378,7 +482,7 @@ private Q_SLOTS:
         ListenAddress any;
         any.port = 0;
         const quint16 port = other.start(any)->port;
-        auto pool = *openStorePool(url);
+        auto pool = recordedPool(url, &m_calls);
         MainWindow window(DeskSession{config, url, {}, pool, nullptr});
         window.show();
         QVERIFY(!window.stormAction()->isEnabled());
@@ -394,25 +498,29 @@ private Q_SLOTS:
         const QString path = m_dir.filePath(u"million.db"_qs);
         generateSqliteKeys(path, 1'000'000);
 
-        auto pool = *openStorePool(u"sqlite:"_qs + path);
+        auto pool = recordedPool(u"sqlite:"_qs + path, &m_calls);
         auto config = *Config::parse("{\"endpoints\": [{\"name\": \"big\"}]}", u"c"_qs);
-        // The GUI thread keeps turning while the first page and the counts load.
-        int ticks = 0;
-        QTimer ticker;
-        connect(&ticker, &QTimer::timeout, this, [&] { ++ticks; });
-        ticker.start(10);
+        // The GUI thread keeps turning while each read of a million keys runs: every store call
+        // waits for two heartbeats of the GUI thread, which a GUI thread waiting on it cannot give.
+        QTimer heartbeat;
+        connect(&heartbeat, &QTimer::timeout, this, [this] { ++m_calls.heartbeat; });
+        heartbeat.start(5);
+        m_calls.watchGui = true;
         MainWindow window(DeskSession{config, u"sqlite:"_qs + path, {}, pool, nullptr});
+        // Off before the window and the pool go: their destructors wait on the workers.
+        const auto unwatch = qScopeGuard([this] { m_calls.watchGui = false; });
         window.show();
         QTRY_COMPARE_WITH_TIMEOUT(window.keys()->rowCount(), 200, 20000);
         QCOMPARE(window.keys()->index(0, KeysModel::Key).data().toString(), u"big:evt_999999"_qs);
         QTRY_COMPARE_WITH_TIMEOUT(window.keys()->counts().total(), 1'000'000, 30000);
         QCOMPARE(window.keys()->counts().failed, 250'000);
-        QVERIFY(ticks > 0);
         window.stateTabs()->setCurrentIndex(2); // failed
         QTRY_COMPARE_WITH_TIMEOUT(window.keys()->rowCount(), 200, 20000);
         QCOMPARE(window.keys()->index(0, KeysModel::State).data().toString(), u"failed"_qs);
         window.keysTable()->scrollToBottom();
         QTRY_VERIFY_WITH_TIMEOUT(window.keys()->rowCount() >= 400, 20000); // the next page, fetched as it scrolls
+        QVERIFY2(m_calls.watched.load() >= 4, qPrintable(QString::number(m_calls.watched.load()))); // pages and counts
+        QCOMPARE(m_calls.guiWaited.load(), 0);
     }
 };
 
