@@ -216,7 +216,7 @@ private Q_SLOTS:
         const QByteArray forged = "2030-01-01T00:00:00.000Z esc esc:forged processed 200 1.0ms";
         const ClientResponse unknown = post(port, "/hooks/x%0a" + QByteArray(forged).replace(' ', "%20") + "%1b%5b2J%1b%5d0;owned%07", "{}");
         QCOMPARE(unknown.status, 404);
-        const QByteArray body = "\x1b]0;owned\x07\x1b[2J\rprocessed fine\x9b";
+        const QByteArray body = "\x1b]0;owned\x07\x1b[2J\rprocessed fine\xc2\x9b"; // the last: U+009B, CSI
         QCOMPARE(post(port, "/hooks/esc", body, {{"Idempotency-Key", "ctl"}}).status, 200);
 
         Run r = idemdesk(QStringList{u"keys"_qs, u"show"_qs, u"esc:ctl"_qs} + common);
@@ -271,6 +271,7 @@ private Q_SLOTS:
         f.write("{\"endpoints\": [{\"name\": \"stripe\", \"provider\": \"stripe\", \"secret\": \"whsec_remote\"},"
                 " {\"name\": \"sendgrid\", \"provider\": \"sendgrid\", \"public_key\": \"" + publicKey + "\"}]}");
         f.close();
+        f.setPermissions(QFileDevice::ReadOwner | QFileDevice::WriteOwner);
         r = idemdesk(QStringList{u"stats"_qs, u"--json"_qs, u"--config"_qs, config, u"--store"_qs, store});
         QCOMPARE(r.rc, 0);
         const QJsonArray warnings = QJsonDocument::fromJson(r.out).object().value(u"warnings"_qs).toArray();
