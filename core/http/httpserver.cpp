@@ -418,7 +418,8 @@ int HttpConnection::checkFraming(const llhttp_t *p)
 int HttpConnection::onBody(llhttp_t *p, const char *at, size_t len)
 {
     auto *c = static_cast<HttpConnection *>(p->data);
-    if (c->m_request.body.size() + qint64(len) > c->m_maxBody) // chunked bodies: counted as they arrive
+    // Chunked bodies are counted as they arrive.
+    if (c->m_request.body.size() + qint64(len) > c->m_maxBody)
         return c->refuseEarly(413, u"the body is larger than this endpoint accepts (%1 bytes)"_qs.arg(c->m_maxBody));
     c->m_request.body.append(at, qsizetype(len));
     return 0;
@@ -457,7 +458,7 @@ void HttpConnection::answer(quint64 sequence, const HttpResponse &response)
         return;
     m_timer.start(m_server->m_limits.idleTimeoutMs);
     // A client that sends requests but does not read the answers must not make us hold them
-    // all: the next request is read once it has taken most of what waits for it.
+    // all: its next request is read once what waits for it is back under the bound.
     if (m_socket->bytesToWrite() > m_server->m_limits.maxUnsentBytes) {
         m_phase = Phase::Draining;
         return;
@@ -475,7 +476,7 @@ void HttpConnection::onBytesWritten()
     if (m_socket->bytesToWrite() > m_server->m_limits.maxUnsentBytes)
         return;
     m_phase = Phase::Idle;
-    processInput();
+    QMetaObject::invokeMethod(this, &HttpConnection::processInput, Qt::QueuedConnection);
 }
 
 void HttpConnection::fail(int status, const QString &detail)
