@@ -156,8 +156,11 @@ MainWindow::MainWindow(DeskSession session, QWidget *parent)
         m_address->setText(tr("<b>Receiving webhooks at</b> %1 &nbsp;(%2). Try: <code>curl -i -XPOST -H 'Idempotency-Key: k1' -d '{\"a\":1}' %1/hooks/generic</code>")
                                .arg(base, endpoints.join(u" "_qs)));
     } else {
-        m_address->setText(tr("<b>Attached to %1</b> (no receiver here): the keys and traffic of every instance writing to this store.")
-                               .arg(StoreUrl::parse(m_session.storeUrl).ok() ? StoreUrl::parse(m_session.storeUrl)->display() : displayUrl(m_session.storeUrl)));
+        m_address->setText(tr("<b>Attached to %1</b> (no receiver here): the keys and traffic of "
+                              "every instance writing to this store.")
+                               .arg(StoreUrl::parse(m_session.storeUrl).ok()
+                                        ? StoreUrl::parse(m_session.storeUrl)->display()
+                                        : displayUrl(m_session.storeUrl)));
     }
 
     statusBar()->addWidget(m_counts, 1);
@@ -305,7 +308,9 @@ void MainWindow::updateStatus()
     }
     m_counts->setText(text);
     const StoreHealth health = m_session.pool->health();
-    const QString store = StoreUrl::parse(m_session.storeUrl).ok() ? StoreUrl::parse(m_session.storeUrl)->display() : displayUrl(m_session.storeUrl);
+    const QString store = StoreUrl::parse(m_session.storeUrl).ok()
+                              ? StoreUrl::parse(m_session.storeUrl)->display()
+                              : displayUrl(m_session.storeUrl);
     m_storeLabel->setText(health.healthy ? tr("Store %1 <span style='color:#1b7f3b'>● healthy</span>").arg(store.toHtmlEscaped())
                                          : tr("Store %1 <span style='color:#b02020'>● unavailable</span>").arg(store.toHtmlEscaped()));
     m_storeLabel->setToolTip(health.healthy ? QString() : health.lastError);
@@ -437,8 +442,9 @@ QString MainWindow::curlFor(const KeyRecord &r) const
     const QString base = m_session.receiver ? u"http://"_qs + m_session.receiver->address().toString()
                                             : u"http://"_qs + m_session.config.listen.toString();
     // --globoff: a stored path's [ ] { } are not curl's URL patterns.
-    QString curl = u"curl -i --globoff -X %1 %2"_qs.arg(QString::fromLatin1(r.request.method.isEmpty() ? QByteArray("POST") : r.request.method),
-                                            shellQuote(base + QString::fromUtf8(r.request.path)));
+    QString curl = u"curl -i --globoff -X %1 %2"_qs.arg(
+        QString::fromLatin1(r.request.method.isEmpty() ? QByteArray("POST") : r.request.method),
+        shellQuote(base + QString::fromUtf8(r.request.path)));
     for (const auto &[name, value] : maskSecrets(r.request.headers)) {
         if (isHopByHopHeader(name))
             continue;

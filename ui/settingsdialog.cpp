@@ -59,10 +59,11 @@ QString SettingsDialog::defaultConfigPath()
 }
 
 SettingsDialog::SettingsDialog(Config config, QString storeUrl, QString configPath, QWidget *parent)
-    : QDialog(parent), m_config(std::move(config)), m_path(configPath.isEmpty() ? defaultConfigPath() : configPath),
+    : QDialog(parent), m_config(std::move(config)),
+      m_path(configPath.isEmpty() ? defaultConfigPath() : configPath),
       m_listen(new QLineEdit(m_config.listen.toString(), this)), m_storeUrl(storeUrl),
-      m_store(new QLineEdit(hidePassword(storeUrl), this)),
-      m_test(new QLabel(this)), m_endpoints(new QTableWidget(0, 9, this)), m_status(new QLabel(this))
+      m_store(new QLineEdit(hidePassword(storeUrl), this)), m_test(new QLabel(this)),
+      m_endpoints(new QTableWidget(0, 9, this)), m_status(new QLabel(this))
 {
     setWindowTitle(tr("Settings"));
     auto *layout = new QVBoxLayout(this);
@@ -136,12 +137,16 @@ void SettingsDialog::fillEndpoints()
         const EndpointConfig &e = m_config.endpoints.at(row);
         const QString secret = !e.secrets.isEmpty() ? maskSecret(e.secrets.first()) + (e.secrets.size() > 1 ? tr(" (+%1)").arg(e.secrets.size() - 1) : QString())
                                : !e.publicKeys.isEmpty() ? tr("public key") : tr("none: not verified");
-        const QStringList cells{e.name, e.provider, secret,
-                                e.forwardTo.isEmpty() ? tr("built-in processor") : displayUrl(e.forwardTo),
-                                formatDuration(e.settings.ttlSeconds * 1000), formatDuration(e.settings.leaseSeconds * 1000),
-                                e.settings.onFailed == OnFailed::Reject ? u"reject"_qs : u"reprocess"_qs,
-                                e.settings.onMismatch == OnMismatch::Ignore ? u"ignore"_qs : u"reject"_qs,
-                                QString::number(e.settings.inProgressStatus)};
+        const QStringList cells{
+            e.name,
+            e.provider,
+            secret,
+            e.forwardTo.isEmpty() ? tr("built-in processor") : displayUrl(e.forwardTo),
+            formatDuration(e.settings.ttlSeconds * 1000),
+            formatDuration(e.settings.leaseSeconds * 1000),
+            e.settings.onFailed == OnFailed::Reject ? u"reject"_qs : u"reprocess"_qs,
+            e.settings.onMismatch == OnMismatch::Ignore ? u"ignore"_qs : u"reject"_qs,
+            QString::number(e.settings.inProgressStatus)};
         for (int col = 0; col < cells.size(); ++col)
             m_endpoints->setItem(row, col, new QTableWidgetItem(cells[col]));
     }
@@ -208,7 +213,8 @@ void SettingsDialog::editEndpoint(int row)
             changed.secrets = QStringList{secret->text()} + e.secrets.mid(1);
         else
             changed.secrets.clear();
-        changed.forwardTo = QUrl(restorePassword(forward->text().trimmed(), e.forwardTo.toString()));
+        changed.forwardTo =
+            QUrl(restorePassword(forward->text().trimmed(), e.forwardTo.toString()));
         changed.settings.ttlSeconds = qint64(ttl->value()) * 3600;
         changed.settings.leaseSeconds = lease->value();
         changed.settings.onFailed = onFailed->currentIndex() ? OnFailed::Reject : OnFailed::Reprocess;

@@ -28,7 +28,7 @@ public:
     QString testResult() const;
     QTableWidget *endpointTable() const { return m_endpoints; }
     QLineEdit *storeEdit() const { return m_store; } // its password shown as ***
-    QString storeUrl() const;                          // the field, with the password back
+    QString storeUrl() const;                        // the field, with the password back
     QString configPath() const { return m_path; }
     void editEndpoint(int row); // opens the endpoint form (row -1: a new endpoint)
 

@@ -29,7 +29,8 @@ void addCommonOptions(QCommandLineParser &parser, bool withListen)
     if (withListen) {
         parser.addOption({u"listen"_qs, u"Address to receive webhooks on (default 127.0.0.1:8787)."_qs, u"HOST:PORT"_qs});
         parser.addOption({u"allow-remote"_qs, u"Allow --listen on a non-loopback address."_qs});
-        parser.addOption({u"allow-unsigned"_qs, u"With --allow-remote: allow endpoints that verify no signature."_qs});
+        parser.addOption({u"allow-unsigned"_qs,
+                          u"With --allow-remote: allow endpoints that verify no signature."_qs});
     }
 }
 
@@ -79,9 +80,10 @@ Result<CommonOptions> loadCommon(const QCommandLineParser &parser)
     }
     if (listens && !options.config.listen.host.isLoopback()) {
         if (!options.allowRemote)
-            return makeError(ErrorCode::Invalid,
-                             u"refusing to listen on %1, which is not a loopback address: add --allow-remote if you mean it"_qs
-                                 .arg(options.config.listen.toString()));
+            return makeError(
+                ErrorCode::Invalid,
+                u"refusing to listen on %1, which is not a loopback address: add --allow-remote if you mean it"_qs
+                    .arg(options.config.listen.toString()));
         // Reachable from the network, an endpoint without a secret lets anyone make the
         // downstream act: only when the operator says so.
         QStringList unsigned_;
@@ -89,9 +91,10 @@ Result<CommonOptions> loadCommon(const QCommandLineParser &parser)
             if (!verifiesSignatures(e))
                 unsigned_ << e.name;
         if (!unsigned_.isEmpty() && !parser.isSet(u"allow-unsigned"_qs))
-            return makeError(ErrorCode::Invalid,
-                             u"refusing to listen on %1 with endpoints that verify no signature (%2): give them a secret, or add --allow-unsigned if you mean it"_qs
-                                 .arg(options.config.listen.toString(), unsigned_.join(u", "_qs)));
+            return makeError(
+                ErrorCode::Invalid,
+                u"refusing to listen on %1 with endpoints that verify no signature (%2): give them a secret, or add --allow-unsigned if you mean it"_qs
+                    .arg(options.config.listen.toString(), unsigned_.join(u", "_qs)));
     }
     return options;
 }

@@ -306,15 +306,17 @@ void HttpConnection::addHeader()
     if (m_field.compare("Host", Qt::CaseInsensitive) == 0)
         ++m_hostLines;
     const QByteArray value = m_value.trimmed();
-    auto existing = std::find_if(m_request.headers.begin(), m_request.headers.end(), [this](const auto &h) {
-        return h.first.compare(m_field, Qt::CaseInsensitive) == 0;
-    });
+    auto existing =
+        std::find_if(m_request.headers.begin(), m_request.headers.end(), [this](const auto &h) {
+            return h.first.compare(m_field, Qt::CaseInsensitive) == 0;
+        });
     if (existing == m_request.headers.end())
         m_request.headers.append({m_field, value});
     else if (existing->second.isEmpty())
         existing->second = value;
     else if (!value.isEmpty())
-        existing->second += (m_field.compare("Cookie", Qt::CaseInsensitive) == 0 ? "; " : ", ") + value;
+        existing->second +=
+            (m_field.compare("Cookie", Qt::CaseInsensitive) == 0 ? "; " : ", ") + value;
     m_field.clear();
     m_value.clear();
     m_inValue = false;
@@ -378,7 +380,8 @@ int HttpConnection::onHeadersComplete(llhttp_t *p)
     const HttpLimits &limits = c->m_server->m_limits;
     c->m_maxBody = limits.maxBodyFor ? limits.maxBodyFor(r.path) : limits.defaultMaxBody;
     if ((p->flags & F_CONTENT_LENGTH) && p->content_length > quint64(c->m_maxBody))
-        return c->refuseEarly(413, u"the body is larger than this endpoint accepts (%1 bytes)"_qs.arg(c->m_maxBody));
+        return c->refuseEarly(
+            413, u"the body is larger than this endpoint accepts (%1 bytes)"_qs.arg(c->m_maxBody));
     const QByteArray expect = r.header("Expect");
     if (!expect.isEmpty()) {
         if (expect.compare("100-continue", Qt::CaseInsensitive) != 0)
@@ -410,8 +413,10 @@ int HttpConnection::checkFraming(const llhttp_t *p)
         return refuseEarly(400, u"the Transfer-Encoding must end with chunked, once"_qs);
     // gzip, deflate, …: nothing here decodes them, and the body must not be taken as plain.
     if (codings.size() > 1)
-        return refuseEarly(501, u"transfer coding '%1' is not supported: send the body chunked or with a Content-Length"_qs
-                                    .arg(QString::fromLatin1(codings.first())));
+        return refuseEarly(
+            501,
+            u"transfer coding '%1' is not supported: send the body chunked or with a Content-Length"_qs
+                .arg(QString::fromLatin1(codings.first())));
     return 0;
 }
 
@@ -420,7 +425,8 @@ int HttpConnection::onBody(llhttp_t *p, const char *at, size_t len)
     auto *c = static_cast<HttpConnection *>(p->data);
     // Chunked bodies are counted as they arrive.
     if (c->m_request.body.size() + qint64(len) > c->m_maxBody)
-        return c->refuseEarly(413, u"the body is larger than this endpoint accepts (%1 bytes)"_qs.arg(c->m_maxBody));
+        return c->refuseEarly(
+            413, u"the body is larger than this endpoint accepts (%1 bytes)"_qs.arg(c->m_maxBody));
     c->m_request.body.append(at, qsizetype(len));
     return 0;
 }

@@ -77,11 +77,16 @@ Result<void> checkTimestamp(const QByteArray &timestamp, qint64 nowSeconds, qint
     constexpr qint64 kFar = qint64(1) << 40;
     const qint64 age = nowSeconds - std::clamp(t, nowSeconds - kFar, nowSeconds + kFar);
     if (age > toleranceSeconds)
-        return makeError(ErrorCode::Invalid, u"the signed timestamp is %1 s old, beyond the %2 s tolerance (a replay?)"_qs
-                                                 .arg(age).arg(toleranceSeconds));
+        return makeError(
+            ErrorCode::Invalid,
+            u"the signed timestamp is %1 s old, beyond the %2 s tolerance (a replay?)"_qs.arg(age)
+                .arg(toleranceSeconds));
     if (-age > toleranceSeconds)
-        return makeError(ErrorCode::Invalid, u"the signed timestamp is %1 s in the future, beyond the %2 s tolerance (check the clocks)"_qs
-                                                 .arg(-age).arg(toleranceSeconds));
+        return makeError(
+            ErrorCode::Invalid,
+            u"the signed timestamp is %1 s in the future, beyond the %2 s tolerance (check the clocks)"_qs
+                .arg(-age)
+                .arg(toleranceSeconds));
     return {};
 }
 

@@ -69,8 +69,8 @@ QString escapeControls(QStringView text, bool keepLineBreaks)
     auto unsafe = [keepLineBreaks](char16_t c) {
         if (c == u'\t' || (c == u'\n' && keepLineBreaks))
             return false;
-        return c < 0x20 || (c >= 0x7f && c <= 0x9f) || c == 0x061c || c == 0x200e || c == 0x200f
-               || (c >= 0x2028 && c <= 0x202e) || (c >= 0x2066 && c <= 0x2069);
+        return c < 0x20 || (c >= 0x7f && c <= 0x9f) || c == 0x061c || c == 0x200e || c == 0x200f ||
+               (c >= 0x2028 && c <= 0x202e) || (c >= 0x2066 && c <= 0x2069);
     };
     QString out;
     out.reserve(text.size());
