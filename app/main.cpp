@@ -54,6 +54,7 @@ int main(int argc, char **argv)
         return idem::cli::stats(arguments);
     if (command == u"storm")
         return idem::cli::storm(arguments);
-    std::fprintf(stderr, "idemdesk: unknown command '%s'\n%s", qPrintable(command), kUsage);
+    idem::cli::printError(QStringLiteral("unknown command '%1'").arg(command));
+    std::fputs(kUsage, stderr);
     return 2;
 }

@@ -156,8 +156,11 @@ MainWindow::MainWindow(DeskSession session, QWidget *parent)
         m_address->setText(tr("<b>Receiving webhooks at</b> %1 &nbsp;(%2). Try: <code>curl -i -XPOST -H 'Idempotency-Key: k1' -d '{\"a\":1}' %1/hooks/generic</code>")
                                .arg(base, endpoints.join(u" "_qs)));
     } else {
-        m_address->setText(tr("<b>Attached to %1</b> (no receiver here): the keys and traffic of every instance writing to this store.")
-                               .arg(StoreUrl::parse(m_session.storeUrl).ok() ? StoreUrl::parse(m_session.storeUrl)->display() : m_session.storeUrl));
+        m_address->setText(tr("<b>Attached to %1</b> (no receiver here): the keys and traffic of "
+                              "every instance writing to this store.")
+                               .arg(StoreUrl::parse(m_session.storeUrl).ok()
+                                        ? StoreUrl::parse(m_session.storeUrl)->display()
+                                        : displayUrl(m_session.storeUrl)));
     }
 
     statusBar()->addWidget(m_counts, 1);
@@ -305,7 +308,9 @@ void MainWindow::updateStatus()
     }
     m_counts->setText(text);
     const StoreHealth health = m_session.pool->health();
-    const QString store = StoreUrl::parse(m_session.storeUrl).ok() ? StoreUrl::parse(m_session.storeUrl)->display() : m_session.storeUrl;
+    const QString store = StoreUrl::parse(m_session.storeUrl).ok()
+                              ? StoreUrl::parse(m_session.storeUrl)->display()
+                              : displayUrl(m_session.storeUrl);
     m_storeLabel->setText(health.healthy ? tr("Store %1 <span style='color:#1b7f3b'>● healthy</span>").arg(store.toHtmlEscaped())
                                          : tr("Store %1 <span style='color:#b02020'>● unavailable</span>").arg(store.toHtmlEscaped()));
     m_storeLabel->setToolTip(health.healthy ? QString() : health.lastError);
@@ -436,14 +441,18 @@ QString MainWindow::curlFor(const KeyRecord &r) const
 {
     const QString base = m_session.receiver ? u"http://"_qs + m_session.receiver->address().toString()
                                             : u"http://"_qs + m_session.config.listen.toString();
-    QString curl = u"curl -i -X %1 %2"_qs.arg(QString::fromLatin1(r.request.method.isEmpty() ? QByteArray("POST") : r.request.method),
-                                            shellQuote(base + QString::fromUtf8(r.request.path)));
+    // --globoff: a stored path's [ ] { } are not curl's URL patterns.
+    QString curl = u"curl -i --globoff -X %1 %2"_qs.arg(
+        QString::fromLatin1(r.request.method.isEmpty() ? QByteArray("POST") : r.request.method),
+        shellQuote(base + QString::fromUtf8(r.request.path)));
     for (const auto &[name, value] : maskSecrets(r.request.headers)) {
         if (isHopByHopHeader(name))
             continue;
         curl += u" \\\n  -H "_qs + shellQuote(QString::fromLatin1(name) + u": "_qs + QString::fromUtf8(value));
     }
-    curl += u" \\\n  --data-binary "_qs + shellQuote(QString::fromUtf8(r.request.body));
+    // --data-raw, not --data-binary: a body that begins with @ is sent as it is, never read
+    // as the name of one of the operator's files.
+    curl += u" \\\n  --data-raw "_qs + shellQuote(QString::fromUtf8(r.request.body));
     return curl;
 }
 

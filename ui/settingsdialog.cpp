@@ -26,15 +26,44 @@
 
 namespace idem {
 
+namespace {
+
+const QString kHiddenPassword = u"***"_qs;
+
+// A URL in an editable field shows its password as ***; reading the field puts the password
+// back unless the operator typed another (or removed it).
+QString hidePassword(const QString &url)
+{
+    QUrl parsed(url);
+    if (parsed.password().isEmpty())
+        return url;
+    parsed.setPassword(kHiddenPassword);
+    return parsed.toString();
+}
+
+QString restorePassword(const QString &edited, const QString &original)
+{
+    QUrl parsed(edited);
+    const QUrl before(original);
+    if (parsed.password() != kHiddenPassword || before.password().isEmpty())
+        return edited;
+    parsed.setPassword(before.password(QUrl::FullyDecoded), QUrl::DecodedMode);
+    return parsed.toString();
+}
+
+} // namespace
+
 QString SettingsDialog::defaultConfigPath()
 {
     return QStandardPaths::writableLocation(QStandardPaths::AppConfigLocation) + u"/idemdesk.json"_qs;
 }
 
 SettingsDialog::SettingsDialog(Config config, QString storeUrl, QString configPath, QWidget *parent)
-    : QDialog(parent), m_config(std::move(config)), m_path(configPath.isEmpty() ? defaultConfigPath() : configPath),
-      m_listen(new QLineEdit(m_config.listen.toString(), this)), m_store(new QLineEdit(storeUrl, this)),
-      m_test(new QLabel(this)), m_endpoints(new QTableWidget(0, 9, this)), m_status(new QLabel(this))
+    : QDialog(parent), m_config(std::move(config)),
+      m_path(configPath.isEmpty() ? defaultConfigPath() : configPath),
+      m_listen(new QLineEdit(m_config.listen.toString(), this)), m_storeUrl(storeUrl),
+      m_store(new QLineEdit(hidePassword(storeUrl), this)), m_test(new QLabel(this)),
+      m_endpoints(new QTableWidget(0, 9, this)), m_status(new QLabel(this))
 {
     setWindowTitle(tr("Settings"));
     auto *layout = new QVBoxLayout(this);
@@ -108,12 +137,16 @@ void SettingsDialog::fillEndpoints()
         const EndpointConfig &e = m_config.endpoints.at(row);
         const QString secret = !e.secrets.isEmpty() ? maskSecret(e.secrets.first()) + (e.secrets.size() > 1 ? tr(" (+%1)").arg(e.secrets.size() - 1) : QString())
                                : !e.publicKeys.isEmpty() ? tr("public key") : tr("none: not verified");
-        const QStringList cells{e.name, e.provider, secret,
-                                e.forwardTo.isEmpty() ? tr("built-in processor") : e.forwardTo.toString(),
-                                formatDuration(e.settings.ttlSeconds * 1000), formatDuration(e.settings.leaseSeconds * 1000),
-                                e.settings.onFailed == OnFailed::Reject ? u"reject"_qs : u"reprocess"_qs,
-                                e.settings.onMismatch == OnMismatch::Ignore ? u"ignore"_qs : u"reject"_qs,
-                                QString::number(e.settings.inProgressStatus)};
+        const QStringList cells{
+            e.name,
+            e.provider,
+            secret,
+            e.forwardTo.isEmpty() ? tr("built-in processor") : displayUrl(e.forwardTo),
+            formatDuration(e.settings.ttlSeconds * 1000),
+            formatDuration(e.settings.leaseSeconds * 1000),
+            e.settings.onFailed == OnFailed::Reject ? u"reject"_qs : u"reprocess"_qs,
+            e.settings.onMismatch == OnMismatch::Ignore ? u"ignore"_qs : u"reject"_qs,
+            QString::number(e.settings.inProgressStatus)};
         for (int col = 0; col < cells.size(); ++col)
             m_endpoints->setItem(row, col, new QTableWidgetItem(cells[col]));
     }
@@ -137,7 +170,7 @@ void SettingsDialog::editEndpoint(int row)
     auto *secret = new QLineEdit(e.secrets.value(0), &dialog);
     secret->setEchoMode(QLineEdit::Password);
     secret->setPlaceholderText(tr("signing secret (empty: signatures are not verified)"));
-    auto *forward = new QLineEdit(e.forwardTo.toString(), &dialog);
+    auto *forward = new QLineEdit(hidePassword(e.forwardTo.toString()), &dialog);
     forward->setPlaceholderText(tr("http://127.0.0.1:3000/webhooks (empty: the built-in processor)"));
     auto *ttl = new QSpinBox(&dialog);
     ttl->setRange(1, 3650 * 24);
@@ -180,7 +213,8 @@ void SettingsDialog::editEndpoint(int row)
             changed.secrets = QStringList{secret->text()} + e.secrets.mid(1);
         else
             changed.secrets.clear();
-        changed.forwardTo = QUrl(forward->text().trimmed());
+        changed.forwardTo =
+            QUrl(restorePassword(forward->text().trimmed(), e.forwardTo.toString()));
         changed.settings.ttlSeconds = qint64(ttl->value()) * 3600;
         changed.settings.leaseSeconds = lease->value();
         changed.settings.onFailed = onFailed->currentIndex() ? OnFailed::Reject : OnFailed::Reprocess;
@@ -207,7 +241,7 @@ void SettingsDialog::editEndpoint(int row)
 Result<Config> SettingsDialog::edited() const
 {
     Config c = m_config;
-    c.store = m_store->text().trimmed();
+    c.store = storeUrl();
     auto listen = ListenAddress::parse(m_listen->text().trimmed());
     if (!listen)
         return makeError(ErrorCode::Invalid, tr("Listen address: %1").arg(listen.error().message));
@@ -246,7 +280,7 @@ void SettingsDialog::testConnection()
 {
     if (m_tester)
         return;
-    const QString url = m_store->text().trimmed();
+    const QString url = storeUrl();
     m_test->setText(tr("Connecting…"));
     QPointer<SettingsDialog> self(this);
     // Connecting may take the store's whole timeout: never on the GUI thread.
@@ -266,6 +300,11 @@ void SettingsDialog::testConnection()
         }, Qt::QueuedConnection);
     });
     m_tester->start();
+}
+
+QString SettingsDialog::storeUrl() const
+{
+    return restorePassword(m_store->text().trimmed(), m_storeUrl);
 }
 
 QString SettingsDialog::testResult() const

@@ -27,7 +27,8 @@ public:
     void testConnection();
     QString testResult() const;
     QTableWidget *endpointTable() const { return m_endpoints; }
-    QLineEdit *storeEdit() const { return m_store; }
+    QLineEdit *storeEdit() const { return m_store; } // its password shown as ***
+    QString storeUrl() const;                        // the field, with the password back
     QString configPath() const { return m_path; }
     void editEndpoint(int row); // opens the endpoint form (row -1: a new endpoint)
 
@@ -42,6 +43,7 @@ private:
     Config m_config;
     QString m_path;
     QLineEdit *m_listen;
+    QString m_storeUrl; // as given: the field hides its password
     QLineEdit *m_store;
     QLabel *m_test;
     QTableWidget *m_endpoints;

@@ -1,20 +1,24 @@
 #include "cli/common.h"
 
+#include "engine/stats.h"
 #include "store/storefactory.h"
 #include "store/storeurl.h"
+#include "util/format.h"
 
 #include <cstdio>
 
 namespace idem::cli {
 
+// Both carry what senders and stores wrote (paths, bodies, error texts): escaped for the
+// terminal, line breaks kept (JSON output is unchanged by it: it has no raw control characters).
 void printError(const QString &message)
 {
-    std::fprintf(stderr, "idemdesk: %s\n", qPrintable(message));
+    std::fprintf(stderr, "idemdesk: %s\n", escapeControls(message, true).toUtf8().constData());
 }
 
 void printOut(const QString &text)
 {
-    std::fputs(text.toUtf8().constData(), stdout);
+    std::fputs(escapeControls(text, true).toUtf8().constData(), stdout);
 }
 
 void addCommonOptions(QCommandLineParser &parser, bool withListen)
@@ -25,6 +29,8 @@ void addCommonOptions(QCommandLineParser &parser, bool withListen)
     if (withListen) {
         parser.addOption({u"listen"_qs, u"Address to receive webhooks on (default 127.0.0.1:8787)."_qs, u"HOST:PORT"_qs});
         parser.addOption({u"allow-remote"_qs, u"Allow --listen on a non-loopback address."_qs});
+        parser.addOption({u"allow-unsigned"_qs,
+                          u"With --allow-remote: allow endpoints that verify no signature."_qs});
     }
 }
 
@@ -72,10 +78,24 @@ Result<CommonOptions> loadCommon(const QCommandLineParser &parser)
             return makeError(ErrorCode::Invalid, u"--listen %1"_qs.arg(address.error().message));
         options.config.listen = *address;
     }
-    if (listens && !options.config.listen.host.isLoopback() && !options.allowRemote)
-        return makeError(ErrorCode::Invalid,
-                         u"refusing to listen on %1, which is not a loopback address: add --allow-remote if you mean it"_qs
-                             .arg(options.config.listen.toString()));
+    if (listens && !options.config.listen.host.isLoopback()) {
+        if (!options.allowRemote)
+            return makeError(
+                ErrorCode::Invalid,
+                u"refusing to listen on %1, which is not a loopback address: add --allow-remote if you mean it"_qs
+                    .arg(options.config.listen.toString()));
+        // Reachable from the network, an endpoint without a secret lets anyone make the
+        // downstream act: only when the operator says so.
+        QStringList unsigned_;
+        for (const EndpointConfig &e : options.config.endpoints)
+            if (!verifiesSignatures(e))
+                unsigned_ << e.name;
+        if (!unsigned_.isEmpty() && !parser.isSet(u"allow-unsigned"_qs))
+            return makeError(
+                ErrorCode::Invalid,
+                u"refusing to listen on %1 with endpoints that verify no signature (%2): give them a secret, or add --allow-unsigned if you mean it"_qs
+                    .arg(options.config.listen.toString(), unsigned_.join(u", "_qs)));
+    }
     return options;
 }
 

@@ -5,6 +5,7 @@
 #include "receiver/receiver.h"
 #include "store/storefactory.h"
 #include "store/storeurl.h"
+#include "util/format.h"
 
 #include <QApplication>
 #include <QFile>
@@ -45,7 +46,9 @@ QString logLine(const DeliveryEvent &e, bool json)
         QString::number(double(e.latencyUs) / 1000.0, 'f', 1));
     if (!e.detail.isEmpty())
         line += u" ("_qs + e.detail + u")"_qs;
-    return line;
+    // The detail quotes what the sender chose (an unknown endpoint's decoded path): one line,
+    // nothing a terminal would act on.
+    return escapeControls(line);
 }
 
 } // namespace

@@ -1,4 +1,5 @@
 #include "config/config.h"
+#include "util/format.h"
 
 #include "util/crypto.h"
 
@@ -334,7 +335,7 @@ Result<Config> Config::parse(const QByteArray &json, const QString &sourceName)
             e.forwardTo = QUrl(forward, QUrl::StrictMode);
             if (!e.forwardTo.isValid() || e.forwardTo.host().isEmpty()
                 || (e.forwardTo.scheme() != u"http"_qs && e.forwardTo.scheme() != u"https"_qs))
-                r.fail(u"forward_to"_qs, u"must be an http:// or https:// URL (got \"%1\")"_qs.arg(forward));
+                r.fail(u"forward_to"_qs, u"must be an http:// or https:// URL (got \"%1\")"_qs.arg(displayUrl(forward)));
         }
         if (r.has(u"simulate"_qs)) {
             if (!forward.isEmpty())

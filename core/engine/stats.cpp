@@ -55,11 +55,16 @@ double EndpointStats::duplicateRatio() const
     return claimed ? double(duplicates()) / double(claimed) : 0.0;
 }
 
+bool verifiesSignatures(const EndpointConfig &endpoint)
+{
+    return !endpoint.secrets.isEmpty() || !endpoint.publicKeys.isEmpty();
+}
+
 QStringList configWarnings(const Config &config)
 {
     QStringList warnings = config.loadWarnings;
     for (const EndpointConfig &e : config.endpoints) {
-        if (e.secrets.isEmpty())
+        if (!verifiesSignatures(e))
             warnings << u"%1: no secret, so signatures are not verified"_qs.arg(e.name);
         const Provider *provider = providerFor(e.provider);
         const qint64 window = provider ? provider->retryWindowSeconds() : 0;

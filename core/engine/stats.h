@@ -35,6 +35,9 @@ struct StatsReport
 Result<StatsReport> collectStats(IdempotencyStore &store, const Config &config, qint64 sinceMs);
 // Config warnings: signatures not verified, TTL shorter than the provider's retry window.
 QStringList configWarnings(const Config &config);
+// Whether a delivery to this endpoint must carry a valid signature: a secret, or (SendGrid)
+// a public key, is configured.
+bool verifiesSignatures(const EndpointConfig &endpoint);
 QJsonObject statsToJson(const StatsReport &report);
 QString formatStats(const StatsReport &report, qint64 sinceSeconds);
 

@@ -121,6 +121,16 @@ ClientResponse RawConnection::readResponse()
     }
 }
 
+QByteArray RawConnection::readBytes(qsizetype count)
+{
+    while (m_fd >= 0 && m_buffer.size() < count)
+        if (!readMore())
+            break;
+    const QByteArray bytes = m_buffer.left(count);
+    m_buffer.remove(0, bytes.size());
+    return bytes;
+}
+
 bool RawConnection::waitClosed(int timeoutMs)
 {
     const int saved = m_timeoutMs;

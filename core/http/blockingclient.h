@@ -28,8 +28,11 @@ public:
 
     bool isOpen() const { return m_fd >= 0; }
     bool send(QByteArrayView bytes);
-    // Reads one response (Content-Length framed); status 0 on timeout or close.
+    // Reads one response (Content-Length framed); status 0 on timeout or close. Interim
+    // answers (100 Continue) are skipped: readBytes sees them.
     ClientResponse readResponse();
+    // The next `count` bytes exactly as they arrive (fewer on timeout or close).
+    QByteArray readBytes(qsizetype count);
     // True when the server closed the connection (reads EOF) within timeoutMs.
     bool waitClosed(int timeoutMs);
     void close();

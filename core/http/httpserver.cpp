@@ -189,6 +189,7 @@ HttpConnection::HttpConnection(QTcpSocket *socket, HttpServer *server)
     m_timer.setSingleShot(true);
     connect(&m_timer, &QTimer::timeout, this, &HttpConnection::onTimeout);
     connect(socket, &QTcpSocket::readyRead, this, &HttpConnection::processInput);
+    connect(socket, &QTcpSocket::bytesWritten, this, &HttpConnection::onBytesWritten);
     connect(socket, &QTcpSocket::disconnected, this, &QObject::deleteLater);
     connect(socket, &QTcpSocket::errorOccurred, this, [this](QAbstractSocket::SocketError error) {
         if (error != QAbstractSocket::RemoteHostClosedError)
@@ -206,13 +207,15 @@ HttpConnection::~HttpConnection()
 
 void HttpConnection::processInput()
 {
-    if (m_phase == Phase::Waiting || m_phase == Phase::Closing)
-        return; // resumed once the current answer is written
+    if (m_phase == Phase::Waiting || m_phase == Phase::Draining || m_phase == Phase::Closing)
+        return; // resumed once the current answer is written (and mostly taken by the client)
     QByteArray data = m_pending;
     m_pending.clear();
     data += m_socket->readAll();
     if (data.isEmpty())
         return;
+    if (m_scanArmed && scanForObsFold(data))
+        m_obsFold = true; // refused when the parser completes this message's headers
     const llhttp_errno_t err = llhttp_execute(&m_parser, data.constData(), size_t(data.size()));
     if (err == HPE_OK)
         return;
@@ -223,14 +226,48 @@ void HttpConnection::processInput()
         dispatch();
         return;
     }
-    if (m_earlyStatus == 413)
-        fail(413, u"the body is larger than this endpoint accepts (%1 bytes)"_qs.arg(m_maxBody));
-    else if (m_earlyStatus == 431)
-        fail(431, u"the request's headers are too large or too many"_qs);
-    else if (m_earlyStatus == 417)
-        fail(417, u"only 'Expect: 100-continue' is supported"_qs);
+    if (m_earlyStatus)
+        fail(m_earlyStatus, m_earlyDetail);
     else
         fail(400, u"malformed HTTP request: %1"_qs.arg(QString::fromLatin1(llhttp_get_error_reason(&m_parser))));
+}
+
+// llhttp takes a header line that begins with a space or tab (obs-fold) as more of the value
+// above it — or, after an empty value, as mere whitespace: `Transfer-Encoding:\r\n chunked`
+// would read as chunked. RFC 9112 §5.2 lets a server refuse it, and so we do; the fold is only
+// visible in the raw bytes, so the header section is scanned here as it arrives, up to the
+// blank line that ends it. True when a fold was found.
+bool HttpConnection::scanForObsFold(QByteArrayView data)
+{
+    for (const char c : data) {
+        if (m_scanAtLineStart) {
+            m_scanAtLineStart = false;
+            m_scanLineEmpty = true;
+            if ((c == ' ' || c == '\t') && m_scanSawLine) {
+                m_scanArmed = false;
+                return true;
+            }
+        }
+        if (c == '\n') {
+            if (!m_scanLineEmpty)
+                m_scanSawLine = true;
+            else if (m_scanSawLine) { // the blank line: the header section is over
+                m_scanArmed = false;
+                return false;
+            }
+            m_scanAtLineStart = true;
+        } else if (c != '\r') {
+            m_scanLineEmpty = false;
+        }
+    }
+    return false;
+}
+
+int HttpConnection::refuseEarly(int status, const QString &detail)
+{
+    m_earlyStatus = status;
+    m_earlyDetail = detail;
+    return -1;
 }
 
 int HttpConnection::onMessageBegin(llhttp_t *p)
@@ -243,6 +280,8 @@ int HttpConnection::onMessageBegin(llhttp_t *p)
     c->m_value.clear();
     c->m_inValue = false;
     c->m_headerBytes = 0;
+    c->m_headerLines = 0;
+    c->m_hostLines = 0;
     c->m_messageDone = false;
     c->m_phase = Phase::Reading;
     c->m_timer.start(c->m_server->m_limits.requestTimeoutMs);
@@ -253,10 +292,34 @@ bool HttpConnection::countHeaderBytes(size_t len)
 {
     m_headerBytes += qint64(len);
     if (m_headerBytes > m_server->m_limits.maxHeaderBytes) {
-        m_earlyStatus = 431;
+        refuseEarly(431, u"the request's headers are too large or too many"_qs);
         return false;
     }
     return true;
+}
+
+// One field line read: a field already in the list gets this line's value appended (RFC 9110
+// §5.3), so the list holds each field once, as everyone downstream of the parser reads it.
+void HttpConnection::addHeader()
+{
+    ++m_headerLines;
+    if (m_field.compare("Host", Qt::CaseInsensitive) == 0)
+        ++m_hostLines;
+    const QByteArray value = m_value.trimmed();
+    auto existing =
+        std::find_if(m_request.headers.begin(), m_request.headers.end(), [this](const auto &h) {
+            return h.first.compare(m_field, Qt::CaseInsensitive) == 0;
+        });
+    if (existing == m_request.headers.end())
+        m_request.headers.append({m_field, value});
+    else if (existing->second.isEmpty())
+        existing->second = value;
+    else if (!value.isEmpty())
+        existing->second +=
+            (m_field.compare("Cookie", Qt::CaseInsensitive) == 0 ? "; " : ", ") + value;
+    m_field.clear();
+    m_value.clear();
+    m_inValue = false;
 }
 
 int HttpConnection::onUrl(llhttp_t *p, const char *at, size_t len)
@@ -273,15 +336,12 @@ int HttpConnection::onHeaderField(llhttp_t *p, const char *at, size_t len)
     auto *c = static_cast<HttpConnection *>(p->data);
     if (!c->countHeaderBytes(len))
         return -1;
+    if (p->flags & F_TRAILING)
+        return 0; // a trailer of a chunked body: read (and counted), never a header
     if (c->m_inValue) {
-        c->m_request.headers.append({c->m_field, c->m_value.trimmed()});
-        c->m_field.clear();
-        c->m_value.clear();
-        c->m_inValue = false;
-        if (c->m_request.headers.size() >= c->m_server->m_limits.maxHeaders) {
-            c->m_earlyStatus = 431;
-            return -1;
-        }
+        c->addHeader();
+        if (c->m_headerLines >= c->m_server->m_limits.maxHeaders)
+            return c->refuseEarly(431, u"the request's headers are too large or too many"_qs);
     }
     c->m_field.append(at, qsizetype(len));
     return 0;
@@ -292,6 +352,8 @@ int HttpConnection::onHeaderValue(llhttp_t *p, const char *at, size_t len)
     auto *c = static_cast<HttpConnection *>(p->data);
     if (!c->countHeaderBytes(len))
         return -1;
+    if (p->flags & F_TRAILING)
+        return 0;
     c->m_inValue = true;
     c->m_value.append(at, qsizetype(len));
     return 0;
@@ -302,11 +364,14 @@ int HttpConnection::onHeadersComplete(llhttp_t *p)
     auto *c = static_cast<HttpConnection *>(p->data);
     HttpRequest &r = c->m_request;
     if (c->m_inValue || !c->m_field.isEmpty())
-        r.headers.append({c->m_field, c->m_value.trimmed()});
-    if (r.headers.size() > c->m_server->m_limits.maxHeaders) {
-        c->m_earlyStatus = 431;
-        return -1;
-    }
+        c->addHeader(); // and the field/value state is clear for the trailers, if any
+    if (c->m_headerLines > c->m_server->m_limits.maxHeaders)
+        return c->refuseEarly(431, u"the request's headers are too large or too many"_qs);
+    if (c->m_obsFold)
+        return c->refuseEarly(400, u"a header line begins with whitespace (obsolete line folding): "
+                                   "send each field on one line"_qs);
+    if (const int refused = c->checkFraming(p))
+        return refused;
     r.method = llhttp_method_name(llhttp_method_t(p->method));
     const qsizetype q = r.target.indexOf('?');
     r.path = QByteArray::fromPercentEncoding(q < 0 ? r.target : r.target.left(q));
@@ -314,29 +379,54 @@ int HttpConnection::onHeadersComplete(llhttp_t *p)
 
     const HttpLimits &limits = c->m_server->m_limits;
     c->m_maxBody = limits.maxBodyFor ? limits.maxBodyFor(r.path) : limits.defaultMaxBody;
-    if ((p->flags & F_CONTENT_LENGTH) && p->content_length > quint64(c->m_maxBody)) {
-        c->m_earlyStatus = 413; // answered before a byte of the body is read
-        return -1;
-    }
+    if ((p->flags & F_CONTENT_LENGTH) && p->content_length > quint64(c->m_maxBody))
+        return c->refuseEarly(
+            413, u"the body is larger than this endpoint accepts (%1 bytes)"_qs.arg(c->m_maxBody));
     const QByteArray expect = r.header("Expect");
     if (!expect.isEmpty()) {
-        if (expect.compare("100-continue", Qt::CaseInsensitive) != 0) {
-            c->m_earlyStatus = 417;
-            return -1;
-        }
+        if (expect.compare("100-continue", Qt::CaseInsensitive) != 0)
+            return c->refuseEarly(417, u"only 'Expect: 100-continue' is supported"_qs);
         if (p->http_minor >= 1)
             c->m_socket->write("HTTP/1.1 100 Continue\r\n\r\n");
     }
     return 0;
 }
 
+// Host and Transfer-Encoding as RFC 9112 §3.2 and §6 want them; 0 when the message may go on.
+int HttpConnection::checkFraming(const llhttp_t *p)
+{
+    const bool http11 = p->http_major == 1 && p->http_minor >= 1;
+    if (m_hostLines > 1)
+        return refuseEarly(400, u"more than one Host header"_qs);
+    if (http11 && m_hostLines == 0)
+        return refuseEarly(400, u"an HTTP/1.1 request must carry a Host header"_qs);
+    if (!m_request.hasHeader("Transfer-Encoding"))
+        return 0;
+    if (!http11) // RFC 9112 §6.1: the framing of such a message cannot be trusted
+        return refuseEarly(400, u"Transfer-Encoding in an HTTP/1.0 request"_qs);
+    QByteArrayList codings;
+    for (const QByteArray &coding : m_request.header("Transfer-Encoding").split(','))
+        if (const QByteArray c = coding.trimmed().toLower(); !c.isEmpty())
+            codings.append(c);
+    // Without a final chunked the body's length is unknown: 400, and the connection closes.
+    if (codings.isEmpty() || codings.last() != "chunked" || codings.count("chunked") > 1)
+        return refuseEarly(400, u"the Transfer-Encoding must end with chunked, once"_qs);
+    // gzip, deflate, …: nothing here decodes them, and the body must not be taken as plain.
+    if (codings.size() > 1)
+        return refuseEarly(
+            501,
+            u"transfer coding '%1' is not supported: send the body chunked or with a Content-Length"_qs
+                .arg(QString::fromLatin1(codings.first())));
+    return 0;
+}
+
 int HttpConnection::onBody(llhttp_t *p, const char *at, size_t len)
 {
     auto *c = static_cast<HttpConnection *>(p->data);
-    if (c->m_request.body.size() + qint64(len) > c->m_maxBody) {
-        c->m_earlyStatus = 413; // chunked bodies are counted as they arrive
-        return -1;
-    }
+    // Chunked bodies are counted as they arrive.
+    if (c->m_request.body.size() + qint64(len) > c->m_maxBody)
+        return c->refuseEarly(
+            413, u"the body is larger than this endpoint accepts (%1 bytes)"_qs.arg(c->m_maxBody));
     c->m_request.body.append(at, qsizetype(len));
     return 0;
 }
@@ -346,6 +436,11 @@ int HttpConnection::onMessageComplete(llhttp_t *p)
     auto *c = static_cast<HttpConnection *>(p->data);
     c->m_keepAlive = llhttp_should_keep_alive(p);
     c->m_messageDone = true;
+    // The next message's header section is scanned from its first byte (see scanForObsFold).
+    c->m_scanArmed = true;
+    c->m_scanAtLineStart = true;
+    c->m_scanSawLine = false;
+    c->m_obsFold = false;
     return HPE_PAUSED; // one request at a time: parsing resumes after its answer is written
 }
 
@@ -367,9 +462,26 @@ void HttpConnection::answer(quint64 sequence, const HttpResponse &response)
     writeResponse(response, !m_keepAlive);
     if (m_phase == Phase::Closing)
         return;
-    m_phase = Phase::Idle;
     m_timer.start(m_server->m_limits.idleTimeoutMs);
+    // A client that sends requests but does not read the answers must not make us hold them
+    // all: its next request is read once what waits for it is back under the bound.
+    if (m_socket->bytesToWrite() > m_server->m_limits.maxUnsentBytes) {
+        m_phase = Phase::Draining;
+        return;
+    }
+    m_phase = Phase::Idle;
     // Resume with pipelined bytes already read, outside of the caller's stack.
+    QMetaObject::invokeMethod(this, &HttpConnection::processInput, Qt::QueuedConnection);
+}
+
+void HttpConnection::onBytesWritten()
+{
+    if (m_phase != Phase::Draining)
+        return;
+    m_timer.start(m_server->m_limits.idleTimeoutMs); // it reads: not idle
+    if (m_socket->bytesToWrite() > m_server->m_limits.maxUnsentBytes)
+        return;
+    m_phase = Phase::Idle;
     QMetaObject::invokeMethod(this, &HttpConnection::processInput, Qt::QueuedConnection);
 }
 
@@ -418,20 +530,26 @@ void HttpConnection::onTimeout()
             return;
         }
     }
-    if (m_phase == Phase::Reading)
+    if (m_phase == Phase::Reading) {
         fail(408, u"the request did not arrive within %1 ms"_qs.arg(m_server->m_limits.requestTimeoutMs));
-    else
+    } else if (m_phase == Phase::Draining || m_phase == Phase::Closing) {
+        // The client took nothing of its answers for the idle time: drop them with it.
+        m_socket->abort();
+        deleteLater();
+    } else {
         close();
+    }
 }
 
 void HttpConnection::close()
 {
     m_phase = Phase::Closing;
-    m_timer.stop();
     m_pending.clear();
     m_socket->disconnectFromHost(); // flushes what was written, then emits disconnected
     if (m_socket->state() == QAbstractSocket::UnconnectedState)
         deleteLater();
+    else
+        m_timer.start(m_server->m_limits.idleTimeoutMs); // a flush the client never takes ends here
 }
 
 } // namespace idem

@@ -6,6 +6,7 @@
 #include <QTcpServer>
 #include <QTimer>
 
+#include <atomic>
 #include <functional>
 
 #include <llhttp.h>
@@ -24,16 +25,27 @@ struct HttpLimits
     int idleTimeoutMs = 60'000;    // keep-alive connection with no request: closed
     int requestTimeoutMs = 30'000; // one request's headers and body must arrive within this: 408
     int maxConnections = 4096;     // beyond: 503 and closed
+    // Answers written but not yet taken by the client, per connection: above this the
+    // connection's next pipelined request is not read until the client drains its answers.
+    qint64 maxUnsentBytes = 1024 * 1024;
 };
 
 using HttpHandler = std::function<void(HttpRequest request, Responder responder)>;
-// Told of every request the HTTP layer answers itself (400, 408, 413, 417, 431).
+// Told of every request the HTTP layer answers itself (400, 408, 413, 417, 431, 501).
 using HttpRejectObserver = std::function<void(const HttpRequest &partial, int status, const QString &detail)>;
 
 // An HTTP/1.1 server on QTcpServer with llhttp (strict mode) as the parser. Keep-alive;
 // pipelined requests are handled one after the other (the parser pauses while a request is
-// being answered), so answers leave in order. Lives on one thread; handlers are called there
-// and may answer later through their Responder.
+// being answered), so answers leave in order; a client that does not read its answers is not
+// read either (HttpLimits::maxUnsentBytes). Lives on one thread; handlers are called there and
+// may answer later through their Responder.
+//
+// What a handler gets is what was interpreted, once (RFC 9112): a field sent on several lines
+// arrives as one line, its values joined with ", " (Cookie: "; "), so whoever reads the
+// request — the engine, the forwarder — sees the same single value; trailer fields of a
+// chunked body are read and dropped. Refused before any handler runs: obs-fold (400), an
+// HTTP/1.1 request without exactly one Host (400), a Transfer-Encoding other than `chunked`
+// alone (400 when `chunked` is not the final coding, 501 for another coding before it).
 class HttpServer final : public QObject
 {
     Q_OBJECT
@@ -46,7 +58,7 @@ public:
     quint16 port() const { return m_server.serverPort(); }
     QHostAddress address() const { return m_server.serverAddress(); }
     void stopAccepting() { m_server.close(); }
-    int connectionCount() const { return m_connections; }
+    int connectionCount() const { return m_connections.load(); } // from any thread
     const HttpLimits &limits() const { return m_limits; }
     const HttpHandler &handler() const { return m_handler; }
     void setRejectObserver(HttpRejectObserver observer) { m_onReject = std::move(observer); }
@@ -58,7 +70,7 @@ private:
     HttpLimits m_limits;
     HttpHandler m_handler;
     HttpRejectObserver m_onReject;
-    int m_connections = 0;
+    std::atomic<int> m_connections{0};
 };
 
 class HttpConnection final : public QObject
@@ -71,7 +83,8 @@ public:
     void answer(quint64 sequence, const HttpResponse &response);
 
 private:
-    enum class Phase { Idle, Reading, Waiting, Closing };
+    // Draining: answered, but more than maxUnsentBytes wait for the client to read them.
+    enum class Phase { Idle, Reading, Waiting, Draining, Closing };
     static int onMessageBegin(llhttp_t *p);
     static int onUrl(llhttp_t *p, const char *at, size_t len);
     static int onHeaderField(llhttp_t *p, const char *at, size_t len);
@@ -82,8 +95,13 @@ private:
     static const llhttp_settings_t &settings();
 
     void processInput();
+    bool scanForObsFold(QByteArrayView data);
+    int checkFraming(const llhttp_t *p);
+    void addHeader();
     void dispatch();
+    void onBytesWritten();
     void fail(int status, const QString &detail);
+    int refuseEarly(int status, const QString &detail);
     void writeResponse(const HttpResponse &response, bool close);
     void onTimeout();
     void close();
@@ -101,7 +119,17 @@ private:
     bool m_inValue = false;
     qint64 m_headerBytes = 0;
     qint64 m_maxBody = 0;
-    int m_earlyStatus = 0; // 413 / 431 / 417 decided inside a parser callback
+    int m_headerLines = 0;
+    int m_hostLines = 0;
+    // Raw scan of the header section for obs-fold (llhttp reports a folded line as part of the
+    // value): armed at the start of each message, until the blank line that ends its headers.
+    bool m_scanArmed = true;
+    bool m_scanAtLineStart = true;
+    bool m_scanSawLine = false; // a non-empty line (the request line) was seen
+    bool m_scanLineEmpty = true;
+    bool m_obsFold = false;
+    int m_earlyStatus = 0; // decided inside a parser callback (400 / 413 / 417 / 431 / 501)
+    QString m_earlyDetail;
     bool m_keepAlive = true;
     bool m_messageDone = false;
     quint64 m_sequence = 0;

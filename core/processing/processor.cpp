@@ -1,6 +1,7 @@
 #include "processing/processor.h"
 
 #include "http/httptypes.h"
+#include "util/format.h"
 
 #include <QDateTime>
 #include <QNetworkAccessManager>
@@ -14,12 +15,6 @@
 namespace idem {
 
 namespace {
-
-// A URL as it may be shown to a sender, in a log or a stored error: no user name or password.
-QString shown(const QUrl &url)
-{
-    return url.toString(QUrl::RemoveUserInfo);
-}
 
 StoredResult problemResult(int status, const QString &title, const QString &detail)
 {
@@ -115,7 +110,7 @@ void ForwardProcessor::run(const ProcessJob &job, Done done)
     forward.setAttribute(QNetworkRequest::CacheSaveControlAttribute, false);
 
     QNetworkReply *reply = m_network->post(forward, job.request.body);
-    const QString target = shown(m_target);
+    const QString target = displayUrl(m_target); // never the user info, in answers, logs or the store
     const qint64 maxBytes = m_maxResponseBytes;
     // Shared by the reply's handlers: what was read, and why the reply was cut short.
     struct State

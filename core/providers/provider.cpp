@@ -7,6 +7,8 @@
 
 #include <openssl/crypto.h>
 
+#include <algorithm>
+
 namespace idem {
 
 bool constantTimeEquals(QByteArrayView a, QByteArrayView b)
@@ -70,12 +72,21 @@ Result<void> checkTimestamp(const QByteArray &timestamp, qint64 nowSeconds, qint
         return makeError(ErrorCode::Invalid, u"the signed timestamp '%1' is not a number"_qs.arg(QString::fromLatin1(timestamp.left(32))));
     if (toleranceSeconds <= 0)
         return {};
-    if (nowSeconds - t > toleranceSeconds)
-        return makeError(ErrorCode::Invalid, u"the signed timestamp is %1 s old, beyond the %2 s tolerance (a replay?)"_qs
-                                                 .arg(nowSeconds - t).arg(toleranceSeconds));
-    if (t - nowSeconds > toleranceSeconds)
-        return makeError(ErrorCode::Invalid, u"the signed timestamp is %1 s in the future, beyond the %2 s tolerance (check the clocks)"_qs
-                                                 .arg(t - nowSeconds).arg(toleranceSeconds));
+    // `t` is the sender's, any 64-bit number: bounded before any arithmetic (now - t would
+    // overflow, which is undefined, for t near either end). 2^40 s is some 35,000 years.
+    constexpr qint64 kFar = qint64(1) << 40;
+    const qint64 age = nowSeconds - std::clamp(t, nowSeconds - kFar, nowSeconds + kFar);
+    if (age > toleranceSeconds)
+        return makeError(
+            ErrorCode::Invalid,
+            u"the signed timestamp is %1 s old, beyond the %2 s tolerance (a replay?)"_qs.arg(age)
+                .arg(toleranceSeconds));
+    if (-age > toleranceSeconds)
+        return makeError(
+            ErrorCode::Invalid,
+            u"the signed timestamp is %1 s in the future, beyond the %2 s tolerance (check the clocks)"_qs
+                .arg(-age)
+                .arg(toleranceSeconds));
     return {};
 }
 

@@ -57,6 +57,11 @@ Receiver::~Receiver()
     m_thread.wait();
 }
 
+int Receiver::connectionCount() const
+{
+    return m_server->connectionCount();
+}
+
 Result<ListenAddress> Receiver::start(const ListenAddress &address)
 {
     QString error;

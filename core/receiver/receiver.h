@@ -28,6 +28,8 @@ public:
     IdempotencyEngine *engine() const { return m_engine; }
     const std::shared_ptr<StorePool> &pool() const { return m_pool; }
     ListenAddress address() const { return m_address; }
+    // Open connections, from any thread (tests wait on it).
+    int connectionCount() const;
 
 private:
     std::shared_ptr<StorePool> m_pool;

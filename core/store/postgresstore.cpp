@@ -153,6 +153,8 @@ Result<std::unique_ptr<PostgresStore>> PostgresStore::connect(const StoreUrl &ur
         conninfo += u" user="_qs + quote(url.user);
     if (!url.password.isEmpty())
         conninfo += u" password="_qs + quote(url.password);
+    for (const auto &[name, value] : url.postgresTls) // names checked by StoreUrl::parse
+        conninfo += u" "_qs + name + u"="_qs + quote(value);
 
     std::unique_ptr<Connection> connection;
     try {

@@ -1,5 +1,7 @@
 #include "store/storeurl.h"
 
+#include "util/format.h"
+
 #include <QDir>
 #include <QStandardPaths>
 #include <QUrl>
@@ -53,8 +55,9 @@ Result<StoreUrl> StoreUrl::parse(const QString &text)
         bool numeric = false;
         url.database.toInt(&numeric);
         if (!numeric)
-            return makeError(ErrorCode::Invalid,
-                             u"store URL %1: the Redis database must be a number"_qs.arg(text));
+            return makeError(
+                ErrorCode::Invalid,
+                u"store URL %1: the Redis database must be a number"_qs.arg(displayUrl(text)));
         for (const auto &[name, value] : QUrlQuery(parsed).queryItems(QUrl::FullyDecoded)) {
             bool number = true;
             if (name == u"prefix"_qs)
@@ -66,10 +69,10 @@ Result<StoreUrl> StoreUrl::parse(const QString &text)
             else
                 return makeError(ErrorCode::Invalid,
                                  u"store URL %1: unknown option %2 (redis takes prefix, wait_replicas, wait_timeout_ms)"_qs
-                                     .arg(text, name));
+                                     .arg(displayUrl(text), name));
             if (!number || url.waitReplicas < 0 || url.waitTimeoutMs < 1)
                 return makeError(ErrorCode::Invalid,
-                                 u"store URL %1: %2 must be a positive number"_qs.arg(text, name));
+                                 u"store URL %1: %2 must be a positive number"_qs.arg(displayUrl(text), name));
         }
         if (url.prefix.isEmpty())
             url.prefix = u"idem:"_qs;
@@ -78,16 +81,34 @@ Result<StoreUrl> StoreUrl::parse(const QString &text)
         url.port = parsed.port(5432);
         url.database = parsed.path().mid(1);
         if (url.database.isEmpty())
-            return makeError(ErrorCode::Invalid,
-                             u"store URL %1: missing the database name (postgresql://user@host:port/dbname)"_qs
-                                 .arg(text));
+            return makeError(
+                ErrorCode::Invalid,
+                u"store URL %1: missing the database name (postgresql://user@host:port/dbname)"_qs
+                    .arg(displayUrl(text)));
+        static const QStringList tls{u"sslmode"_qs, u"sslrootcert"_qs, u"sslcert"_qs, u"sslkey"_qs};
+        static const QStringList modes{u"disable"_qs, u"allow"_qs,     u"prefer"_qs,
+                                       u"require"_qs, u"verify-ca"_qs, u"verify-full"_qs};
+        for (const auto &[name, value] : QUrlQuery(parsed).queryItems(QUrl::FullyDecoded)) {
+            if (!tls.contains(name))
+                return makeError(
+                    ErrorCode::Invalid,
+                    u"store URL %1: unknown parameter '%2' (PostgreSQL takes %3)"_qs.arg(
+                        displayUrl(text), name, tls.join(u", "_qs)));
+            if (name == u"sslmode"_qs && !modes.contains(value))
+                return makeError(ErrorCode::Invalid,
+                                 u"store URL %1: sslmode must be one of %2"_qs.arg(
+                                     displayUrl(text), modes.join(u", "_qs)));
+            url.postgresTls.append({name, value});
+        }
     } else {
-        return makeError(ErrorCode::Invalid,
-                         u"store URL '%1': unknown scheme; use sqlite:PATH, redis://host:port[/db] or postgresql://user@host:port/dbname"_qs
-                             .arg(text));
+        return makeError(
+            ErrorCode::Invalid,
+            u"store URL '%1': unknown scheme; use sqlite:PATH, redis://host:port[/db] or postgresql://user@host:port/dbname"_qs
+                .arg(displayUrl(text)));
     }
     if (!parsed.isValid() || parsed.host().isEmpty())
-        return makeError(ErrorCode::Invalid, u"store URL '%1': missing or invalid host"_qs.arg(text));
+        return makeError(ErrorCode::Invalid,
+                         u"store URL '%1': missing or invalid host"_qs.arg(displayUrl(text)));
     url.host = parsed.host();
     url.user = parsed.userName(QUrl::FullyDecoded);
     url.password = parsed.password(QUrl::FullyDecoded);
@@ -105,6 +126,11 @@ QString StoreUrl::display() const
         if (!user.isEmpty() || !password.isEmpty())
             s += user + (password.isEmpty() ? QString() : u":***"_qs) + u"@"_qs;
         s += host + u":"_qs + QString::number(port) + u"/"_qs + database;
+        QStringList tls;
+        for (const auto &[name, value] : postgresTls)
+            tls << name + u"="_qs + value;
+        if (!tls.isEmpty())
+            s += u"?"_qs + tls.join(u"&"_qs);
         return s;
     }
     }

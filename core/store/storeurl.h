@@ -2,12 +2,14 @@
 
 #include "util/result.h"
 
+#include <QList>
+#include <QPair>
 #include <QString>
 
 namespace idem {
 
 // A parsed store URL (SPEC §2): sqlite:PATH, redis://[user:pass@]host:port[/db],
-// postgresql://user[:pass]@host:port/dbname.
+// postgresql://user[:pass]@host:port/dbname[?sslmode=…&sslrootcert=…&sslcert=…&sslkey=…].
 struct StoreUrl
 {
     enum class Kind { Sqlite, Redis, Postgres };
@@ -23,7 +25,11 @@ struct StoreUrl
     bool synchronousFull = false; // sqlite:PATH?synchronous=full
     int waitReplicas = 0;         // redis ?wait_replicas=N: WAIT after each claim and finish
     int waitTimeoutMs = 100;      // redis ?wait_timeout_ms=M
+    // postgres: libpq's TLS settings from the query (sslmode, sslrootcert, sslcert, sslkey),
+    // passed on as they are; libpq's defaults apply to the ones not given.
+    QList<QPair<QString, QString>> postgresTls;
 
+    // Errors quote the URL without its user information (util/format.h displayUrl).
     static Result<StoreUrl> parse(const QString &text);
     static QString defaultSqlitePath();
     // The URL with its password masked, for logs, the status bar and `stats`.

@@ -64,6 +64,41 @@ QString prettyBody(const QByteArray &body, bool raw)
     return u"(%1 bytes of binary data; base64)\n%2"_qs.arg(body.size()).arg(QString::fromLatin1(body.toBase64()));
 }
 
+QString escapeControls(QStringView text, bool keepLineBreaks)
+{
+    auto unsafe = [keepLineBreaks](char16_t c) {
+        if (c == u'\t' || (c == u'\n' && keepLineBreaks))
+            return false;
+        return c < 0x20 || (c >= 0x7f && c <= 0x9f) || c == 0x061c || c == 0x200e || c == 0x200f ||
+               (c >= 0x2028 && c <= 0x202e) || (c >= 0x2066 && c <= 0x2069);
+    };
+    QString out;
+    out.reserve(text.size());
+    for (const QChar ch : text) {
+        if (unsafe(ch.unicode()))
+            out += u"\\u%1"_qs.arg(uint(ch.unicode()), 4, 16, QLatin1Char('0'));
+        else
+            out += ch;
+    }
+    return out;
+}
+
+QString displayUrl(const QUrl &url)
+{
+    return url.adjusted(QUrl::RemoveUserInfo).toString();
+}
+
+QString displayUrl(const QString &text)
+{
+    const qsizetype scheme = text.indexOf(u"://"_qs);
+    if (scheme < 0)
+        return text;
+    const qsizetype at = text.lastIndexOf(u'@');
+    if (at < scheme + 3)
+        return text;
+    return text.left(scheme + 3) + text.mid(at + 1);
+}
+
 QString maskSecret(const QString &secret)
 {
     if (secret.size() <= 8)

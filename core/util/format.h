@@ -3,6 +3,7 @@
 #include "model/keyrecord.h"
 
 #include <QString>
+#include <QUrl>
 
 namespace idem {
 
@@ -18,6 +19,18 @@ HeaderList maskSecrets(const HeaderList &headers);
 // A stored body for people: pretty JSON when it is JSON (unless `raw`), else the text, or a
 // note and base64 for binary data.
 QString prettyBody(const QByteArray &body, bool raw = false);
+
+// Text for a terminal or a text log: control characters (C0 but tab, DEL, C1) and the bidi
+// and line-separator controls become \u001b-style escapes, so a sender's bytes can neither
+// forge a log line nor drive the terminal. Line breaks are kept only with `keepLineBreaks`
+// (multi-line output), never a carriage return. The escape is JSON's: JSON text stays JSON.
+QString escapeControls(QStringView text, bool keepLineBreaks = false);
+
+// A URL for people (answers, logs, stored errors, the window): without user name and password.
+QString displayUrl(const QUrl &url);
+// The same for text that may not parse as a URL (a store URL in an error message): everything
+// between "://" and the last '@' goes.
+QString displayUrl(const QString &text);
 
 // "whsec_…abcd"-style mask for a secret that must be recognisable but not readable.
 QString maskSecret(const QString &secret);

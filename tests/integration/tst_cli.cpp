@@ -261,6 +261,116 @@ private Q_SLOTS:
         QVERIFY2(r.out.contains("removed 0 expired key(s)"), r.out.constData());
     }
 
+    void sendersCannotWriteToTheTerminal()
+    {
+        // A percent-decoded path and a stored body reach text output: serve's log and `keys
+        // show`. Control characters are escaped there, so no forged log line, no escape sequence.
+        const QString config = m_dir.filePath(u"esc.json"_qs);
+        QFile f(config);
+        QVERIFY(f.open(QIODevice::WriteOnly));
+        f.write(QStringLiteral("{\"store\": \"sqlite:%1\", \"endpoints\": [{\"name\": \"esc\"}]}")
+                    .arg(m_dir.filePath(u"esc.db"_qs)).toUtf8());
+        f.close();
+        const QStringList common{u"--config"_qs, config};
+        quint16 port = 0;
+        QByteArray err;
+        auto serve = idem::test::startServe(QStringLiteral(IDEMDESK_BIN), common, port, &err, true);
+        QVERIFY2(port, err.constData());
+        const QByteArray forged = "2030-01-01T00:00:00.000Z esc esc:forged processed 200 1.0ms";
+        const ClientResponse unknown = post(port, "/hooks/x%0a" + QByteArray(forged).replace(' ', "%20") + "%1b%5b2J%1b%5d0;owned%07", "{}");
+        QCOMPARE(unknown.status, 404);
+        const QByteArray body = "\x1b]0;owned\x07\x1b[2J\rprocessed fine\xc2\x9b"; // the last: U+009B, CSI
+        QCOMPARE(post(port, "/hooks/esc", body, {{"Idempotency-Key", "ctl"}}).status, 200);
+
+        Run r = idemdesk(QStringList{u"keys"_qs, u"show"_qs, u"esc:ctl"_qs} + common);
+        QCOMPARE(r.rc, 0);
+        for (const char c : r.out)
+            QVERIFY2(uchar(c) >= 0x20 || c == '\n' || c == '\t', qPrintable(u"byte %1 in keys show"_qs.arg(int(uchar(c)))));
+        QVERIFY2(r.out.contains("\\u001b]0;owned\\u0007\\u001b[2J\\u000dprocessed fine\\u009b"), r.out.constData());
+        // JSON output was safe already, and keeps the bytes exactly.
+        r = idemdesk(QStringList{u"keys"_qs, u"show"_qs, u"esc:ctl"_qs, u"--json"_qs} + common);
+        QCOMPARE(QJsonDocument::fromJson(r.out).object().value(u"request"_qs).toObject().value(u"body"_qs).toString(),
+                 QString::fromUtf8(body));
+
+        ::kill(pid_t(serve->processId()), SIGTERM);
+        QVERIFY(serve->waitForFinished(15000));
+        const QByteArray log = serve->readAllStandardOutput();
+        QVERIFY2(log.contains("\\u000a2030-01-01T00:00:00.000Z"), log.constData());
+        QVERIFY(log.contains("\\u001b[2J"));
+        for (const QByteArray &line : log.split('\n')) {
+            QVERIFY2(!line.startsWith("2030-01-01"), line.constData()); // no line of the sender's making
+            for (const char c : line)
+                QVERIFY2(uchar(c) >= 0x20, line.constData());
+        }
+        QCOMPARE(log.count('\n'), 2); // two deliveries, two lines
+    }
+
+    void remoteListenNeedsSignatures()
+    {
+        // Reachable from the network, every endpoint must verify a signature unless the
+        // operator says --allow-unsigned; SendGrid's public key counts as one.
+        const QString store = u"sqlite:"_qs + m_dir.filePath(u"remote.db"_qs);
+        const QStringList remote{u"--listen"_qs, u"0.0.0.0:0"_qs, u"--allow-remote"_qs, u"--store"_qs, store};
+        Run r = idemdesk(QStringList{u"serve"_qs} + remote);
+        QCOMPARE(r.rc, 2);
+        QVERIFY2(r.err.contains("verify no signature") && r.err.contains("--allow-unsigned") && r.err.contains("generic"), r.err.constData());
+        QCOMPARE(r.err.count('\n'), 1);
+        r = idemdesk({u"gui"_qs, u"--listen"_qs, u"0.0.0.0:0"_qs, u"--allow-remote"_qs, u"--store"_qs, store, u"-platform"_qs, u"offscreen"_qs});
+        QCOMPARE(r.rc, 2);
+
+        QProcess keygen;
+        keygen.start(u"openssl"_qs, {u"genpkey"_qs, u"-algorithm"_qs, u"EC"_qs, u"-pkeyopt"_qs, u"ec_paramgen_curve:P-256"_qs});
+        QVERIFY(keygen.waitForFinished(20000));
+        QProcess pub;
+        pub.start(u"openssl"_qs, {u"pkey"_qs, u"-pubout"_qs, u"-outform"_qs, u"DER"_qs});
+        pub.write(keygen.readAllStandardOutput());
+        pub.closeWriteChannel();
+        QVERIFY(pub.waitForFinished(20000));
+        const QByteArray publicKey = pub.readAllStandardOutput().toBase64();
+        QVERIFY(!publicKey.isEmpty());
+        const QString config = m_dir.filePath(u"signed.json"_qs);
+        QFile f(config);
+        QVERIFY(f.open(QIODevice::WriteOnly));
+        f.write("{\"endpoints\": [{\"name\": \"stripe\", \"provider\": \"stripe\", \"secret\": \"whsec_remote\"},"
+                " {\"name\": \"sendgrid\", \"provider\": \"sendgrid\", \"public_key\": \"" + publicKey + "\"}]}");
+        f.close();
+        f.setPermissions(QFileDevice::ReadOwner | QFileDevice::WriteOwner);
+        r = idemdesk(QStringList{u"stats"_qs, u"--json"_qs, u"--config"_qs, config, u"--store"_qs, store});
+        QCOMPARE(r.rc, 0);
+        const QJsonArray warnings = QJsonDocument::fromJson(r.out).object().value(u"warnings"_qs).toArray();
+        QVERIFY2(warnings.isEmpty(), QJsonDocument(warnings).toJson().constData()); // no "sendgrid: no secret"
+
+        // Signed endpoints only: --allow-remote is enough. Unsigned ones: with --allow-unsigned.
+        for (const QStringList &args : {QStringList{u"--config"_qs, config}, QStringList{u"--allow-unsigned"_qs}}) {
+            QProcess serve;
+            serve.setStandardOutputFile(QProcess::nullDevice());
+            serve.start(QStringLiteral(IDEMDESK_BIN), QStringList{u"serve"_qs} + remote + args);
+            QByteArray text;
+            QTRY_VERIFY_WITH_TIMEOUT((text += serve.readAllStandardError()).contains("receiving webhooks at http://0.0.0.0:")
+                                         || serve.state() == QProcess::NotRunning, 15000);
+            QVERIFY2(serve.state() == QProcess::Running, text.constData());
+            ::kill(pid_t(serve.processId()), SIGTERM);
+            QVERIFY(serve.waitForFinished(15000));
+            QCOMPARE(serve.exitCode(), 0);
+        }
+    }
+
+    void postgresTlsSettingsReachLibpq()
+    {
+        // sslmode and friends in the store URL go to libpq: the test server has no TLS, so
+        // requiring it must fail, and disabling it must not.
+        const QString url = qEnvironmentVariable("IDEM_TEST_POSTGRES_URL");
+        if (url.isEmpty())
+            QFAIL("IDEM_TEST_POSTGRES_URL is not set: run through ./dev test");
+        Run r = idemdesk({u"stats"_qs, u"--store"_qs, url + u"?sslmode=require"_qs});
+        QCOMPARE(r.rc, 1);
+        QVERIFY2(r.err.contains("SSL"), r.err.constData());
+        r = idemdesk({u"stats"_qs, u"--store"_qs, url + u"?sslmode=disable"_qs});
+        QVERIFY2(r.rc == 0, r.err.constData());
+        r = idemdesk({u"stats"_qs, u"--store"_qs, url + u"?sslmode=sometimes"_qs});
+        QCOMPARE(r.rc, 2);
+    }
+
     void usageAndRuntimeErrors()
     {
         QCOMPARE(idemdesk({u"keys"_qs, u"show"_qs}).rc, 2);
@@ -275,6 +385,13 @@ private Q_SLOTS:
         QVERIFY2(down.err.startsWith("idemdesk: cannot connect to Redis"), down.err.constData());
         QCOMPARE(down.err.count('\n'), 1); // one line
         QCOMPARE(idemdesk({u"stats"_qs, u"--store"_qs, u"postgresql://idem@127.0.0.1:1/x"_qs}).rc, 1);
+        // A store URL's password is not echoed, whatever is wrong with the URL.
+        const Run scheme = idemdesk({u"stats"_qs, u"--store"_qs, u"mysql://root:hunter2@db/x"_qs});
+        QCOMPARE(scheme.rc, 2);
+        QVERIFY2(scheme.err.contains("unknown scheme") && !scheme.err.contains("hunter2"), scheme.err.constData());
+        const Run unreachable = idemdesk({u"stats"_qs, u"--store"_qs, u"postgresql://idem:hunter2@127.0.0.1:1/x"_qs});
+        QCOMPARE(unreachable.rc, 1);
+        QVERIFY2(!unreachable.err.contains("hunter2"), unreachable.err.constData());
         for (const QStringList &help : {QStringList{u"keys"_qs, u"list"_qs, u"--help"_qs}, {u"keys"_qs, u"show"_qs, u"--help"_qs},
                                         {u"keys"_qs, u"reset"_qs, u"--help"_qs}, {u"keys"_qs, u"retry"_qs, u"--help"_qs},
                                         {u"keys"_qs, u"delete"_qs, u"--help"_qs}, {u"keys"_qs, u"purge-expired"_qs, u"--help"_qs},

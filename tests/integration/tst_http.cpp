@@ -35,6 +35,11 @@ private Q_SLOTS:
             HttpResponse r;
             r.status = 200;
             r.body = request.method + ' ' + request.path + ' ' + request.body;
+            if (request.path == "/headers") { // the header list a handler gets, one line each
+                r.body.clear();
+                for (const auto &[name, value] : request.headers)
+                    r.body += name + ": " + value + '\n';
+            }
             r.setHeader("X-Query", request.query);
             const int delay = request.header("X-Delay").toInt();
             if (delay <= 0)
@@ -130,6 +135,18 @@ private Q_SLOTS:
         QTest::newRow("bad chunk size") << QByteArray("POST /echo HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n");
         QTest::newRow("control byte in header") << QByteArray("POST /echo HTTP/1.1\r\nHost: x\r\nX-A: a\x01" "b\r\nContent-Length: 0\r\n\r\n");
         QTest::newRow("bad version") << QByteArray("POST /echo HTTP/9.9\r\nHost: x\r\n\r\n");
+        // RFC 9112 §5.2: obs-fold in a request is refused, wherever it is.
+        QTest::newRow("obs-fold") << QByteArray("POST /echo HTTP/1.1\r\nHost: x\r\nX-A: a\r\n b\r\nContent-Length: 0\r\n\r\n");
+        QTest::newRow("obs-fold with a tab") << QByteArray("POST /echo HTTP/1.1\r\nHost: x\r\nX-A: a\r\n\tb\r\nContent-Length: 0\r\n\r\n");
+        QTest::newRow("obs-fold of transfer-encoding") << QByteArray("POST /echo HTTP/1.1\r\nHost: x\r\nTransfer-Encoding:\r\n chunked\r\n\r\n1\r\na\r\n0\r\n\r\n");
+        QTest::newRow("obs-fold in the last header") << QByteArray("POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\nX-A:\r\n  a\r\n\r\n");
+        // RFC 9112 §3.2: exactly one Host in HTTP/1.1.
+        QTest::newRow("HTTP/1.1 without Host") << QByteArray("POST /echo HTTP/1.1\r\nContent-Length: 1\r\n\r\nx");
+        QTest::newRow("two Hosts") << QByteArray("POST /echo HTTP/1.1\r\nHost: a\r\nHost: b\r\nContent-Length: 1\r\n\r\nx");
+        // RFC 9112 §6: chunked must be the final coding; HTTP/1.0 has no Transfer-Encoding.
+        QTest::newRow("gzip alone") << QByteArray("POST /echo HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip\r\n\r\nxx");
+        QTest::newRow("chunked, gzip") << QByteArray("POST /echo HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked, gzip\r\n\r\n0\r\n\r\n");
+        QTest::newRow("chunked in HTTP/1.0") << QByteArray("POST /echo HTTP/1.0\r\nTransfer-Encoding: chunked\r\n\r\n1\r\na\r\n0\r\n\r\n");
     }
     void malformedRequestsAre400()
     {
@@ -144,12 +161,59 @@ private Q_SLOTS:
         QCOMPARE(m_handled.load(), before); // no handler saw it
     }
 
+    void unknownTransferCodingsAre501_data()
+    {
+        QTest::addColumn<QByteArray>("codings");
+        QTest::newRow("gzip, chunked") << QByteArray("gzip, chunked");
+        QTest::newRow("deflate, chunked") << QByteArray("deflate, chunked");
+        QTest::newRow("on two lines") << QByteArray("gzip\r\nTransfer-Encoding: chunked");
+    }
+    void unknownTransferCodingsAre501()
+    {
+        // Nothing here decodes gzip: the body must not be taken as plain bytes.
+        QFETCH(QByteArray, codings);
+        const int before = m_handled.load();
+        RawConnection c(m_port);
+        QVERIFY(c.send("POST /echo HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: " + codings + "\r\n\r\n2\r\nab\r\n0\r\n\r\n"));
+        const ClientResponse r = c.readResponse();
+        QCOMPARE(r.status, 501);
+        QCOMPARE(r.header("Connection"), QByteArray("close"));
+        QVERIFY(r.body.contains("gzip") || r.body.contains("deflate"));
+        QCOMPARE(m_handled.load(), before);
+    }
+
+    void trailersAreNotHeaders()
+    {
+        // Trailer fields of a chunked body are read and dropped: none becomes a header, none
+        // replaces one (the last header used to be duplicated, every trailer but the last added).
+        RawConnection c(m_port);
+        QVERIFY(c.send("POST /headers HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nX-User: alice\r\n\r\n"
+                       "3\r\nabc\r\n0\r\nIdempotency-Key: forged\r\nX-User: admin\r\nX-Pad: 1\r\n\r\n"));
+        const ClientResponse r = c.readResponse();
+        QCOMPARE(r.status, 200);
+        QCOMPARE(r.body, QByteArray("Host: x\nTransfer-Encoding: chunked\nX-User: alice\n"));
+        // The connection goes on with the next request.
+        QVERIFY(c.send(buildPost("/echo", "next", {}, false)));
+        QCOMPARE(c.readResponse().body, QByteArray("POST /echo next"));
+    }
+
+    void aRepeatedFieldIsOneLine()
+    {
+        // The handler gets the field once, as everyone after it (engine, forwarder) reads it.
+        RawConnection c(m_port);
+        QVERIFY(c.send("POST /headers HTTP/1.1\r\nHost: x\r\nX-User: alice\r\nCookie: a=1\r\nx-user: bob\r\n"
+                       "Cookie: b=2\r\nX-Empty:\r\nX-Empty: e\r\nContent-Length: 0\r\n\r\n"));
+        const ClientResponse r = c.readResponse();
+        QCOMPARE(r.status, 200);
+        QCOMPARE(r.body, QByteArray("Host: x\nX-User: alice, bob\nCookie: a=1; b=2\nX-Empty: e\nContent-Length: 0\n"));
+    }
+
     void expectContinue()
     {
         RawConnection c(m_port);
         QVERIFY(c.send("POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nExpect: 100-continue\r\n\r\n"));
-        // The interim answer arrives before the body is sent.
-        QVERIFY(!c.waitClosed(200));
+        // The interim answer arrives, byte for byte, before the body is sent.
+        QCOMPARE(c.readBytes(25), QByteArray("HTTP/1.1 100 Continue\r\n\r\n"));
         QVERIFY(c.send("hello"));
         const ClientResponse r = c.readResponse();
         QCOMPARE(r.status, 200);

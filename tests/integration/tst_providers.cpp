@@ -16,6 +16,8 @@
 #include <QTemporaryDir>
 #include <QTest>
 
+#include <limits>
+
 using namespace idem;
 using namespace idem::test;
 
@@ -232,6 +234,13 @@ private Q_SLOTS:
         if (timestamped) {
             refused(make(provider, "evt_stale", secretOf(provider), now - 1000), "old");
             refused(make(provider, "evt_future", secretOf(provider), now + 1000), "future");
+            // Validly signed timestamps at the ends of 64 bits: refused, and on the right side
+            // (now - t used to overflow, which is undefined, before anything bounded t).
+            constexpr qint64 lowest = std::numeric_limits<qint64>::min(), highest = std::numeric_limits<qint64>::max();
+            refused(make(provider, "evt_lowest", secretOf(provider), lowest), "old");
+            refused(make(provider, "evt_wraps", secretOf(provider), lowest + now - 100), "old");
+            refused(make(provider, "evt_highest", secretOf(provider), highest), "future");
+            refused(make(provider, "evt_high", secretOf(provider), highest - 5), "future");
         }
 
         // During a rotation any configured secret verifies.
@@ -368,6 +377,10 @@ private Q_SLOTS:
         QCOMPARE(warnings.size(), 1);
         QVERIFY2(warnings.first().contains(u"shorter than stripe's retry window"), qPrintable(warnings.first()));
         QVERIFY(configWarnings(builtin).first().contains(u"signatures are not verified"));
+        // SendGrid verifies with a public key, not a secret: that is verified too.
+        const QStringList ours = configWarnings(m_receiver->engine()->config());
+        QVERIFY2(!ours.join(u'\n').contains(u"sendgrid: no secret"), qPrintable(ours.join(u'\n')));
+        QVERIFY(verifiesSignatures(*m_receiver->engine()->config().endpoint(u"sendgrid")));
     }
 };
 

@@ -25,6 +25,7 @@
 #include <QApplication>
 #include <QClipboard>
 #include <QComboBox>
+#include <QDialogButtonBox>
 #include <QElapsedTimer>
 #include <QLabel>
 #include <QLineEdit>
@@ -407,6 +408,62 @@ private Q_SLOTS:
         t.join();
         QCOMPARE(slow.status, 409); // its worker could not record the result any more
         QCOMPARE(name(w.detail()->current().state), name(KeyState::Failed));
+    }
+
+    void copyAsCurlSendsTheBodyAsItIs()
+    {
+        // A stored body beginning with @ made `curl --data-binary` read one of the operator's
+        // files; --data-raw sends it as it is, and --globoff keeps [ ] { } in the path literal.
+        Desk desk = open("[{\"name\": \"c\"}]");
+        KeyRecord r;
+        r.request.method = "POST";
+        r.request.path = "/hooks/c?x[1]={a}";
+        r.request.headers = {{"Idempotency-Key", "k"}};
+        r.request.body = "@/etc/passwd";
+        const QString curl = desk.window->curlFor(r);
+        QVERIFY2(curl.contains(u"--data-raw '@/etc/passwd'"_qs) && !curl.contains(u"--data-binary"_qs), qPrintable(curl));
+        QVERIFY2(curl.contains(u"--globoff"_qs), qPrintable(curl));
+    }
+
+    void settingsShowNoCredentials()
+    {
+        // forward_to and the store URL carry passwords: the table and the fields do not show
+        // them, and saving keeps them.
+        auto config = Config::parse("{\"endpoints\": [{\"name\": \"f\", \"forward_to\": \"http://deskuser:hunter2@127.0.0.1:3000/hook\"}]}", u"ui"_qs);
+        QVERIFY(config.ok());
+        const QString path = m_dir.filePath(u"credentials.json"_qs);
+        SettingsDialog dialog(*config, u"redis://:hunter2@127.0.0.1:1/0"_qs, path);
+        const QString forward = dialog.endpointTable()->item(0, 3)->text();
+        QVERIFY2(forward.contains(u"127.0.0.1:3000/hook"_qs) && !forward.contains(u"hunter2"_qs) && !forward.contains(u"deskuser"_qs),
+                 qPrintable(forward));
+        QVERIFY2(!dialog.storeEdit()->text().contains(u"hunter2"_qs), qPrintable(dialog.storeEdit()->text()));
+        QCOMPARE(dialog.storeUrl(), u"redis://:hunter2@127.0.0.1:1/0"_qs);
+        // Another port typed in: the password stays.
+        dialog.storeEdit()->setText(dialog.storeEdit()->text().replace(u"127.0.0.1:1"_qs, u"127.0.0.1:2"_qs));
+        QCOMPARE(dialog.storeUrl(), u"redis://:hunter2@127.0.0.1:2/0"_qs);
+        // The endpoint form: its forward field hides the password too, and OK keeps it.
+        QString shown;
+        auto *timer = new QTimer(&dialog);
+        timer->setInterval(20);
+        connect(timer, &QTimer::timeout, timer, [timer, &shown] {
+            auto *form = qobject_cast<QDialog *>(QApplication::activeModalWidget());
+            if (!form)
+                return;
+            for (auto *edit : form->findChildren<QLineEdit *>())
+                if (edit->text().contains(u"127.0.0.1:3000"_qs))
+                    shown = edit->text();
+            form->findChild<QDialogButtonBox *>()->button(QDialogButtonBox::Ok)->click();
+            timer->deleteLater();
+        });
+        timer->start();
+        dialog.editEndpoint(0);
+        QVERIFY2(!shown.isEmpty() && !shown.contains(u"hunter2"_qs), qPrintable(shown));
+        QVERIFY(dialog.save());
+        auto saved = Config::load(path);
+        QVERIFY(saved.ok());
+        QCOMPARE(saved->store, u"redis://:hunter2@127.0.0.1:2/0"_qs);
+        QCOMPARE(saved->endpoints.first().forwardTo.password(), u"hunter2"_qs);
+        QCOMPARE(saved->endpoints.first().forwardTo.userName(), u"deskuser"_qs);
     }
 
     void mismatchShowsThePayloadDifference()

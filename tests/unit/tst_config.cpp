@@ -1,6 +1,7 @@
 #include "config/config.h"
 #include "providers/provider.h"
 #include "store/storeurl.h"
+#include "util/format.h"
 
 #include <QJsonDocument>
 #include <QTemporaryDir>
@@ -136,6 +137,60 @@ private Q_SLOTS:
         QVERIFY(!StoreUrl::parse(QStringLiteral("mysql://x")).ok());
         QVERIFY(!StoreUrl::parse(QStringLiteral("postgresql://localhost:5432")).ok());
         QVERIFY(StoreUrl::parse(QString()).ok()); // default: the user's data folder
+    }
+
+    void postgresTlsSettingsComeFromTheUrl()
+    {
+        auto pg = StoreUrl::parse(QStringLiteral("postgresql://idem:pw@db:5432/desk?sslmode=verify-full&sslrootcert=/etc/ca.pem"
+                                                 "&sslcert=/etc/c.pem&sslkey=/etc/k.pem"));
+        QVERIFY(pg.ok());
+        const QList<QPair<QString, QString>> expected{{u"sslmode"_qs, u"verify-full"_qs}, {u"sslrootcert"_qs, u"/etc/ca.pem"_qs},
+                                                      {u"sslcert"_qs, u"/etc/c.pem"_qs}, {u"sslkey"_qs, u"/etc/k.pem"_qs}};
+        QCOMPARE(pg->postgresTls, expected);
+        QVERIFY(pg->display().endsWith(u"/desk?sslmode=verify-full&sslrootcert=/etc/ca.pem&sslcert=/etc/c.pem&sslkey=/etc/k.pem"));
+        auto bad = StoreUrl::parse(QStringLiteral("postgresql://idem:pw@db/desk?sslmode=sometimes"));
+        QVERIFY(!bad.ok());
+        QVERIFY2(bad.error().message.contains(u"sslmode must be one of"), qPrintable(bad.error().message));
+        auto unknown = StoreUrl::parse(QStringLiteral("postgresql://idem:pw@db/desk?sslmod=require"));
+        QVERIFY(!unknown.ok());
+        QVERIFY2(unknown.error().message.contains(u"unknown parameter 'sslmod'"), qPrintable(unknown.error().message));
+    }
+
+    void storeUrlErrorsHideCredentials_data()
+    {
+        QTest::addColumn<QString>("url");
+        QTest::newRow("unknown scheme") << QStringLiteral("mysql://root:hunter2@db/x");
+        QTest::newRow("no database") << QStringLiteral("postgresql://idem:hunter2@db:5432");
+        QTest::newRow("redis database") << QStringLiteral("redis://:hunter2@cache:6379/zero");
+        QTest::newRow("bad sslmode") << QStringLiteral("postgresql://idem:hunter2@db/x?sslmode=bogus");
+        QTest::newRow("password with a slash") << QStringLiteral("postgresql://idem:hun/ter2@db/x");
+    }
+    void storeUrlErrorsHideCredentials()
+    {
+        QFETCH(QString, url);
+        auto parsed = StoreUrl::parse(url);
+        QVERIFY(!parsed.ok());
+        QVERIFY2(!parsed.error().message.contains(u"hunter2") && !parsed.error().message.contains(u"ter2"),
+                 qPrintable(parsed.error().message));
+        QVERIFY(parsed.error().message.contains(u"store URL"));
+    }
+
+    void displayUrlsWithoutUserInfo()
+    {
+        QCOMPARE(displayUrl(QUrl(u"http://user:pass@app.internal:3000/hooks?x=1"_qs)), u"http://app.internal:3000/hooks?x=1"_qs);
+        QCOMPARE(displayUrl(QUrl(u"https://token@app/h"_qs)), u"https://app/h"_qs);
+        QCOMPARE(displayUrl(QUrl(u"http://127.0.0.1:3000/h"_qs)), u"http://127.0.0.1:3000/h"_qs);
+        QCOMPARE(displayUrl(u"redis://:secret@cache:6379/0"_qs), u"redis://cache:6379/0"_qs);
+        QCOMPARE(displayUrl(u"sqlite:/var/lib/a@b.db"_qs), u"sqlite:/var/lib/a@b.db"_qs);
+    }
+
+    void controlCharactersAreEscaped()
+    {
+        QCOMPARE(escapeControls(u"a\nb\r\x1b[2J\tc\x7f"_qs), u"a\\u000ab\\u000d\\u001b[2J\tc\\u007f"_qs);
+        QCOMPARE(escapeControls(u"a\nb\r"_qs, true), u"a\nb\\u000d"_qs);
+        QCOMPARE(escapeControls(QString(QChar(0x9b)) + u"31m"_qs), u"\\u009b31m"_qs);       // C1 CSI
+        QCOMPARE(escapeControls(QString(QChar(0x202e)) + u"txt.exe"_qs), u"\\u202etxt.exe"_qs); // bidi override
+        QCOMPARE(escapeControls(u"caf\u00e9 \u2713 {\"k\":\"v\"}"_qs), u"caf\u00e9 \u2713 {\"k\":\"v\"}"_qs);
     }
 
     void keyNormalisation()
