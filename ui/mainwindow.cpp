@@ -188,9 +188,15 @@ MainWindow::MainWindow(DeskSession session, QWidget *parent)
     connect(m_refresh, &QTimer::timeout, this, &MainWindow::refreshAll);
     m_refresh->start();
 
-    const QStringList warnings = configWarnings(m_session.config);
-    m_warnings->setText(warnings.isEmpty() ? QString() : tr("<span style='color:#b06a00'>⚠ %n warning(s)</span>", nullptr, int(warnings.size())));
-    m_warnings->setToolTip(warnings.join(u'\n'));
+    showWarnings(configWarnings(m_session.config));
+    // What may lose acknowledged records on this store (Redis eviction, no persistence): asked
+    // off the GUI thread, added when the store answers.
+    m_session.pool->submit<QStringList>(
+        this, [](IdempotencyStore &store) { return store.durabilityWarnings(); },
+        [this](Result<QStringList> durability) {
+            if (durability && !durability->isEmpty())
+                showWarnings(configWarnings(m_session.config) + *durability);
+        });
     applyFilter();
     updateStatus();
     updateActions();
@@ -198,6 +204,12 @@ MainWindow::MainWindow(DeskSession session, QWidget *parent)
 }
 
 MainWindow::~MainWindow() = default;
+
+void MainWindow::showWarnings(const QStringList &warnings)
+{
+    m_warnings->setText(warnings.isEmpty() ? QString() : tr("<span style='color:#b06a00'>⚠ %n warning(s)</span>", nullptr, int(warnings.size())));
+    m_warnings->setToolTip(warnings.join(u'\n'));
+}
 
 void MainWindow::applyFilter()
 {

@@ -109,6 +109,7 @@ private:
     QLabel *m_storeLabel;
     QLabel *m_counts;
     QLabel *m_warnings;
+    void showWarnings(const QStringList &warnings);
     QTimer *m_refresh;
     QTimer *m_filterDelay;
     QAction *m_resetAction;
