@@ -67,14 +67,13 @@ redis_port=$IDEM_TEST_REDIS_PORT
     echo 'local function claim(ARGV)'; cat resources/redis/claim.lua; echo 'end'
     echo 'local function finish(ARGV)'; cat resources/redis/finish.lua; echo 'end'
     echo 'local claimed = claim(ARGV)'
-    echo "return finish({ARGV[1], ARGV[2], tostring(claimed[3]), 'completed', ARGV[6], '200', '[]', '{}', '', ARGV[15]})"
+    echo "return finish({ARGV[1], ARGV[2], tostring(claimed[3]), 'completed', '200', '[]', '{}', '', ARGV[14]})"
 } > "$WORK/ceiling.lua"
 both_sha=$(redis-cli -p "$redis_port" -x SCRIPT LOAD < "$WORK/ceiling.lua")
 body=$(head -c 1000 /dev/zero | tr '\0' 'x')
-now=$(($(date +%s) * 1000))
-answer=$(redis-cli -p "$redis_port" EVALSHA "$both_sha" 0 ceil: "k:probe" ceil generic fp "$now" 60000 604800000 reprocess reject POST /hooks/ceil '[]' "$body" 64)
+answer=$(redis-cli -p "$redis_port" EVALSHA "$both_sha" 0 ceil: "k:probe" ceil generic fp 60000 604800000 reprocess reject POST /hooks/ceil '[]' "$body" 64)
 [ "$answer" = accept ] || { echo "the Redis ceiling script answered '$answer', not accept"; exit 1; }
-CEILING[redis]=$(redis-benchmark -p "$redis_port" -c 50 -n 300000 -r 100000000 -q EVALSHA "$both_sha" 0 ceil: "k:__rand_int__" ceil generic fp "$now" 60000 604800000 reprocess reject POST /hooks/ceil '[]' "$body" 64 | tr '\r' '\n' | grep -oE '[0-9.]+ requests per second' | tail -n 1 | cut -d' ' -f1 | cut -d. -f1)
+CEILING[redis]=$(redis-benchmark -p "$redis_port" -c 50 -n 300000 -r 100000000 -q EVALSHA "$both_sha" 0 ceil: "k:__rand_int__" ceil generic fp 60000 604800000 reprocess reject POST /hooks/ceil '[]' "$body" 64 | tr '\r' '\n' | grep -oE '[0-9.]+ requests per second' | tail -n 1 | cut -d' ' -f1 | cut -d. -f1)
 echo "   Redis alone (redis-benchmark, claim.lua + finish.lua in one script, 50 connections): ${CEILING[redis]} claim+complete/s"
 redis-cli -p "$redis_port" --scan --pattern 'ceil:*' | xargs -r -n 1000 redis-cli -p "$redis_port" DEL > /dev/null
 
