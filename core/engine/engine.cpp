@@ -35,6 +35,7 @@ HttpResponse fromStored(const StoredResult &stored)
 }
 
 constexpr int kLogBatch = 512;
+constexpr qint64 kMinimumRunMs = 100; // less time left than this: the processor is not started
 
 // The store could not claim: nothing was processed, the sender should come back.
 HttpResponse storeUnavailable(const QString &why)
@@ -137,7 +138,12 @@ void IdempotencyEngine::handle(HttpRequest request, Responder responder)
     if (path == "/healthz") {
         // Asks the store itself (off this thread): is it there, and may it lose records?
         m_pool->submit<QStringList>(
-            this, [](IdempotencyStore &store) { return store.durabilityWarnings(); },
+            this,
+            [](IdempotencyStore &store) -> Result<QStringList> {
+                if (auto ping = store.ping(); !ping)
+                    return ping.error();
+                return store.durabilityWarnings();
+            },
             [this, d](Result<QStringList> warnings) {
                 QJsonObject body{{u"status"_qs, warnings ? u"ok"_qs : u"store unavailable"_qs},
                                  {u"in_flight"_qs, m_inFlight.load() - 1},
@@ -311,12 +317,25 @@ void IdempotencyEngine::onClaimed(const DeliveryPtr &d, Result<ClaimResult> resu
 
 void IdempotencyEngine::runProcessor(const DeliveryPtr &d, qint64 token, Outcome outcome)
 {
+    run(d, job(d, d->key, QByteArray::number(token), d->request.headers, d->request.body),
+        [this, d, token, outcome](ProcessResult result) { onProcessed(d, token, outcome, std::move(result)); });
+}
+
+void IdempotencyEngine::run(const DeliveryPtr &d, const ProcessJob &job, Processor::Done done)
+{
+    // The claim waited so long that no time is left: nothing is started that could outlive the
+    // lease; the key fails like a timeout (and is processed again by the sender's retry).
+    if (job.deadlineMs < kMinimumRunMs) {
+        ProcessResult late;
+        late.error = u"the claim took %1 ms of the %2 s forward timeout; not started"_qs
+                         .arg((monotonicUs() - d->claimSentUs) / 1000)
+                         .arg(d->endpoint->settings.forwardTimeoutSeconds);
+        const HttpResponse p = HttpResponse::problem(504, u"Processing not started in time"_qs, late.error);
+        late.response = {p.status, p.headers, p.body};
+        return done(std::move(late));
+    }
     ++m_processorRuns;
-    m_processors.at(d->endpoint->name)
-        ->run(job(d, d->key, QByteArray::number(token), d->request.headers, d->request.body),
-              [this, d, token, outcome](ProcessResult result) {
-                  onProcessed(d, token, outcome, std::move(result));
-              });
+    m_processors.at(d->endpoint->name)->run(job, std::move(done));
 }
 
 void IdempotencyEngine::onProcessed(const DeliveryPtr &d, qint64 token, Outcome outcome,
@@ -442,9 +461,7 @@ void IdempotencyEngine::handleBatch(const DeliveryPtr &d, const Provider *provid
                 body = QJsonDocument(forward).toJson(QJsonDocument::Compact);
                 headers.removeIf([](const auto &h) { return isBatchSignatureHeader(h.first); });
             }
-            ++m_processorRuns;
-            m_processors.at(d->endpoint->name)
-                ->run(job(d, forwardKeys.join(u","_qs), tokens.join(','), headers, body),
+            run(d, job(d, forwardKeys.join(u","_qs), tokens.join(','), headers, body),
                       [this, d, claims, results = *results, claimedIndexes](ProcessResult processed) {
                           QList<FinishRequest> finishes;
                           for (qsizetype i : claimedIndexes) {
@@ -598,9 +615,8 @@ void IdempotencyEngine::retryKey(const QString &key, bool force,
             d->endpoint = m_config.endpoint(record.endpoint);
             d->request.method = record.request.method;
             d->request.target = record.request.path;
-            ++m_processorRuns;
-            m_processors.at(record.endpoint)->run(job(d, record.key, QByteArray::number(record.token), record.request.headers, record.request.body),
-                                                  [this, d, record, done](ProcessResult processed) {
+            run(d, job(d, record.key, QByteArray::number(record.token), record.request.headers, record.request.body),
+                [this, d, record, done](ProcessResult processed) {
                 FinishRequest finish;
                 finish.key = record.key;
                 finish.token = record.token;

@@ -79,7 +79,9 @@ private:
     // The processor's job for a claimed delivery, with its deadline counted from the claim.
     ProcessJob job(const DeliveryPtr &d, const QString &key, const QByteArray &tokens,
                    const HeaderList &headers, const QByteArray &body) const;
-    qint64 leaseEndUs(const DeliveryPtr &d) const; // monotonic; the lease began after claimSentUs
+    qint64 leaseEndUs(const DeliveryPtr &d) const;
+    // Runs the job on the delivery's endpoint's processor, unless its deadline already passed.
+    void run(const DeliveryPtr &d, const ProcessJob &job, Processor::Done done); // monotonic; the lease began after claimSentUs
     template<typename T>
     void untilStored(std::function<void(std::function<void(Result<T>)>)> call, qint64 leaseEndUs,
                      std::function<void(Result<T>)> done, int attempt = 0);

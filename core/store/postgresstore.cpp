@@ -5,6 +5,9 @@
 
 #include <pqxx/pqxx>
 
+#include <algorithm>
+#include <numeric>
+
 namespace idem {
 
 namespace {
@@ -206,12 +209,12 @@ Result<std::unique_ptr<PostgresStore>> PostgresStore::connect(const StoreUrl &ur
         // A duplicate of a completed key, or of one whose lease is live, with the same payload:
         // answered in one statement (decideClaim() says Replay / InProgress for these rows).
         c.prepare("touch_duplicate",
-                  "WITH c AS (SELECT idem_now_ms() AS now)"
+                  "WITH c AS MATERIALIZED (SELECT idem_now_ms() AS now)"
                   " UPDATE idem_keys SET attempts = attempts + 1, updated_ms = c.now FROM c WHERE key = $1 AND fingerprint = $2"
                   " AND expires_at_ms > c.now AND (state = 'completed' OR (state = 'processing' AND lease_until_ms > c.now))"
                   " RETURNING " + cols + ", c.now");
         c.prepare("finish",
-                  "WITH c AS (SELECT idem_now_ms() AS now)"
+                  "WITH c AS MATERIALIZED (SELECT idem_now_ms() AS now)"
                   " UPDATE idem_keys SET state = $3, updated_ms = c.now, lease_until_ms = 0, res_status = $4,"
                   " res_headers = $5, res_body = $6, error = $7,"
                   " history = (history::jsonb || jsonb_build_array(jsonb_build_object('at', c.now,"
@@ -343,18 +346,31 @@ Result<ClaimResult> PostgresStore::claim(const ClaimRequest &req)
     });
 }
 
+namespace {
+// The order in which a batch's rows are locked: by key, so that two batches sharing keys never
+// wait on each other in a cycle (a deadlock).
+template<typename Request>
+QList<qsizetype> lockOrder(const QList<Request> &requests)
+{
+    QList<qsizetype> order(requests.size());
+    std::iota(order.begin(), order.end(), 0);
+    std::sort(order.begin(), order.end(), [&](qsizetype a, qsizetype b) { return requests.at(a).key < requests.at(b).key; });
+    return order;
+}
+} // namespace
+
 Result<QList<ClaimResult>> PostgresStore::claimBatch(const QList<ClaimRequest> &requests)
 {
     return guarded("claim batch", true, [&]() -> Result<QList<ClaimResult>> {
         pqxx::work w(m_conn->c);
-        QList<ClaimResult> results;
-        for (const ClaimRequest &req : requests) {
+        QList<ClaimResult> results(requests.size());
+        for (qsizetype i : lockOrder(requests)) {
             std::optional<ClaimResult> result;
             for (int attempt = 0; attempt < 3 && !result; ++attempt)
-                result = claimLocked(w, req, true);
+                result = claimLocked(w, requests.at(i), true);
             if (!result)
                 return makeError(ErrorCode::Unavailable, u"PostgreSQL: the key kept changing under the claim"_qs);
-            results.append(*result);
+            results[i] = *result;
         }
         w.commit();
         return results;
@@ -390,9 +406,9 @@ Result<QList<FinishVerdict>> PostgresStore::finishBatch(const QList<FinishReques
 {
     return guarded("finish batch", true, [&]() -> Result<QList<FinishVerdict>> {
         pqxx::work w(m_conn->c);
-        QList<FinishVerdict> verdicts;
-        for (const FinishRequest &req : requests)
-            verdicts.append(finishIn(w, req));
+        QList<FinishVerdict> verdicts(requests.size());
+        for (qsizetype i : lockOrder(requests))
+            verdicts[i] = finishIn(w, requests.at(i));
         w.commit();
         return verdicts;
     });

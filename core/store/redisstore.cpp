@@ -279,11 +279,11 @@ Result<QStringList> RedisStore::durabilityWarnings()
     QStringList warnings;
     const QByteArray policy = config.value("maxmemory-policy");
     if (policy != "noeviction")
-        warnings << u"Redis maxmemory-policy is %1: under memory pressure it may evict idempotency records, and an evicted key is processed again; set maxmemory-policy noeviction"_qs
+        warnings << u"Redis maxmemory-policy is %1: under memory pressure it may evict idempotency records (an evicted key is processed again) and the fencing-token counter; set maxmemory-policy noeviction"_qs
                         .arg(QString::fromUtf8(policy));
     if (config.value("appendonly") != "yes") {
         if (config.value("save").isEmpty())
-            warnings << u"Redis persists nothing (appendonly no, no save points): a restart of Redis forgets every key, and their duplicates are processed again"_qs;
+            warnings << u"Redis persists nothing (appendonly no, no save points): a restart of Redis forgets every key (their duplicates are processed again) and restarts the fencing-token counter"_qs;
         else
             warnings << u"Redis persists by snapshots only (save %1): a crash of Redis loses the records written since the last one; use appendonly yes with appendfsync always"_qs
                             .arg(QString::fromUtf8(config.value("save")));

@@ -268,9 +268,11 @@ Result<std::optional<KeyRecord>> SqliteStore::readKey(const QString &key)
     return std::optional<KeyRecord>(select.record(true));
 }
 
-Result<qint64> SqliteStore::nextToken()
+Result<qint64> SqliteStore::nextToken(qint64 currentToken)
 {
-    IDEM_PREPARE(next, "UPDATE idem_counters SET value = value + 1 WHERE name = 'token' RETURNING value");
+    // Above the key's own token too: an older desk sharing the file may not move the counter.
+    IDEM_PREPARE(next, "UPDATE idem_counters SET value = max(value, ?1) + 1 WHERE name = 'token' RETURNING value");
+    next.bind(1, currentToken);
     if (next.step() != SQLITE_ROW)
         return lastError("token");
     return next.i64(0);
@@ -307,7 +309,7 @@ Result<ClaimResult> SqliteStore::claim(const ClaimRequest &req)
     switch (result.decision.action) {
     case ClaimAction::Create:
     case ClaimAction::Reclaim: {
-        auto token = nextToken();
+        auto token = nextToken(current ? current->token : 0);
         if (!token)
             return token.error();
         result.record = claimedRecord(current, req, result.decision, *token, nowMs);

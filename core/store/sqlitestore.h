@@ -57,7 +57,7 @@ private:
     Result<std::optional<KeyRecord>> readKey(const QString &key);
     Error lastError(const char *what) const;
     Error beginError(const char *what) const;
-    Result<qint64> nextToken();
+    Result<qint64> nextToken(qint64 currentToken);
     template<typename T, typename Request, typename Step>
     Result<QList<T>> inOneTransaction(const QList<Request> &requests, Step step);
 

@@ -73,6 +73,9 @@ Result<StoreUrl> StoreUrl::parse(const QString &text)
             if (!number || url.waitReplicas < 0 || url.waitTimeoutMs < 1)
                 return makeError(ErrorCode::Invalid,
                                  u"store URL %1: %2 must be a positive number"_qs.arg(displayUrl(text), name));
+            if (url.waitTimeoutMs >= 2000) // under the 3 s command timeout, or every slow WAIT drops the connection
+                return makeError(ErrorCode::Invalid,
+                                 u"store URL %1: wait_timeout_ms must be under 2000"_qs.arg(displayUrl(text)));
         }
         if (url.prefix.isEmpty())
             url.prefix = u"idem:"_qs;

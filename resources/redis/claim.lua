@@ -18,7 +18,7 @@ local SUMMARY = {'key', 'endpoint', 'provider', 'state', 'fingerprint', 'token',
                  'updated', 'lease_until', 'expires_at', 'res_status', 'res_headers', 'res_body', 'error'}
 
 local cur = redis.call('HMGET', rk, 'state', 'fingerprint', 'lease_until', 'expires_at', 'attempts',
-                       'created', 'history')
+                       'created', 'history', 'token')
 local state, oldFp = cur[1], cur[2]
 local leaseUntil, expires = tonumber(cur[3] or '0'), tonumber(cur[4] or '0')
 
@@ -66,6 +66,13 @@ if action == 'replay' or action == 'in-progress' then
 end
 
 local token = redis.call('INCR', prefix .. 'tokens')
+local before = tonumber(cur[8] or '0')
+if token <= before then
+  -- The counter was lost (evicted, a restart without persistence, a failover): never hand out
+  -- a token at or below the one this key already had.
+  token = before + 1
+  redis.call('SET', prefix .. 'tokens', token)
+end
 local attempts, created, history
 if state then
   unindex(prefix, key)

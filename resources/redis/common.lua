@@ -59,7 +59,11 @@ end
 local function appendHistory(json, entry, cap)
   local history = {}
   if json and json ~= '' and json ~= '[]' and json ~= '{}' then
-    history = cjson.decode(json)
+    -- A malformed history must not make a transition fail half-way (scripts do not roll back).
+    local ok, decoded = pcall(cjson.decode, json)
+    if ok and type(decoded) == 'table' then
+      history = decoded
+    end
   end
   table.insert(history, entry)
   while #history > cap do

@@ -201,7 +201,7 @@ class TestOutage : public QObject
             // A pool worker whose connection died with the store fails its next call once
             // (then connects again): read until the store answers.
             Result<std::optional<KeyRecord>> record = makeError(ErrorCode::Unavailable, u"not read"_qs);
-            QTest::qWaitFor([&] {
+            (void)QTest::qWaitFor([&] {
                 record = (*pool)->run<std::optional<KeyRecord>>([&](IdempotencyStore &s) { return s.key(key); });
                 return record.ok();
             }, 5000);
@@ -218,7 +218,7 @@ class TestOutage : public QObject
         QHash<QByteArray, QByteArray> outcomes;
         for (const QByteArray &key : sent) {
             ClientResponse answer; // in progress (409) until a result in doubt is settled
-            QTest::qWaitFor([&] {
+            (void)QTest::qWaitFor([&] {
                 answer = post(port, "/hooks/orders", bodyOf(key), {{"Idempotency-Key", key}});
                 return answer.status != 409 && answer.status != 503;
             }, 20000);
