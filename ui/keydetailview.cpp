@@ -142,7 +142,7 @@ void KeyDetailView::showKey(const KeyRecord &r, const QList<DeliveryEvent> &newe
     m_key = r.key;
     m_record = r;
     m_tabs->setEnabled(true);
-    const qint64 now = wallMs();
+    const qint64 now = wallMs() + m_clockOffsetMs; // the store's clock decides the lease
     static const QHash<KeyState, QString> colours{{KeyState::Completed, u"#1b7f3b"_qs}, {KeyState::Failed, u"#b02020"_qs},
                                                   {KeyState::Processing, u"#b06a00"_qs}, {KeyState::Reset, u"#1f5fb0"_qs}};
     m_title->setText(u"<b>%1</b> &nbsp; <span style='color:%2'><b>%3</b></span>"_qs.arg(r.key.toHtmlEscaped(), colours.value(r.state), toString(r.state)));

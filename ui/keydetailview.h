@@ -25,6 +25,8 @@ public:
     explicit KeyDetailView(QWidget *parent = nullptr);
 
     void showKey(const KeyRecord &record, const QList<DeliveryEvent> &newestFirst);
+    // The store's clock minus this machine's: TTL and lease are shown on the store's clock.
+    void setClockOffsetMs(qint64 offset) { m_clockOffsetMs = offset; }
     void showNothing(const QString &message);
     void showActionResult(const QString &message, bool ok);
     QString currentKey() const { return m_key; }
@@ -56,6 +58,7 @@ private:
     QPlainTextEdit *m_diff;
     QCheckBox *m_raw;
     int m_diffTab = -1;
+    qint64 m_clockOffsetMs = 0;
 };
 
 } // namespace idem

@@ -37,6 +37,7 @@ public:
     int rowOfKey(const QString &key) const;
     // Counts of the current endpoint filter, by state.
     StateCounts counts() const { return m_counts; }
+    qint64 clockOffsetMs() const { return m_clockOffsetMs; } // the store's clock minus this machine's
     bool isLoading() const { return m_loading; }
 
 Q_SIGNALS:

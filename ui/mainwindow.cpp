@@ -289,6 +289,7 @@ void MainWindow::loadDetail()
                 m_detail->showNothing(tr("%1 is gone (deleted or expired).").arg(key));
                 return;
             }
+            m_detail->setClockOffsetMs(m_keys->clockOffsetMs());
             m_detail->showKey(*detail->record, detail->events);
             Q_EMIT detailLoaded(key);
         });
