@@ -1,15 +1,14 @@
 #include "processing/processor.h"
 
+#include "http/forwardclient.h"
 #include "http/httptypes.h"
 #include "util/format.h"
 
 #include <QDateTime>
-#include <QNetworkAccessManager>
-#include <QNetworkReply>
-#include <QPointer>
 #include <QRandomGenerator>
 #include <QTimer>
 
+#include <algorithm>
 #include <memory>
 
 namespace idem {
@@ -65,108 +64,90 @@ HeaderList forwardedHeaders(const HeaderList &original)
 }
 
 ForwardProcessor::ForwardProcessor(QUrl target, qint64 maxResponseBytes, QObject *parent)
-    : Processor(parent), m_target(std::move(target)), m_maxResponseBytes(maxResponseBytes),
-      m_network(new QNetworkAccessManager(this))
-{
-    m_network->setAutoDeleteReplies(true);
-}
+    : Processor(parent), m_target(std::move(target)), m_maxResponseBytes(maxResponseBytes)
+{}
 
 ForwardProcessor::~ForwardProcessor() = default;
 
+HeaderList ForwardProcessor::requestHeaders(const ProcessJob &job) const
+{
+    HeaderList headers = forwardedHeaders(job.request.headers);
+    auto has = [&headers](QByteArrayView name) {
+        return std::any_of(headers.cbegin(), headers.cend(), [name](const auto &h) {
+            return h.first.compare(name, Qt::CaseInsensitive) == 0;
+        });
+    };
+    auto add = [&headers](const char *name, const QByteArray &value) { headers.append({QByteArray(name), value}); };
+    if (!job.key.isEmpty())
+        add("Idempotency-Key", job.key.toLatin1());
+    if (!job.fencingToken.isEmpty())
+        add("Idempotency-Fencing-Token", job.fencingToken);
+    if (!job.peer.isNull()) {
+        // Appended to what the sender says, as proxies do (the sender's part is not checked).
+        QByteArray forwardedFor;
+        for (const auto &[name, value] : job.request.headers)
+            if (name.compare("X-Forwarded-For", Qt::CaseInsensitive) == 0)
+                forwardedFor = forwardedFor.isEmpty() ? value : forwardedFor + ", " + value;
+        const QByteArray peer = job.peer.toString().toLatin1();
+        add("X-Forwarded-For", forwardedFor.isEmpty() ? peer : forwardedFor + ", " + peer);
+    }
+    if (!has("Content-Type"))
+        add("Content-Type", "application/octet-stream");
+    if (!has("User-Agent"))
+        add("User-Agent", QByteArrayLiteral("idemdesk/" IDEM_VERSION));
+    // User info in forward_to is the app's credential: sent as Basic authentication unless the
+    // sender authenticates itself (its Authorization goes through untouched).
+    if (!m_target.userName().isEmpty() && !has("Authorization")) {
+        const QByteArray userInfo = m_target.userName(QUrl::FullyDecoded).toUtf8() + ':'
+                                    + m_target.password(QUrl::FullyDecoded).toUtf8();
+        add("Authorization", "Basic " + userInfo.toBase64());
+    }
+    // No Accept-Encoding or Accept-Language the sender did not send: the app's answer is stored
+    // and replayed as it comes, so the desk asks for nothing on the sender's behalf.
+    return headers;
+}
+
 void ForwardProcessor::run(const ProcessJob &job, Done done)
 {
-    QNetworkRequest forward(m_target);
-    QByteArray forwardedFor;
-    for (const auto &[name, value] : job.request.headers)
-        if (name.compare("X-Forwarded-For", Qt::CaseInsensitive) == 0)
-            forwardedFor = forwardedFor.isEmpty() ? value : forwardedFor + ", " + value;
-    for (const auto &[name, value] : forwardedHeaders(job.request.headers)) {
-        // A header sent twice reaches the app twice, as sent (joined, as HTTP allows).
-        const QByteArray before = forward.rawHeader(name);
-        forward.setRawHeader(name, before.isEmpty() ? value : before + ", " + value);
-    }
-    if (!job.key.isEmpty())
-        forward.setRawHeader("Idempotency-Key", job.key.toLatin1());
-    if (!job.fencingToken.isEmpty())
-        forward.setRawHeader("Idempotency-Fencing-Token", job.fencingToken);
-    if (!job.peer.isNull()) {
-        const QByteArray peer = job.peer.toString().toLatin1();
-        forward.setRawHeader("X-Forwarded-For", forwardedFor.isEmpty() ? peer : forwardedFor + ", " + peer);
-    }
-    if (!forward.hasRawHeader("Content-Type"))
-        forward.setRawHeader("Content-Type", "application/octet-stream");
-    if (!forward.hasRawHeader("User-Agent"))
-        forward.setRawHeader("User-Agent", QByteArrayLiteral("idemdesk/" IDEM_VERSION));
-    // Qt asks for gzip unless told: an encoded answer would be stored decoded under its
-    // Content-Encoding header, so ask for the body as it is unless the sender asked otherwise.
-    if (!forward.hasRawHeader("Accept-Encoding"))
-        forward.setRawHeader("Accept-Encoding", "identity");
-    forward.setAttribute(QNetworkRequest::Http2AllowedAttribute, false);
-    forward.setAttribute(QNetworkRequest::RedirectPolicyAttribute, QNetworkRequest::ManualRedirectPolicy);
-    // Every delivery stands alone: nothing of one reaches another through cookies or a cache.
-    forward.setAttribute(QNetworkRequest::CookieLoadControlAttribute, QNetworkRequest::Manual);
-    forward.setAttribute(QNetworkRequest::CookieSaveControlAttribute, QNetworkRequest::Manual);
-    forward.setAttribute(QNetworkRequest::CacheLoadControlAttribute, QNetworkRequest::AlwaysNetwork);
-    forward.setAttribute(QNetworkRequest::CacheSaveControlAttribute, false);
-
-    QNetworkReply *reply = m_network->post(forward, job.request.body);
+    ForwardRequest request;
+    request.url = m_target;
+    request.headers = requestHeaders(job);
+    request.body = job.request.body;
+    request.deadlineMs = job.deadlineMs;
+    request.maxResponseBytes = m_maxResponseBytes;
     const QString target = displayUrl(m_target); // never the user info, in answers, logs or the store
     const qint64 maxBytes = m_maxResponseBytes;
-    // Shared by the reply's handlers: what was read, and why the reply was cut short.
-    struct State
-    {
-        QByteArray body;
-        QString abortReason; // "timeout" or "too large"
-        bool done = false;
-    };
-    auto state = std::make_shared<State>();
-    auto *deadline = new QTimer(reply);
-    deadline->setSingleShot(true);
-    connect(deadline, &QTimer::timeout, reply, [reply, state] {
-        state->abortReason = u"timeout"_qs;
-        reply->abort();
-    });
-    deadline->start(int(std::clamp<qint64>(job.deadlineMs, 0, std::numeric_limits<int>::max())));
-    connect(reply, &QNetworkReply::readyRead, reply, [reply, state, maxBytes] {
-        if (!state->abortReason.isEmpty())
-            return;
-        if (state->body.size() + reply->bytesAvailable() > maxBytes) {
-            state->abortReason = u"too large"_qs;
-            reply->abort();
-            return;
-        }
-        state->body += reply->readAll();
-    });
-    connect(reply, &QNetworkReply::finished, this, [reply, done, target, state, maxBytes, deadlineMs = job.deadlineMs] {
-        if (state->done)
-            return;
-        state->done = true;
+    const qint64 deadlineMs = job.deadlineMs;
+    forwardRequest(std::move(request), this, [done, target, maxBytes, deadlineMs](ForwardOutcome outcome) {
+        using Kind = ForwardOutcome::Kind;
         ProcessResult result;
-        const QVariant statusAttr = reply->attribute(QNetworkRequest::HttpStatusCodeAttribute);
-        if (state->abortReason == u"timeout"_qs) {
+        switch (outcome.kind) {
+        case Kind::Answered:
+            result.response.status = outcome.status;
+            for (const auto &[name, value] : outcome.headers)
+                if (!isHopByHopHeader(name) && name.compare("Date", Qt::CaseInsensitive) != 0
+                    && name.compare("Set-Cookie", Qt::CaseInsensitive) != 0)
+                    result.response.headers.append({name, value});
+            result.response.body = std::move(outcome.body);
+            result.success = result.response.status >= 200 && result.response.status < 300;
+            if (!result.success)
+                result.error = u"the downstream answered %1"_qs.arg(result.response.status);
+            break;
+        case Kind::TimedOut:
             result = timedOut(u"the downstream %1"_qs.arg(target), deadlineMs);
-        } else if (state->abortReason == u"too large"_qs) {
+            break;
+        case Kind::TooLarge:
             result.error = u"the downstream %1 answered more than %2 bytes (max_response_bytes)"_qs.arg(target).arg(maxBytes);
             result.response = problemResult(502, u"Downstream answer too large"_qs, result.error);
-        } else if (statusAttr.isValid() && reply->error() != QNetworkReply::OperationCanceledError) {
-            state->body += reply->readAll();
-            if (state->body.size() > maxBytes) {
-                result.error = u"the downstream %1 answered more than %2 bytes (max_response_bytes)"_qs.arg(target).arg(maxBytes);
-                result.response = problemResult(502, u"Downstream answer too large"_qs, result.error);
-            } else {
-                result.response.status = statusAttr.toInt();
-                for (const auto &[name, value] : reply->rawHeaderPairs())
-                    if (!isHopByHopHeader(name) && name.compare("Date", Qt::CaseInsensitive) != 0
-                        && name.compare("Set-Cookie", Qt::CaseInsensitive) != 0)
-                        result.response.headers.append({name, value});
-                result.response.body = std::move(state->body);
-                result.success = result.response.status >= 200 && result.response.status < 300;
-                if (!result.success)
-                    result.error = u"the downstream answered %1"_qs.arg(result.response.status);
-            }
-        } else {
-            result.error = u"the downstream %1 is unreachable: %2"_qs.arg(target, reply->errorString().replace(reply->url().toString(), target));
+            break;
+        case Kind::Unreachable:
+            result.error = u"the downstream %1 is unreachable: %2"_qs.arg(target, outcome.error);
             result.response = problemResult(502, u"Downstream unreachable"_qs, result.error);
+            break;
+        case Kind::BrokenAnswer:
+            result.error = u"the downstream %1 gave no whole answer: %2"_qs.arg(target, outcome.error);
+            result.response = problemResult(502, u"Bad downstream answer"_qs, result.error);
+            break;
         }
         done(std::move(result));
     });

@@ -9,8 +9,6 @@
 #include <functional>
 #include <memory>
 
-class QNetworkAccessManager;
-
 namespace idem {
 
 struct ProcessResult
@@ -41,10 +39,14 @@ public:
     virtual void run(const ProcessJob &job, Done done) = 0;
 };
 
-// POSTs the original headers (less hop-by-hop ones) and body plus Idempotency-Key and
-// Idempotency-Fencing-Token to forward_to. 2xx: completed with the downstream's answer; other
-// statuses: failed with it; unreachable: 502; no whole answer by the deadline: 504; an answer
-// over max_response_bytes: 502. No cookies, no cache, no redirects followed.
+// POSTs the original headers (less hop-by-hop ones) and body plus Idempotency-Key,
+// Idempotency-Fencing-Token and X-Forwarded-For to forward_to (http/forwardclient.h: no header
+// the sender did not send but these, Host, Content-Length, Connection: close, a default
+// Content-Type and User-Agent, and Basic authentication from forward_to's user info when the
+// sender sent no Authorization). 2xx: completed with the downstream's answer; other statuses
+// (3xx included: no redirects followed): failed with it; unreachable, TLS refused, an answer
+// broken off or malformed: 502; no whole answer by the deadline: 504; an answer over
+// max_response_bytes: 502. No cookies, no cache.
 class ForwardProcessor final : public Processor
 {
     Q_OBJECT
@@ -54,9 +56,9 @@ public:
     void run(const ProcessJob &job, Done done) override;
 
 private:
+    HeaderList requestHeaders(const ProcessJob &job) const;
     QUrl m_target;
     qint64 m_maxResponseBytes;
-    QNetworkAccessManager *m_network;
 };
 
 // The built-in processor: answers 200 after delay_ms, or fails with 500 at fail_rate; a delay

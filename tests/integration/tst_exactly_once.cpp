@@ -14,6 +14,11 @@
 #include <QJsonDocument>
 #include <QJsonObject>
 #include <QProcess>
+#include <QRegularExpression>
+#include <QScopeGuard>
+#include <QSslConfiguration>
+#include <QSslKey>
+#include <QSslServer>
 #include <QTcpServer>
 #include <QTcpSocket>
 #include <QTemporaryDir>
@@ -132,6 +137,93 @@ private:
     QTcpServer m_server;
     quint16 m_port = 0;
 };
+
+// A downstream that answers every request with the bytes it is given, as they are (framing,
+// interim answers, breaks included), then closes the connection if told to; it records the
+// requests' bytes. On its own thread; https when given a certificate and key.
+class ScriptedDownstream
+{
+public:
+    explicit ScriptedDownstream(QByteArray answer, bool closeAfter, const QSslConfiguration &tls = {})
+        : m_answer(std::move(answer)), m_closeAfter(closeAfter)
+    {
+        if (tls.localCertificate().isNull()) {
+            m_server = std::make_unique<QTcpServer>();
+        } else {
+            auto server = std::make_unique<QSslServer>();
+            server->setSslConfiguration(tls);
+            m_server = std::move(server);
+            m_scheme = "https";
+        }
+        m_server->moveToThread(&m_thread);
+        m_thread.start();
+        QMetaObject::invokeMethod(m_server.get(), [this] {
+            // A TLS connection is pending once its handshake is done, after newConnection.
+            auto take = [this] {
+                while (QTcpSocket *socket = m_server->nextPendingConnection()) {
+                    QObject::connect(socket, &QTcpSocket::readyRead, socket, [this, socket] { onRead(socket); });
+                    if (socket->bytesAvailable() > 0)
+                        onRead(socket);
+                }
+            };
+            QObject::connect(m_server.get(), &QTcpServer::newConnection, m_server.get(), take);
+            QObject::connect(m_server.get(), &QTcpServer::pendingConnectionAvailable, m_server.get(), take);
+            m_server->listen(QHostAddress::LocalHost, 0);
+            m_port = m_server->serverPort();
+        }, Qt::BlockingQueuedConnection);
+    }
+    ~ScriptedDownstream()
+    {
+        QMetaObject::invokeMethod(m_server.get(), [this] {
+            m_server->close();
+            qDeleteAll(m_server->findChildren<QTcpSocket *>(Qt::FindDirectChildrenOnly)); // a QSslSocket has one inside
+        }, Qt::BlockingQueuedConnection);
+        m_thread.quit();
+        m_thread.wait();
+    }
+    QByteArray url() const { return m_scheme + "://127.0.0.1:" + QByteArray::number(m_port) + "/scripted"; }
+    QList<QByteArray> requests() const { std::lock_guard lock(m_mutex); return m_requests; }
+
+private:
+    // Answers once the request's head and Content-Length bytes are in.
+    void onRead(QTcpSocket *socket)
+    {
+        QByteArray &in = m_inputs[socket];
+        in += socket->readAll();
+        const qsizetype end = in.indexOf("\r\n\r\n");
+        if (end < 0)
+            return;
+        static const QRegularExpression length(u"\\r\\ncontent-length: *(\\d+)"_qs, QRegularExpression::CaseInsensitiveOption);
+        const auto m = length.match(QString::fromLatin1(in.left(end)));
+        if (in.size() < end + 4 + (m.hasMatch() ? m.captured(1).toLongLong() : 0))
+            return;
+        {
+            std::lock_guard lock(m_mutex);
+            m_requests.append(in);
+        }
+        in.clear();
+        socket->write(m_answer);
+        if (m_closeAfter)
+            socket->disconnectFromHost();
+    }
+    QThread m_thread;
+    std::unique_ptr<QTcpServer> m_server;
+    QByteArray m_scheme = "http";
+    quint16 m_port = 0;
+    QByteArray m_answer;
+    bool m_closeAfter;
+    QHash<QTcpSocket *, QByteArray> m_inputs;
+    mutable std::mutex m_mutex;
+    QList<QByteArray> m_requests;
+};
+
+// A loopback port nothing listens on (taken, then given back).
+quint16 closedPort()
+{
+    QTcpServer s;
+    s.listen(QHostAddress::LocalHost, 0);
+    return s.serverPort();
+}
 
 struct Desk
 {
@@ -273,8 +365,9 @@ private Q_SLOTS:
         QVERIFY(stored->result.body.size() < 10'000);
     }
 
-    // Nothing of one delivery reaches another: no cookie jar, the desk's own User-Agent, no
-    // compression asked for on the sender's behalf; hop-by-hop headers stay behind.
+    // Nothing of one delivery reaches another: no cookie jar, the desk's own User-Agent; nothing
+    // asked for on the sender's behalf (no Accept-Encoding, no Accept-Language it did not send —
+    // QNetworkAccessManager always added them); hop-by-hop headers stay behind.
     void forwardedRequestsStandAlone()
     {
         GatedDownstream down;
@@ -283,14 +376,31 @@ private Q_SLOTS:
         QCOMPARE(deliver(desk.port, "hop", "k1").status, 200);
         QCOMPARE(deliver(desk.port, "hop", "k2", "{}",
                          {{"Connection", "keep-alive, X-Hop"}, {"X-Hop", "secret"}, {"Proxy-Authorization", "Basic eA=="},
-                          {"Keep-Alive", "timeout=5"}, {"X-Forwarded-For", "10.9.8.7"}, {"X-App", "kept"}})
+                          {"Keep-Alive", "timeout=5"}, {"X-Forwarded-For", "10.9.8.7"}, {"X-App", "kept"},
+                          {"Accept-Encoding", "gzip"}, {"Accept-Language", "de-CH"}})
                      .status,
                  200);
         QCOMPARE(down.count(), 2);
+        // What the sender sent (Host, Content-Type, Content-Length, Connection, Idempotency-Key)
+        // and what the desk adds; not one header more.
+        const HttpRequest first = down.requests().at(0);
+        QStringList names;
+        for (const auto &[name, value] : first.headers)
+            names.append(QString::fromLatin1(name).toLower());
+        names.sort();
+        QCOMPARE(names, QStringList({u"connection"_qs, u"content-length"_qs, u"content-type"_qs, u"host"_qs,
+                                     u"idempotency-fencing-token"_qs, u"idempotency-key"_qs, u"user-agent"_qs,
+                                     u"x-forwarded-for"_qs}));
+        QVERIFY(!first.hasHeader("Accept-Encoding"));
+        QVERIFY(!first.hasHeader("Accept-Language"));
+        QCOMPARE(first.header("Connection"), QByteArray("close"));
+        QCOMPARE(first.header("Content-Type"), QByteArray("application/json"));
+
         const HttpRequest second = down.requests().at(1);
         QVERIFY2(second.header("Cookie").isEmpty(), second.header("Cookie").constData());
         QVERIFY(second.header("User-Agent").startsWith("idemdesk/"));
-        QCOMPARE(second.header("Accept-Encoding"), QByteArray("identity"));
+        QCOMPARE(second.header("Accept-Encoding"), QByteArray("gzip"));
+        QCOMPARE(second.header("Accept-Language"), QByteArray("de-CH"));
         QVERIFY(second.header("X-Hop").isEmpty());
         QVERIFY(second.header("Proxy-Authorization").isEmpty());
         QVERIFY(second.header("Keep-Alive").isEmpty());
@@ -298,6 +408,152 @@ private Q_SLOTS:
         QCOMPARE(second.header("X-Forwarded-For"), QByteArray("10.9.8.7, 127.0.0.1"));
         // The stored result keeps no cookie for replays either.
         QVERIFY(!record(desk, u"hop:k1"_qs)->result.headers.contains({"Set-Cookie", "session=abc; Path=/"}));
+    }
+
+    // User info in forward_to is the app's credential, sent as Basic authentication — unless
+    // the sender sent an Authorization of its own, which reaches the app untouched.
+    void userInfoIsBasicAuthorization()
+    {
+        GatedDownstream down;
+        const QByteArray url = down.url().replace("http://", "http://desk%40user:p%3Ass@");
+        Desk desk = start(u"sqlite"_qs, endpoint("auth", url));
+        QCOMPARE(deliver(desk.port, "auth", "k1").status, 200);
+        QCOMPARE(deliver(desk.port, "auth", "k2", "{}", {{"Authorization", "Bearer from-sender"}}).status, 200);
+        QCOMPARE(down.count(), 2);
+        QCOMPARE(down.requests().at(0).header("Authorization"), "Basic " + QByteArray("desk@user:p:ss").toBase64());
+        QCOMPARE(down.requests().at(1).header("Authorization"), QByteArray("Bearer from-sender"));
+    }
+
+    // The answer is read as HTTP/1.1 frames it: Content-Length, chunked (trailers dropped),
+    // up to the close; interim answers skipped. Whatever is not a whole answer — a close before
+    // the end, a malformed answer, a body over max_response_bytes — is 502 and the key failed,
+    // never a partial body stored as the app's answer.
+    void downstreamAnswerFraming_data()
+    {
+        QTest::addColumn<QByteArray>("answer");
+        QTest::addColumn<bool>("closeAfter");
+        QTest::addColumn<int>("status");
+        QTest::addColumn<QByteArray>("body");
+        const QByteArray ok = "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\n";
+        QTest::newRow("content-length") << QByteArray(ok + "Content-Length: 5\r\n\r\nhello") << false << 200 << QByteArray("hello");
+        QTest::newRow("chunked, trailer dropped")
+            << QByteArray(ok + "Transfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n6\r\n world\r\n0\r\nX-Trailer: t\r\n\r\n")
+            << false << 200 << QByteArray("hello world");
+        QTest::newRow("read until close") << QByteArray(ok + "\r\nup to the close") << true << 200 << QByteArray("up to the close");
+        QTest::newRow("interim answer skipped")
+            << QByteArray("HTTP/1.1 103 Early Hints\r\nLink: </a>\r\n\r\n" + ok + "Content-Length: 2\r\n\r\nok") << false << 200
+            << QByteArray("ok");
+        QTest::newRow("error status kept") << QByteArray("HTTP/1.1 422 Unprocessable\r\nContent-Length: 3\r\n\r\nbad") << false << 422
+                                           << QByteArray("bad");
+        QTest::newRow("closed mid-body") << QByteArray(ok + "Content-Length: 100\r\n\r\nonly part") << true << 502 << QByteArray();
+        QTest::newRow("closed mid-chunk") << QByteArray(ok + "Transfer-Encoding: chunked\r\n\r\n10\r\nonly") << true << 502
+                                          << QByteArray();
+        QTest::newRow("closed mid-headers") << QByteArray("HTTP/1.1 200 OK\r\nContent-Le") << true << 502 << QByteArray();
+        QTest::newRow("closed without an answer") << QByteArray() << true << 502 << QByteArray();
+        QTest::newRow("not HTTP") << QByteArray("SSH-2.0-OpenSSH_9.2\r\n") << false << 502 << QByteArray();
+        QTest::newRow("chunked over max_response_bytes")
+            << QByteArray(ok + "Transfer-Encoding: chunked\r\n\r\n400\r\n" + QByteArray(1024, 'a') + "\r\n400\r\n" + QByteArray(1024, 'b') + "\r\n")
+            << false << 502 << QByteArray();
+        // Never closed: only the bound ends it before the deadline (a 504 would mean it waited).
+        QTest::newRow("until close, over max_response_bytes") << QByteArray(ok + "\r\n" + QByteArray(3000, 'c')) << false << 502
+                                                              << QByteArray();
+    }
+    void downstreamAnswerFraming()
+    {
+        QFETCH(QByteArray, answer);
+        QFETCH(bool, closeAfter);
+        QFETCH(int, status);
+        QFETCH(QByteArray, body);
+        ScriptedDownstream down(answer, closeAfter);
+        Desk desk = start(u"sqlite"_qs, endpoint("framing", down.url(),
+                                                 ", \"max_response_bytes\": 2000, \"forward_timeout_seconds\": 20, \"lease_seconds\": 30"));
+        const ClientResponse r = deliver(desk.port, "framing", "k1");
+        QCOMPARE(r.status, status);
+        QCOMPARE(down.requests().size(), 1);
+        const auto stored = record(desk, u"framing:k1"_qs);
+        QVERIFY(stored);
+        QCOMPARE(name(stored->state), name(status == 200 ? KeyState::Completed : KeyState::Failed));
+        if (status == 502) {
+            QVERIFY2(r.header("Content-Type").startsWith("application/problem+json"), r.body.constData());
+            return;
+        }
+        QCOMPARE(r.body, body);
+        QCOMPARE(stored->result.body, body);
+        QVERIFY(!r.header("Transfer-Encoding").contains("chunked"));
+        QVERIFY(headerValue(stored->result.headers, "Transfer-Encoding").isEmpty());
+        QVERIFY(headerValue(stored->result.headers, "X-Trailer").isEmpty());
+    }
+
+    // A 3xx is the app's answer (failed, as any non-2xx), never followed to its Location.
+    void redirectIsNotFollowed()
+    {
+        GatedDownstream elsewhere;
+        ScriptedDownstream down("HTTP/1.1 307 Temporary Redirect\r\nLocation: " + elsewhere.url()
+                                    + "\r\nContent-Length: 5\r\n\r\nmoved",
+                                false);
+        Desk desk = start(u"sqlite"_qs, endpoint("moved", down.url()));
+        const ClientResponse r = deliver(desk.port, "moved", "k1");
+        QCOMPARE(r.status, 307);
+        QCOMPARE(r.header("Location"), elsewhere.url());
+        QCOMPARE(r.body, QByteArray("moved"));
+        QCOMPARE(name(record(desk, u"moved:k1"_qs)->state), name(KeyState::Failed));
+        QCOMPARE(down.requests().size(), 1);
+        QCOMPARE(elsewhere.count(), 0);
+    }
+
+    // https: the downstream's certificate is verified as usual — an untrusted one is 502 and
+    // nothing is sent; once its issuer is trusted, the same downstream gets the delivery.
+    void httpsCertificateIsVerified()
+    {
+        QTemporaryDir dir;
+        const QString key = dir.filePath(u"key.pem"_qs), cert = dir.filePath(u"cert.pem"_qs);
+        QByteArray out;
+        QCOMPARE(runTool(u"openssl"_qs, {u"req"_qs, u"-x509"_qs, u"-newkey"_qs, u"rsa:2048"_qs, u"-nodes"_qs,
+                                         u"-keyout"_qs, key, u"-out"_qs, cert, u"-days"_qs, u"1"_qs,
+                                         u"-subj"_qs, u"/CN=127.0.0.1"_qs, u"-addext"_qs,
+                                         u"subjectAltName=IP:127.0.0.1"_qs}, &out), 0);
+        QFile keyFile(key), certFile(cert);
+        QVERIFY(keyFile.open(QIODevice::ReadOnly) && certFile.open(QIODevice::ReadOnly));
+        QSslConfiguration tls = QSslConfiguration::defaultConfiguration();
+        tls.setLocalCertificate(QSslCertificate(&certFile));
+        tls.setPrivateKey(QSslKey(&keyFile, QSsl::Rsa));
+        tls.setPeerVerifyMode(QSslSocket::VerifyNone);
+        QVERIFY(!tls.localCertificate().isNull() && !tls.privateKey().isNull());
+        ScriptedDownstream down("HTTP/1.1 200 OK\r\nContent-Length: 6\r\n\r\ntls ok", false, tls);
+        Desk desk = start(u"sqlite"_qs, endpoint("tls", down.url()));
+
+        ClientResponse r = deliver(desk.port, "tls", "k1");
+        QCOMPARE(r.status, 502);
+        QVERIFY2(r.body.contains("unreachable"), r.body.constData());
+        QCOMPARE(down.requests().size(), 0);
+
+        const QSslConfiguration before = QSslConfiguration::defaultConfiguration();
+        auto restore = qScopeGuard([&] { QSslConfiguration::setDefaultConfiguration(before); });
+        QSslConfiguration trusting = before;
+        trusting.addCaCertificate(tls.localCertificate());
+        QSslConfiguration::setDefaultConfiguration(trusting);
+        r = deliver(desk.port, "tls", "k2");
+        QCOMPARE(r.status, 200);
+        QCOMPARE(r.body, QByteArray("tls ok"));
+        QCOMPARE(down.requests().size(), 1);
+        QVERIFY(down.requests().first().startsWith("POST /scripted HTTP/1.1\r\nHost: 127.0.0.1:"));
+    }
+
+    // Nothing listening: 502 at once, the key failed, and the message names the downstream
+    // without the user info.
+    void unreachableDownstreamIs502()
+    {
+        const QByteArray url = "http://u:hunter2@127.0.0.1:" + QByteArray::number(closedPort()) + "/gone";
+        Desk desk = start(u"sqlite"_qs, endpoint("gone", url, ", \"forward_timeout_seconds\": 20, \"lease_seconds\": 30"));
+        const qint64 t0 = monotonicUs();
+        const ClientResponse r = deliver(desk.port, "gone", "k1");
+        QCOMPARE(r.status, 502);
+        QVERIFY((monotonicUs() - t0) / 1000 < 10'000);
+        QVERIFY2(r.body.contains("unreachable") && r.body.contains("refused"), r.body.constData());
+        QVERIFY(!r.body.contains("hunter2"));
+        const auto stored = record(desk, u"gone:k1"_qs);
+        QCOMPARE(name(stored->state), name(KeyState::Failed));
+        QVERIFY(!stored->error.contains(u"hunter2"_qs));
     }
 
     // A finish that meets a store error is retried while the lease lasts: the sender gets the
