@@ -5,6 +5,7 @@
 #include "receiver/receiver.h"
 #include "store/redislane.h"
 #include "store/storefactory.h"
+#include "support/downstream.h"
 #include "support/names.h"
 #include "support/serveprocess.h"
 #include "support/servers.h"
@@ -36,68 +37,19 @@ using namespace idem::test;
 
 namespace {
 
-// A downstream app on its own thread that records what reaches it and holds its answers while
-// its gate is closed, so a test can act while a delivery is being processed.
-class GatedDownstream
+// The shared counting downstream (tests/support), spoken to as this file does: its gate holds
+// answers while a test acts on a delivery being processed.
+struct GatedDownstream : CountingDownstream
 {
-public:
-    GatedDownstream()
-    {
-        m_server = new HttpServer({}, [this](HttpRequest request, Responder responder) {
-            std::lock_guard lock(m_mutex);
-            m_requests.append(request);
-            if (m_open)
-                responder.send(answer());
-            else
-                m_held.append(responder);
-        });
-        m_server->moveToThread(&m_thread);
-        m_thread.start();
-        QMetaObject::invokeMethod(m_server, [this] {
-            m_server->listen(QHostAddress::LocalHost, 0);
-            m_port = m_server->port();
-        }, Qt::BlockingQueuedConnection);
-    }
-    ~GatedDownstream()
-    {
-        QMetaObject::invokeMethod(m_server, [this] { delete m_server; }, Qt::BlockingQueuedConnection);
-        m_thread.quit();
-        m_thread.wait();
-    }
-    QByteArray url() const { return "http://127.0.0.1:" + QByteArray::number(m_port) + "/hook"; }
-    void close() { std::lock_guard lock(m_mutex); m_open = false; }
-    void open()
-    {
-        QMetaObject::invokeMethod(m_server, [this] {
-            std::lock_guard lock(m_mutex);
-            m_open = true;
-            for (const Responder &r : std::as_const(m_held))
-                r.send(answer());
-            m_held.clear();
-        }, Qt::BlockingQueuedConnection);
-    }
+    QByteArray url() const { return CountingDownstream::url().toString().toUtf8(); }
+    void close() { closeGate(); }
+    void open() { openGate(); }
+    int count() const { return total(); }
     void setAnswer(int status, QByteArray body, HeaderList headers = {})
     {
-        std::lock_guard lock(m_mutex);
-        m_status = status;
-        m_body = std::move(body);
-        m_headers = std::move(headers);
+        setStatus(status);
+        setBody(std::move(body), std::move(headers));
     }
-    QList<HttpRequest> requests() const { std::lock_guard lock(m_mutex); return m_requests; }
-    int count() const { std::lock_guard lock(m_mutex); return int(m_requests.size()); }
-
-private:
-    HttpResponse answer() const { return {m_status, m_headers + HeaderList{{"Content-Type", "application/json"}}, m_body}; }
-    QThread m_thread;
-    HttpServer *m_server = nullptr;
-    quint16 m_port = 0;
-    mutable std::mutex m_mutex;
-    bool m_open = true;
-    int m_status = 200;
-    QByteArray m_body = "{\"app\":\"ok\"}";
-    HeaderList m_headers;
-    QList<Responder> m_held;
-    QList<HttpRequest> m_requests;
 };
 
 // A downstream that answers one byte at a time, forever: an inactivity timeout never fires.

@@ -22,36 +22,10 @@ namespace {
 constexpr qsizetype kBigAnswer = 900'000;
 
 // A downstream whose every answer is 0.9 MB.
-class BigDownstream
+struct BigDownstream : idem::test::CountingDownstream
 {
-public:
-    BigDownstream()
-    {
-        m_server = new HttpServer({}, [](HttpRequest, Responder responder) {
-            HttpResponse r;
-            r.setHeader("Content-Type", "text/plain");
-            r.body = QByteArray(kBigAnswer, 'x');
-            responder.send(r);
-        });
-        m_server->moveToThread(&m_thread);
-        m_thread.start();
-        QMetaObject::invokeMethod(m_server, [this] {
-            m_server->listen(QHostAddress::LocalHost, 0);
-            m_port = m_server->port();
-        }, Qt::BlockingQueuedConnection);
-    }
-    ~BigDownstream()
-    {
-        QMetaObject::invokeMethod(m_server, [this] { delete m_server; }, Qt::BlockingQueuedConnection);
-        m_thread.quit();
-        m_thread.wait();
-    }
-    QByteArray url() const { return "http://127.0.0.1:" + QByteArray::number(m_port) + "/big"; }
-
-private:
-    QThread m_thread;
-    HttpServer *m_server = nullptr;
-    quint16 m_port = 0;
+    BigDownstream() { setBody(QByteArray(kBigAnswer, 'x'), {{"Content-Type", "text/plain"}}); }
+    QByteArray url() const { return idem::test::CountingDownstream::url().toString().toUtf8(); }
 };
 
 // This process's resident memory, in KB.

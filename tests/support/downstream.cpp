@@ -17,6 +17,14 @@ CountingDownstream::CountingDownstream()
         HttpResponse r = HttpResponse::json(m_status.load(), {{QStringLiteral("downstream"), true},
                                                               {QStringLiteral("n"), m_total.load()}});
         r.setHeader("X-Downstream", "counting");
+        {
+            std::lock_guard lock(m_mutex);
+            if (m_body) {
+                r.body = *m_body;
+                for (const auto &[name, value] : std::as_const(m_headers))
+                    r.setHeader(name, value);
+            }
+        }
         if (m_gateClosed.load()) {
             m_waiting.append({responder, r});
             ++m_held;
@@ -41,6 +49,13 @@ CountingDownstream::~CountingDownstream()
     QMetaObject::invokeMethod(m_server, [this] { delete m_server; }, Qt::BlockingQueuedConnection);
     m_thread.quit();
     m_thread.wait();
+}
+
+void CountingDownstream::setBody(QByteArray body, HeaderList headers)
+{
+    std::lock_guard lock(m_mutex);
+    m_body = std::move(body);
+    m_headers = std::move(headers);
 }
 
 void CountingDownstream::closeGate()

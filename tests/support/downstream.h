@@ -7,6 +7,7 @@
 
 #include <atomic>
 #include <mutex>
+#include <optional>
 
 namespace idem::test {
 
@@ -24,6 +25,8 @@ public:
     QUrl url() const;
     void setStatus(int status) { m_status = status; }
     void setDelayMs(int delayMs) { m_delayMs = delayMs; }
+    // Answers with this body and these headers (each replacing its JSON answer's) instead of its counting JSON.
+    void setBody(QByteArray body, HeaderList headers = {});
     int total() const { return m_total.load(); }
     int count(const QByteArray &idempotencyKey) const;
     QList<HttpRequest> requests() const;
@@ -43,6 +46,8 @@ private:
     QList<std::pair<Responder, HttpResponse>> m_waiting; // on the server's thread only
     mutable std::mutex m_mutex;
     QList<HttpRequest> m_requests;
+    std::optional<QByteArray> m_body; // guarded by m_mutex
+    HeaderList m_headers;
 };
 
 } // namespace idem::test
