@@ -8,6 +8,7 @@
 #include "util/clock.h"
 
 #include <QDeadlineTimer>
+#include <QFileInfo>
 #include <QRandomGenerator>
 #include <QTemporaryDir>
 #include <QTest>
@@ -613,6 +614,24 @@ private Q_SLOTS:
 
     // SQLite rolls a whole transaction back by itself on some errors (SQLITE_FULL, IOERR): the
     // rest of a group commit must then fail, not commit call by call.
+    // The file holds request bodies: its owner alone may read it (and its -wal and -shm).
+    void sqliteFilesAreTheOwnersOnly()
+    {
+        if (g_backend != u"sqlite"_qs)
+            QSKIP("a file of SQLite's");
+        const QString path = m_dir.filePath(u"private.db"_qs);
+        auto opened = SqliteStore::open(path);
+        QVERIFY(opened.ok());
+        QVERIFY((*opened)->claim(request(endpoint(), u"a"_qs)).ok());
+        for (const QString &suffix : {QString(), u"-wal"_qs, u"-shm"_qs}) {
+            const QFileInfo file(path + suffix);
+            QVERIFY2(file.exists(), qPrintable(file.filePath()));
+            QCOMPARE(file.permissions() & (QFileDevice::ReadGroup | QFileDevice::WriteGroup | QFileDevice::ReadOther
+                                           | QFileDevice::WriteOther),
+                     QFileDevice::Permissions());
+        }
+    }
+
     void sqliteRollbackFailsTheRestOfTheBatch()
     {
         if (g_backend != u"sqlite"_qs)

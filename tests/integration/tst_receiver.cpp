@@ -283,6 +283,10 @@ private Q_SLOTS:
         QVERIFY(QJsonDocument::fromJson(other.body).object().value(u"detail").toString().contains(u"differs"));
         QCOMPARE(record(desk, u"orders:m"_qs)->request.body, QByteArray("{\"amount\":10}"));
         QCOMPARE(down.total(), 1);
+        // The stored body's hash stays in the store: the sender learns nothing it could guess with.
+        const QByteArray stored = record(desk, u"orders:m"_qs)->fingerprint;
+        QVERIFY(!stored.isEmpty());
+        QVERIFY2(!other.body.contains(stored) && !other.body.contains(stored.toUpper()), other.body.constData());
     }
 
     void rejectionsStoreNothing()
