@@ -5,6 +5,7 @@
 #include "receiver/receiver.h"
 #include "store/redislane.h"
 #include "store/storefactory.h"
+#include "support/desk.h"
 #include "support/downstream.h"
 #include "support/names.h"
 #include "support/serveprocess.h"
@@ -177,12 +178,6 @@ quint16 closedPort()
     return s.serverPort();
 }
 
-struct Desk
-{
-    std::shared_ptr<StorePool> pool;
-    std::unique_ptr<Receiver> receiver;
-    quint16 port = 0;
-};
 
 QString storeUrl(const QString &backend, const QTemporaryDir &dir, int seq)
 {
@@ -217,22 +212,10 @@ class TestExactlyOnce : public QObject
 
     Desk start(const QString &backend, const QByteArray &endpointsJson, const QByteArray &defaults = "{}")
     {
-        auto config = Config::parse("{\"defaults\": " + defaults + ", \"endpoints\": " + endpointsJson + "}", u"test"_qs);
-        if (!config)
-            qFatal("config: %s", qPrintable(config.error().message));
-        Desk desk;
         const QString url = storeUrl(backend, m_dir, ++m_seq);
         if (url.isEmpty())
             qFatal("%s: run through ./dev test (IDEM_TEST_REDIS_URL, IDEM_TEST_POSTGRES_URL)", qPrintable(backend));
-        auto pool = openStorePool(url);
-        if (!pool)
-            qFatal("store: %s", qPrintable(pool.error().message));
-        desk.pool = *pool;
-        desk.receiver = std::make_unique<Receiver>(*config, desk.pool);
-        ListenAddress any;
-        any.port = 0;
-        desk.port = desk.receiver->start(any)->port;
-        return desk;
+        return startDesk("{\"defaults\": " + defaults + ", \"endpoints\": " + endpointsJson + "}", url);
     }
     static QByteArray endpoint(const QByteArray &name, const QByteArray &forwardTo, const QByteArray &extra = {})
     {
@@ -770,14 +753,7 @@ private Q_SLOTS:
         QVERIFY(master.start());
         GatedDownstream down;
         const QString url = master.url() + u"?wait_replicas=1&wait_timeout_ms=100"_qs;
-        auto config = Config::parse("{\"endpoints\": " + endpoint("w", down.url()) + "}", u"test"_qs);
-        QVERIFY(config.ok());
-        auto pool = openStorePool(url);
-        QVERIFY2(pool.ok(), pool.ok() ? "" : qPrintable(pool.error().message));
-        Desk desk;
-        desk.pool = *pool;
-        desk.receiver = std::make_unique<Receiver>(*config, desk.pool);
-        desk.port = desk.receiver->start(ListenAddress{QHostAddress::LocalHost, 0})->port;
+        Desk desk = startDesk("{\"endpoints\": " + endpoint("w", down.url()) + "}", url);
 
         const ClientResponse alone = deliver(desk.port, "w", "k1");
         QCOMPARE(alone.status, 503);

@@ -4,6 +4,7 @@
 #include "receiver/receiver.h"
 #include "store/storefactory.h"
 #include "store/sqlitestore.h"
+#include "support/desk.h"
 #include "support/downstream.h"
 #include "http/blockingclient.h"
 #include "support/names.h"
@@ -24,12 +25,6 @@ using namespace idem::test;
 
 namespace {
 
-struct Desk
-{
-    std::shared_ptr<StorePool> pool;
-    std::unique_ptr<Receiver> receiver;
-    quint16 port = 0;
-};
 
 // Stalls the thread `object` lives on, as a process paused by the OS or a debugger, until
 // released (at the latest when this goes out of scope).
@@ -96,20 +91,8 @@ class TestReceiver : public QObject
 
     Desk start(const QByteArray &endpointsJson, const QString &storeUrl = {})
     {
-        auto config = Config::parse("{\"endpoints\": " + endpointsJson + "}", QStringLiteral("test"));
-        if (!config)
-            qFatal("config: %s", qPrintable(config.error().message));
-        Desk desk;
-        const QString url = storeUrl.isEmpty() ? u"sqlite:"_qs + m_dir.filePath(u"r%1.db"_qs.arg(++m_seq)) : storeUrl;
-        auto pool = openStorePool(url);
-        if (!pool)
-            qFatal("store: %s", qPrintable(pool.error().message));
-        desk.pool = *pool;
-        desk.receiver = std::make_unique<Receiver>(*config, desk.pool);
-        ListenAddress any;
-        any.port = 0;
-        desk.port = desk.receiver->start(any)->port;
-        return desk;
+        return startDesk("{\"endpoints\": " + endpointsJson + "}",
+                         storeUrl.isEmpty() ? u"sqlite:"_qs + m_dir.filePath(u"r%1.db"_qs.arg(++m_seq)) : storeUrl);
     }
     static QByteArray forwardTo(const CountingDownstream &d, const QByteArray &extra = {})
     {

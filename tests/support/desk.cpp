@@ -1,0 +1,27 @@
+#include "support/desk.h"
+
+#include "store/storefactory.h"
+
+namespace idem::test {
+
+Desk startDesk(const QByteArray &configJson, const QString &storeUrl)
+{
+    auto config = Config::parse(configJson, QStringLiteral("test"));
+    if (!config)
+        qFatal("config: %s", qPrintable(config.error().message));
+    auto pool = openStorePool(storeUrl);
+    if (!pool)
+        qFatal("store %s: %s", qPrintable(storeUrl), qPrintable(pool.error().message));
+    Desk desk;
+    desk.pool = *pool;
+    desk.receiver = std::make_unique<Receiver>(*config, desk.pool);
+    ListenAddress any;
+    any.port = 0;
+    auto bound = desk.receiver->start(any);
+    if (!bound)
+        qFatal("listen: %s", qPrintable(bound.error().message));
+    desk.port = bound->port;
+    return desk;
+}
+
+} // namespace idem::test
