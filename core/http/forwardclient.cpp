@@ -1,4 +1,5 @@
 #include "http/forwardclient.h"
+#include "http/httptypes.h"
 
 #include <QObject>
 #include <QPointer>
@@ -261,17 +262,7 @@ bool ForwardCall::countHeaderBytes(size_t len)
 // Each field once, as the receiver keeps a request's: a repeated field's values are joined.
 void ForwardCall::addHeader()
 {
-    const QByteArray value = m_value.trimmed();
-    HeaderList &headers = m_outcome.headers;
-    auto existing = std::find_if(headers.begin(), headers.end(), [this](const auto &h) {
-        return h.first.compare(m_field, Qt::CaseInsensitive) == 0;
-    });
-    if (existing == headers.end())
-        headers.append({m_field, value});
-    else if (existing->second.isEmpty())
-        existing->second = value;
-    else if (!value.isEmpty())
-        existing->second += ", " + value;
+    addField(m_outcome.headers, m_field, m_value.trimmed());
     m_field.clear();
     m_value.clear();
     m_inValue = false;

@@ -298,25 +298,26 @@ bool HttpConnection::countHeaderBytes(size_t len)
     return true;
 }
 
-// One field line read: a field already in the list gets this line's value appended (RFC 9110
-// §5.3), so the list holds each field once, as everyone downstream of the parser reads it.
+void addField(HeaderList &headers, const QByteArray &name, const QByteArray &value)
+{
+    auto existing = std::find_if(headers.begin(), headers.end(), [&](const auto &h) {
+        return h.first.compare(name, Qt::CaseInsensitive) == 0;
+    });
+    if (existing == headers.end())
+        headers.append({name, value});
+    else if (existing->second.isEmpty())
+        existing->second = value;
+    else if (!value.isEmpty())
+        existing->second += (name.compare("Cookie", Qt::CaseInsensitive) == 0 ? "; " : ", ") + value;
+}
+
+// One field line read (see addField).
 void HttpConnection::addHeader()
 {
     ++m_headerLines;
     if (m_field.compare("Host", Qt::CaseInsensitive) == 0)
         ++m_hostLines;
-    const QByteArray value = m_value.trimmed();
-    auto existing =
-        std::find_if(m_request.headers.begin(), m_request.headers.end(), [this](const auto &h) {
-            return h.first.compare(m_field, Qt::CaseInsensitive) == 0;
-        });
-    if (existing == m_request.headers.end())
-        m_request.headers.append({m_field, value});
-    else if (existing->second.isEmpty())
-        existing->second = value;
-    else if (!value.isEmpty())
-        existing->second +=
-            (m_field.compare("Cookie", Qt::CaseInsensitive) == 0 ? "; " : ", ") + value;
+    addField(m_request.headers, m_field, m_value.trimmed());
     m_field.clear();
     m_value.clear();
     m_inValue = false;

@@ -43,6 +43,11 @@ struct HttpResponse
 
 QByteArray reasonPhrase(int status);
 
+// One field line as a parser read it: a field already in the list gets the value appended (RFC
+// 9110 §5.3: ", ", or "; " for Cookie), so the list holds each field once, as everyone after the
+// parser reads it. Used for requests (the receiver) and answers (the forwarder).
+void addField(HeaderList &headers, const QByteArray &name, const QByteArray &value);
+
 // The handle a handler answers through, now or later, from the connection's thread. Answering
 // a connection that is gone does nothing; only the first answer counts.
 class Responder
