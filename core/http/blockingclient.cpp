@@ -1,5 +1,7 @@
 #include "http/blockingclient.h"
 
+#include <QDeadlineTimer>
+
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -8,10 +10,56 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstring>
 
 namespace idem {
 
-RawConnection::RawConnection(quint16 port, int timeoutMs, const QByteArray &ipv4) : m_timeoutMs(timeoutMs)
+namespace {
+// A signal (SIGALRM, SIGCHLD, SIGWINCH on a terminal resize) interrupts blocking calls with
+// EINTR; that is neither a timeout nor a closed peer. These wrappers resume the call, poll with
+// what is left of its time.
+int pollFor(int fd, short events, int timeoutMs)
+{
+    QDeadlineTimer deadline(timeoutMs);
+    for (;;) {
+        pollfd p{fd, events, 0};
+        const int n = ::poll(&p, 1, int(deadline.remainingTime()));
+        if (n >= 0 || errno != EINTR)
+            return n;
+    }
+}
+
+ssize_t recvSome(int fd, char *into, size_t size)
+{
+    for (;;) {
+        const ssize_t n = ::recv(fd, into, size, 0);
+        if (n >= 0 || errno != EINTR)
+            return n;
+    }
+}
+
+// An interrupted connect() goes on in the kernel: wait until the socket is writable, then its
+// SO_ERROR tells how it ended.
+bool connectInterruptibly(int fd, const sockaddr_in &addr, int timeoutMs, int &error)
+{
+    if (::connect(fd, reinterpret_cast<const sockaddr *>(&addr), sizeof addr) == 0)
+        return true;
+    error = errno;
+    if (error != EINTR)
+        return false;
+    if (pollFor(fd, POLLOUT, timeoutMs) <= 0) {
+        error = ETIMEDOUT;
+        return false;
+    }
+    socklen_t size = sizeof error;
+    if (::getsockopt(fd, SOL_SOCKET, SO_ERROR, &error, &size) != 0)
+        error = errno;
+    return error == 0;
+}
+} // namespace
+
+RawConnection::RawConnection(quint16 port, int timeoutMs, const QByteArray &ipv4)
+    : m_timeoutMs(timeoutMs)
 {
     m_fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
     sockaddr_in addr{};
@@ -22,13 +70,22 @@ RawConnection::RawConnection(quint16 port, int timeoutMs, const QByteArray &ipv4
         m_fd = -1;
         return;
     }
-    if (::connect(m_fd, reinterpret_cast<sockaddr *>(&addr), sizeof addr) != 0) {
+    if (!connectInterruptibly(m_fd, addr, m_timeoutMs, m_connectErrno)) {
         ::close(m_fd);
         m_fd = -1;
         return;
     }
     int one = 1;
     ::setsockopt(m_fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+}
+
+quint16 RawConnection::localPort() const
+{
+    sockaddr_in addr{};
+    socklen_t size = sizeof addr;
+    if (m_fd < 0 || ::getsockname(m_fd, reinterpret_cast<sockaddr *>(&addr), &size) != 0)
+        return 0;
+    return ntohs(addr.sin_port);
 }
 
 RawConnection::~RawConnection()
@@ -56,7 +113,8 @@ bool RawConnection::send(QByteArrayView bytes)
 {
     qsizetype sent = 0;
     while (m_fd >= 0 && sent < bytes.size()) {
-        const ssize_t n = ::send(m_fd, bytes.data() + sent, size_t(bytes.size() - sent), MSG_NOSIGNAL);
+        const ssize_t n =
+            ::send(m_fd, bytes.data() + sent, size_t(bytes.size() - sent), MSG_NOSIGNAL);
         if (n < 0 && errno == EINTR)
             continue;
         if (n <= 0)
@@ -68,11 +126,10 @@ bool RawConnection::send(QByteArrayView bytes)
 
 bool RawConnection::readMore()
 {
-    pollfd p{m_fd, POLLIN, 0};
-    if (::poll(&p, 1, m_timeoutMs) <= 0)
+    if (pollFor(m_fd, POLLIN, m_timeoutMs) <= 0)
         return false;
     char chunk[65536];
-    const ssize_t n = ::recv(m_fd, chunk, sizeof chunk, 0);
+    const ssize_t n = recvSome(m_fd, chunk, sizeof chunk);
     if (n <= 0)
         return false;
     m_buffer.append(chunk, n);
@@ -83,7 +140,8 @@ ClientResponse RawConnection::readResponse()
 {
     ClientResponse r;
     if (m_fd < 0) {
-        r.error = QStringLiteral("not connected");
+        r.error =
+            u"not connected: %1"_qs.arg(QString::fromLocal8Bit(std::strerror(m_connectErrno)));
         return r;
     }
     for (;;) {
@@ -96,7 +154,8 @@ ClientResponse RawConnection::readResponse()
             for (qsizetype i = 1; i < lines.size(); ++i) {
                 const qsizetype colon = lines.at(i).indexOf(':');
                 if (colon > 0)
-                    headers.append({lines.at(i).left(colon).trimmed(), lines.at(i).mid(colon + 1).trimmed()});
+                    headers.append(
+                        {lines.at(i).left(colon).trimmed(), lines.at(i).mid(colon + 1).trimmed()});
             }
             if (status == 100) { // interim answer: skip it
                 m_buffer.remove(0, end + 4);
@@ -136,13 +195,12 @@ bool RawConnection::waitClosed(int timeoutMs)
     const int saved = m_timeoutMs;
     m_timeoutMs = timeoutMs;
     for (;;) {
-        pollfd p{m_fd, POLLIN, 0};
-        if (::poll(&p, 1, m_timeoutMs) <= 0) {
+        if (pollFor(m_fd, POLLIN, m_timeoutMs) <= 0) {
             m_timeoutMs = saved;
             return false;
         }
         char chunk[4096];
-        const ssize_t n = ::recv(m_fd, chunk, sizeof chunk, 0);
+        const ssize_t n = recvSome(m_fd, chunk, sizeof chunk);
         if (n <= 0) {
             m_timeoutMs = saved;
             return true;
@@ -157,7 +215,8 @@ QByteArray buildPost(const QByteArray &path, const QByteArray &body, const Heade
     QByteArray out = "POST " + path + " HTTP/1.1\r\nHost: 127.0.0.1\r\n";
     for (const auto &[n, v] : headers)
         out += n + ": " + v + "\r\n";
-    out += "Content-Type: application/json\r\nContent-Length: " + QByteArray::number(body.size()) + "\r\n";
+    out += "Content-Type: application/json\r\nContent-Length: " + QByteArray::number(body.size()) +
+           "\r\n";
     if (close)
         out += "Connection: close\r\n";
     out += "\r\n" + body;

@@ -22,11 +22,13 @@ struct ClientResponse
 class RawConnection
 {
 public:
-    explicit RawConnection(quint16 port, int timeoutMs = 15000, const QByteArray &ipv4 = "127.0.0.1");
+    explicit RawConnection(quint16 port, int timeoutMs = 15000,
+                           const QByteArray &ipv4 = "127.0.0.1");
     ~RawConnection();
     RawConnection(const RawConnection &) = delete;
 
     bool isOpen() const { return m_fd >= 0; }
+    quint16 localPort() const; // 0 when not open
     bool send(QByteArrayView bytes);
     // Reads one response (Content-Length framed); status 0 on timeout or close. Interim
     // answers (100 Continue) are skipped: readBytes sees them.
@@ -42,6 +44,7 @@ public:
 
 private:
     int m_fd = -1;
+    int m_connectErrno = 0; // why the connection is not open
     int m_timeoutMs;
     QByteArray m_buffer;
     bool readMore();
