@@ -58,8 +58,7 @@ bool connectInterruptibly(int fd, const sockaddr_in &addr, int timeoutMs, int &e
 }
 } // namespace
 
-RawConnection::RawConnection(quint16 port, int timeoutMs, const QByteArray &ipv4)
-    : m_timeoutMs(timeoutMs)
+RawConnection::RawConnection(quint16 port, int timeoutMs, const QByteArray &ipv4) : m_timeoutMs(timeoutMs)
 {
     m_fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
     sockaddr_in addr{};
@@ -113,8 +112,7 @@ bool RawConnection::send(QByteArrayView bytes)
 {
     qsizetype sent = 0;
     while (m_fd >= 0 && sent < bytes.size()) {
-        const ssize_t n =
-            ::send(m_fd, bytes.data() + sent, size_t(bytes.size() - sent), MSG_NOSIGNAL);
+        const ssize_t n = ::send(m_fd, bytes.data() + sent, size_t(bytes.size() - sent), MSG_NOSIGNAL);
         if (n < 0 && errno == EINTR)
             continue;
         if (n <= 0)
@@ -154,8 +152,7 @@ ClientResponse RawConnection::readResponse()
             for (qsizetype i = 1; i < lines.size(); ++i) {
                 const qsizetype colon = lines.at(i).indexOf(':');
                 if (colon > 0)
-                    headers.append(
-                        {lines.at(i).left(colon).trimmed(), lines.at(i).mid(colon + 1).trimmed()});
+                    headers.append({lines.at(i).left(colon).trimmed(), lines.at(i).mid(colon + 1).trimmed()});
             }
             if (status == 100) { // interim answer: skip it
                 m_buffer.remove(0, end + 4);
@@ -192,19 +189,13 @@ QByteArray RawConnection::readBytes(qsizetype count)
 
 bool RawConnection::waitClosed(int timeoutMs)
 {
-    const int saved = m_timeoutMs;
-    m_timeoutMs = timeoutMs;
     for (;;) {
-        if (pollFor(m_fd, POLLIN, m_timeoutMs) <= 0) {
-            m_timeoutMs = saved;
+        if (pollFor(m_fd, POLLIN, timeoutMs) <= 0)
             return false;
-        }
         char chunk[4096];
         const ssize_t n = recvSome(m_fd, chunk, sizeof chunk);
-        if (n <= 0) {
-            m_timeoutMs = saved;
+        if (n <= 0)
             return true;
-        }
         m_buffer.append(chunk, n);
     }
 }
@@ -215,8 +206,7 @@ QByteArray buildPost(const QByteArray &path, const QByteArray &body, const Heade
     QByteArray out = "POST " + path + " HTTP/1.1\r\nHost: 127.0.0.1\r\n";
     for (const auto &[n, v] : headers)
         out += n + ": " + v + "\r\n";
-    out += "Content-Type: application/json\r\nContent-Length: " + QByteArray::number(body.size()) +
-           "\r\n";
+    out += "Content-Type: application/json\r\nContent-Length: " + QByteArray::number(body.size()) + "\r\n";
     if (close)
         out += "Connection: close\r\n";
     out += "\r\n" + body;

@@ -22,8 +22,7 @@ struct ClientResponse
 class RawConnection
 {
 public:
-    explicit RawConnection(quint16 port, int timeoutMs = 15000,
-                           const QByteArray &ipv4 = "127.0.0.1");
+    explicit RawConnection(quint16 port, int timeoutMs = 15000, const QByteArray &ipv4 = "127.0.0.1");
     ~RawConnection();
     RawConnection(const RawConnection &) = delete;
 

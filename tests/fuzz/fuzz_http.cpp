@@ -28,28 +28,28 @@ void startServer()
     auto *thread = new QThread;
     thread->setEventDispatcher(new idem::EpollDispatcher); // as the receiver runs it
     idem::HttpLimits limits;
-    limits.maxBodyFor = [](const QByteArray &path) -> qint64 {
-        return path == "/small" ? 64 : 65536;
-    };
+    limits.maxBodyFor = [](const QByteArray &path) -> qint64 { return path == "/small" ? 64 : 65536; };
     limits.requestTimeoutMs = 200;
     limits.idleTimeoutMs = 200;
-    auto *server =
-        new idem::HttpServer(limits, [](idem::HttpRequest request, idem::Responder responder) {
-            idem::HttpResponse r;
-            r.body =
-                request.method + ' ' + request.path + ' ' + QByteArray::number(request.body.size());
-            responder.send(r);
-        });
+    auto *server = new idem::HttpServer(limits, [](idem::HttpRequest request, idem::Responder responder) {
+        idem::HttpResponse r;
+        r.body = request.method + ' ' + request.path + ' ' + QByteArray::number(request.body.size());
+        responder.send(r);
+    });
     g_server = server;
     server->moveToThread(thread);
     thread->start();
-    QMetaObject::invokeMethod(
-        server,
-        [server] {
-            server->listen(QHostAddress::LocalHost, 0);
-            g_port = server->port();
-        },
-        Qt::BlockingQueuedConnection);
+    QMetaObject::invokeMethod(server, [server] {
+        server->listen(QHostAddress::LocalHost, 0);
+        g_port = server->port();
+    }, Qt::BlockingQueuedConnection);
+}
+
+// The request that shows the server still serves.
+idem::ClientResponse askAlive(idem::RawConnection &c)
+{
+    c.send(idem::buildPost("/alive", "x", {}, false));
+    return c.readResponse();
 }
 } // namespace
 
@@ -64,11 +64,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         }
         c.abort(); // tens of thousands of connections: leave no TIME_WAIT to exhaust the ports
     }
-    // Still serving.
-    idem::RawConnection alive(g_port, 5000);
-    const quint16 alivePort = alive.localPort();
-    alive.send(idem::buildPost("/alive", "x", {}, false));
-    const idem::ClientResponse answer = alive.readResponse();
+    // Still serving. The probe stays open while a failure is described, so the server's side of
+    // it is still there to be seen.
+    idem::RawConnection probe(g_port, 5000);
+    const quint16 probePort = probe.localPort();
+    const idem::ClientResponse answer = askAlive(probe);
     if (answer.status != 200) {
         int connections = -1;
         QString sockets;
@@ -83,9 +83,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                                    .arg(s->bytesToWrite());
             },
             Qt::BlockingQueuedConnection);
-        std::fprintf(stderr, "alive from port %u:%s\n", unsigned(alivePort), qPrintable(sockets));
-        std::fprintf(stderr, "not serving: status %d (%s), %d connections open\n", answer.status,
-                     qPrintable(answer.error), connections);
+        std::fprintf(stderr,
+                     "not serving: status %d (%s), %d connections open; probe from port %u:%s\n",
+                     answer.status, qPrintable(answer.error), connections, unsigned(probePort),
+                     qPrintable(sockets));
         // Which side is stuck: the sockets the kernel holds, and whether it serves a moment later.
         if (FILE *f = std::fopen("/proc/net/sockstat", "r")) {
             char line[256];
@@ -93,19 +94,18 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                 std::fputs(line, stderr);
             std::fclose(f);
         }
-        const QByteArray ss = "ss -tani '( sport = :" + QByteArray::number(alivePort) +
-                              " or dport = :" + QByteArray::number(alivePort) + " )' >&2";
+        const QByteArray ss = "ss -tani '( sport = :" + QByteArray::number(probePort) +
+                              " or dport = :" + QByteArray::number(probePort) + " )' >&2";
         std::fflush(stderr);
         if (std::system(ss.constData()) != 0)
             std::fprintf(stderr, "(ss failed)\n");
         QThread::msleep(1000);
         idem::RawConnection again(g_port, 5000);
-        again.send(idem::buildPost("/alive", "x", {}, false));
-        const idem::ClientResponse second = again.readResponse();
-        std::fprintf(stderr, "a second later: status %d (%s)\n", second.status,
-                     qPrintable(second.error));
+        const idem::ClientResponse later = askAlive(again);
+        std::fprintf(stderr, "a second later: status %d (%s)\n", later.status,
+                     qPrintable(later.error));
         __builtin_trap();
     }
-    alive.abort();
+    probe.abort(); // no TIME_WAIT either
     return 0;
 }

@@ -1,6 +1,6 @@
 // The HTTP layer alone: keep-alive, pipelining, limits, timeouts, hostile input.
-#include "http/blockingclient.h"
 #include "http/httpserver.h"
+#include "http/blockingclient.h"
 
 #include <QDir>
 #include <QFile>
@@ -28,9 +28,7 @@ private Q_SLOTS:
     void initTestCase()
     {
         HttpLimits limits;
-        limits.maxBodyFor = [](const QByteArray &path) -> qint64 {
-            return path == "/small" ? 16 : 1024 * 1024;
-        };
+        limits.maxBodyFor = [](const QByteArray &path) -> qint64 { return path == "/small" ? 16 : 1024 * 1024; };
         limits.idleTimeoutMs = 500;
         limits.requestTimeoutMs = 700;
         limits.maxHeaders = 20;
@@ -56,18 +54,14 @@ private Q_SLOTS:
         });
         m_server->moveToThread(&m_thread);
         m_thread.start();
-        QMetaObject::invokeMethod(
-            m_server,
-            [this] {
-                QVERIFY(m_server->listen(QHostAddress::LocalHost, 0));
-                m_port = m_server->port();
-            },
-            Qt::BlockingQueuedConnection);
+        QMetaObject::invokeMethod(m_server, [this] {
+            QVERIFY(m_server->listen(QHostAddress::LocalHost, 0));
+            m_port = m_server->port();
+        }, Qt::BlockingQueuedConnection);
     }
     void cleanupTestCase()
     {
-        QMetaObject::invokeMethod(
-            m_server, [this] { delete m_server; }, Qt::BlockingQueuedConnection);
+        QMetaObject::invokeMethod(m_server, [this] { delete m_server; }, Qt::BlockingQueuedConnection);
         m_thread.quit();
         m_thread.wait();
     }
@@ -76,8 +70,7 @@ private Q_SLOTS:
     {
         RawConnection c(m_port);
         for (int i = 0; i < 3; ++i) {
-            QVERIFY(c.send(buildPost("/echo?i=" + QByteArray::number(i),
-                                     "b" + QByteArray::number(i), {}, false)));
+            QVERIFY(c.send(buildPost("/echo?i=" + QByteArray::number(i), "b" + QByteArray::number(i), {}, false)));
             const ClientResponse r = c.readResponse();
             QCOMPARE(r.status, 200);
             QCOMPARE(r.body, "POST /echo b" + QByteArray::number(i));
@@ -91,8 +84,8 @@ private Q_SLOTS:
     {
         RawConnection c(m_port);
         // The first is answered last by its handler's clock, yet its answer leaves first.
-        QByteArray burst = buildPost("/one", "1", {{"X-Delay", "150"}}, false) +
-                           buildPost("/two", "2", {}, false) + buildPost("/three", "3", {}, false);
+        QByteArray burst = buildPost("/one", "1", {{"X-Delay", "150"}}, false)
+                           + buildPost("/two", "2", {}, false) + buildPost("/three", "3", {}, false);
         QVERIFY(c.send(burst));
         QCOMPARE(c.readResponse().body, QByteArray("POST /one 1"));
         QCOMPARE(c.readResponse().body, QByteArray("POST /two 2"));
@@ -139,41 +132,24 @@ private Q_SLOTS:
     {
         QTest::addColumn<QByteArray>("raw");
         QTest::newRow("garbage") << QByteArray("HELLO\r\n\r\n");
-        QTest::newRow("header without colon")
-            << QByteArray("POST /echo HTTP/1.1\r\nHost: x\r\nBroken\r\nContent-Length: 1\r\n\r\nx");
-        QTest::newRow("two content-lengths") << QByteArray(
-            "POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\nxx");
-        QTest::newRow("content-length with chunked")
-            << QByteArray("POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: "
-                          "3\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n");
-        QTest::newRow("bad chunk size") << QByteArray(
-            "POST /echo HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n");
-        QTest::newRow("control byte in header")
-            << QByteArray("POST /echo HTTP/1.1\r\nHost: x\r\nX-A: a\x01"
-                          "b\r\nContent-Length: 0\r\n\r\n");
+        QTest::newRow("header without colon") << QByteArray("POST /echo HTTP/1.1\r\nHost: x\r\nBroken\r\nContent-Length: 1\r\n\r\nx");
+        QTest::newRow("two content-lengths") << QByteArray("POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\nxx");
+        QTest::newRow("content-length with chunked") << QByteArray("POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n");
+        QTest::newRow("bad chunk size") << QByteArray("POST /echo HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n");
+        QTest::newRow("control byte in header") << QByteArray("POST /echo HTTP/1.1\r\nHost: x\r\nX-A: a\x01" "b\r\nContent-Length: 0\r\n\r\n");
         QTest::newRow("bad version") << QByteArray("POST /echo HTTP/9.9\r\nHost: x\r\n\r\n");
         // RFC 9112 §5.2: obs-fold in a request is refused, wherever it is.
-        QTest::newRow("obs-fold") << QByteArray(
-            "POST /echo HTTP/1.1\r\nHost: x\r\nX-A: a\r\n b\r\nContent-Length: 0\r\n\r\n");
-        QTest::newRow("obs-fold with a tab") << QByteArray(
-            "POST /echo HTTP/1.1\r\nHost: x\r\nX-A: a\r\n\tb\r\nContent-Length: 0\r\n\r\n");
-        QTest::newRow("obs-fold of transfer-encoding")
-            << QByteArray("POST /echo HTTP/1.1\r\nHost: x\r\nTransfer-Encoding:\r\n "
-                          "chunked\r\n\r\n1\r\na\r\n0\r\n\r\n");
-        QTest::newRow("obs-fold in the last header") << QByteArray(
-            "POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\nX-A:\r\n  a\r\n\r\n");
+        QTest::newRow("obs-fold") << QByteArray("POST /echo HTTP/1.1\r\nHost: x\r\nX-A: a\r\n b\r\nContent-Length: 0\r\n\r\n");
+        QTest::newRow("obs-fold with a tab") << QByteArray("POST /echo HTTP/1.1\r\nHost: x\r\nX-A: a\r\n\tb\r\nContent-Length: 0\r\n\r\n");
+        QTest::newRow("obs-fold of transfer-encoding") << QByteArray("POST /echo HTTP/1.1\r\nHost: x\r\nTransfer-Encoding:\r\n chunked\r\n\r\n1\r\na\r\n0\r\n\r\n");
+        QTest::newRow("obs-fold in the last header") << QByteArray("POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\nX-A:\r\n  a\r\n\r\n");
         // RFC 9112 §3.2: exactly one Host in HTTP/1.1.
-        QTest::newRow("HTTP/1.1 without Host")
-            << QByteArray("POST /echo HTTP/1.1\r\nContent-Length: 1\r\n\r\nx");
-        QTest::newRow("two Hosts") << QByteArray(
-            "POST /echo HTTP/1.1\r\nHost: a\r\nHost: b\r\nContent-Length: 1\r\n\r\nx");
+        QTest::newRow("HTTP/1.1 without Host") << QByteArray("POST /echo HTTP/1.1\r\nContent-Length: 1\r\n\r\nx");
+        QTest::newRow("two Hosts") << QByteArray("POST /echo HTTP/1.1\r\nHost: a\r\nHost: b\r\nContent-Length: 1\r\n\r\nx");
         // RFC 9112 §6: chunked must be the final coding; HTTP/1.0 has no Transfer-Encoding.
-        QTest::newRow("gzip alone")
-            << QByteArray("POST /echo HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip\r\n\r\nxx");
-        QTest::newRow("chunked, gzip") << QByteArray(
-            "POST /echo HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked, gzip\r\n\r\n0\r\n\r\n");
-        QTest::newRow("chunked in HTTP/1.0") << QByteArray(
-            "POST /echo HTTP/1.0\r\nTransfer-Encoding: chunked\r\n\r\n1\r\na\r\n0\r\n\r\n");
+        QTest::newRow("gzip alone") << QByteArray("POST /echo HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip\r\n\r\nxx");
+        QTest::newRow("chunked, gzip") << QByteArray("POST /echo HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked, gzip\r\n\r\n0\r\n\r\n");
+        QTest::newRow("chunked in HTTP/1.0") << QByteArray("POST /echo HTTP/1.0\r\nTransfer-Encoding: chunked\r\n\r\n1\r\na\r\n0\r\n\r\n");
     }
     void malformedRequestsAre400()
     {
@@ -201,8 +177,7 @@ private Q_SLOTS:
         QFETCH(QByteArray, codings);
         const int before = m_handled.load();
         RawConnection c(m_port);
-        QVERIFY(c.send("POST /echo HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: " + codings +
-                       "\r\n\r\n2\r\nab\r\n0\r\n\r\n"));
+        QVERIFY(c.send("POST /echo HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: " + codings + "\r\n\r\n2\r\nab\r\n0\r\n\r\n"));
         const ClientResponse r = c.readResponse();
         QCOMPARE(r.status, 501);
         QCOMPARE(r.header("Connection"), QByteArray("close"));
@@ -215,10 +190,8 @@ private Q_SLOTS:
         // Trailer fields of a chunked body are read and dropped: none becomes a header, none
         // replaces one (the last header used to be duplicated, every trailer but the last added).
         RawConnection c(m_port);
-        QVERIFY(c.send(
-            "POST /headers HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nX-User: "
-            "alice\r\n\r\n"
-            "3\r\nabc\r\n0\r\nIdempotency-Key: forged\r\nX-User: admin\r\nX-Pad: 1\r\n\r\n"));
+        QVERIFY(c.send("POST /headers HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nX-User: alice\r\n\r\n"
+                       "3\r\nabc\r\n0\r\nIdempotency-Key: forged\r\nX-User: admin\r\nX-Pad: 1\r\n\r\n"));
         const ClientResponse r = c.readResponse();
         QCOMPARE(r.status, 200);
         QCOMPARE(r.body, QByteArray("Host: x\nTransfer-Encoding: chunked\nX-User: alice\n"));
@@ -231,22 +204,17 @@ private Q_SLOTS:
     {
         // The handler gets the field once, as everyone after it (engine, forwarder) reads it.
         RawConnection c(m_port);
-        QVERIFY(c.send(
-            "POST /headers HTTP/1.1\r\nHost: x\r\nX-User: alice\r\nCookie: a=1\r\nx-user: bob\r\n"
-            "Cookie: b=2\r\nX-Empty:\r\nX-Empty: e\r\nContent-Length: 0\r\n\r\n"));
+        QVERIFY(c.send("POST /headers HTTP/1.1\r\nHost: x\r\nX-User: alice\r\nCookie: a=1\r\nx-user: bob\r\n"
+                       "Cookie: b=2\r\nX-Empty:\r\nX-Empty: e\r\nContent-Length: 0\r\n\r\n"));
         const ClientResponse r = c.readResponse();
         QCOMPARE(r.status, 200);
-        QCOMPARE(
-            r.body,
-            QByteArray(
-                "Host: x\nX-User: alice, bob\nCookie: a=1; b=2\nX-Empty: e\nContent-Length: 0\n"));
+        QCOMPARE(r.body, QByteArray("Host: x\nX-User: alice, bob\nCookie: a=1; b=2\nX-Empty: e\nContent-Length: 0\n"));
     }
 
     void expectContinue()
     {
         RawConnection c(m_port);
-        QVERIFY(c.send(
-            "POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nExpect: 100-continue\r\n\r\n"));
+        QVERIFY(c.send("POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nExpect: 100-continue\r\n\r\n"));
         // The interim answer arrives, byte for byte, before the body is sent.
         QCOMPARE(c.readBytes(25), QByteArray("HTTP/1.1 100 Continue\r\n\r\n"));
         QVERIFY(c.send("hello"));
@@ -254,12 +222,10 @@ private Q_SLOTS:
         QCOMPARE(r.status, 200);
         QCOMPARE(r.body, QByteArray("POST /echo hello"));
         RawConnection big(m_port);
-        QVERIFY(big.send("POST /small HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\nExpect: "
-                         "100-continue\r\n\r\n"));
+        QVERIFY(big.send("POST /small HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\nExpect: 100-continue\r\n\r\n"));
         QCOMPARE(big.readResponse().status, 413);
         RawConnection odd(m_port);
-        QVERIFY(odd.send(
-            "POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\nExpect: teapot\r\n\r\nx"));
+        QVERIFY(odd.send("POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\nExpect: teapot\r\n\r\nx"));
         QCOMPARE(odd.readResponse().status, 417);
     }
 
