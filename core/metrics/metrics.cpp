@@ -199,6 +199,7 @@ MetricsServer::MetricsServer(Config config, std::shared_ptr<StorePool> pool,
                 responder.send(r);
                 return;
             }
+            countKeys(); // for the next scrape: this one answers now, without waiting on the store
             Metrics &m = *Metrics::instance();
             if (m_inFlight)
                 m.setInFlight(m_inFlight());

@@ -75,7 +75,8 @@ private:
 };
 
 // GET /metrics on a listener of its own (never the webhook port), on the calling thread; and
-// every 15 s the keys counted by endpoint and state in the store (off the calling thread).
+// the keys counted by endpoint and state in the store (off the calling thread) every 15 s and
+// after each scrape, so that a scrape shows the count of at most one interval before.
 class MetricsServer final : public QObject
 {
     Q_OBJECT
