@@ -1,4 +1,5 @@
 #include "cli/common.h"
+#include "util/version.h"
 
 #include <QCoreApplication>
 
@@ -20,7 +21,10 @@ const char kUsage[] =
     "  storm   fire identical signed deliveries at a running receiver\n"
     "\n"
     "Common options: --config FILE, --store URL, --listen HOST:PORT. `idemdesk COMMAND --help`\n"
-    "describes a command.\n";
+    "describes a command. `idemdesk --version` prints the version and the libraries in use.\n"
+    "\n"
+    "Exit codes: 0 ok, 1 runtime failure (store unreachable, port taken), 2 usage or config "
+    "error.\n";
 
 } // namespace
 
@@ -32,6 +36,10 @@ int main(int argc, char **argv)
         arguments << QString::fromLocal8Bit(argv[i]);
     const QString command = arguments.size() > 1 ? arguments.at(1) : QString();
 
+    if (command == u"--version" || command == u"-V" || command == u"version") {
+        std::fputs(idem::versionReport().toUtf8().constData(), stdout);
+        return 0;
+    }
     if (command == u"--help" || command == u"-h" || command == u"help") {
         std::fputs(kUsage, stdout);
         return 0;

@@ -1,6 +1,7 @@
 #include "cli/common.h"
 
 #include "engine/stats.h"
+#include "receiver/receiver.h"
 #include "store/storefactory.h"
 #include "store/storeurl.h"
 #include "util/format.h"
@@ -28,7 +29,12 @@ void addCommonOptions(QCommandLineParser &parser, bool withListen)
     parser.addOption({u"store"_qs, u"Store URL: sqlite:PATH, redis://host:port[/db], postgresql://user@host:port/db."_qs, u"URL"_qs});
     if (withListen) {
         parser.addOption({u"listen"_qs, u"Address to receive webhooks on (default 127.0.0.1:8787)."_qs, u"HOST:PORT"_qs});
-        parser.addOption({u"allow-remote"_qs, u"Allow --listen on a non-loopback address."_qs});
+        parser.addOption(
+            {u"metrics-listen"_qs,
+             u"Serve Prometheus metrics at http://HOST:PORT/metrics (default: off, or metrics_listen)."_qs,
+             u"HOST:PORT"_qs});
+        parser.addOption({u"allow-remote"_qs,
+                          u"Allow --listen and --metrics-listen on a non-loopback address."_qs});
         parser.addOption({u"allow-unsigned"_qs,
                           u"With --allow-remote: allow endpoints that verify no signature."_qs});
     }
@@ -78,6 +84,28 @@ Result<CommonOptions> loadCommon(const QCommandLineParser &parser)
             return makeError(ErrorCode::Invalid, u"--listen %1"_qs.arg(address.error().message));
         options.config.listen = *address;
     }
+    const QString metricsListen = listens ? parser.value(u"metrics-listen"_qs) : QString();
+    if (!metricsListen.isEmpty()) {
+        auto address = ListenAddress::parse(metricsListen);
+        if (!address)
+            return makeError(ErrorCode::Invalid,
+                             u"--metrics-listen %1"_qs.arg(address.error().message));
+        options.config.metricsListen = *address;
+    }
+    if (listens && options.config.metricsListen) {
+        const ListenAddress &metrics = *options.config.metricsListen;
+        const ListenAddress &webhooks = options.config.listen;
+        if (metrics.port != 0 && metrics.port == webhooks.port && metrics.host == webhooks.host)
+            return makeError(
+                ErrorCode::Invalid,
+                u"metrics are never served on the webhook listener (%1): give them another port"_qs
+                    .arg(webhooks.toString()));
+        if (!metrics.host.isLoopback() && !options.allowRemote)
+            return makeError(
+                ErrorCode::Invalid,
+                u"refusing to serve metrics on %1, which is not a loopback address: add --allow-remote if you mean it"_qs
+                    .arg(metrics.toString()));
+    }
     if (listens && !options.config.listen.host.isLoopback()) {
         if (!options.allowRemote)
             return makeError(
@@ -118,6 +146,22 @@ int openSession(const QCommandLineParser &parser, StoreSession &session)
     }
     session = {*options, *pool};
     return -1;
+}
+
+Result<std::unique_ptr<MetricsServer>> startMetrics(const CommonOptions &options,
+                                                    std::shared_ptr<StorePool> pool,
+                                                    const std::unique_ptr<Receiver> &receiver)
+{
+    if (!options.config.metricsListen)
+        return std::unique_ptr<MetricsServer>();
+    auto server = std::make_unique<MetricsServer>(options.config, std::move(pool), [&receiver] {
+        return receiver ? receiver->engine()->inFlight() : 0;
+    });
+    auto bound = server->start(*options.config.metricsListen);
+    if (!bound)
+        return bound.error();
+    std::fprintf(stderr, "idemdesk: metrics at http://%s/metrics\n", qPrintable(bound->toString()));
+    return server;
 }
 
 QString storeDisplay(const QString &url)

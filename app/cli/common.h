@@ -1,6 +1,7 @@
 #pragma once
 
 #include "config/config.h"
+#include "metrics/metrics.h"
 #include "store/storepool.h"
 #include "util/result.h"
 
@@ -8,6 +9,10 @@
 #include <QStringList>
 
 #include <memory>
+
+namespace idem {
+class Receiver;
+}
 
 namespace idem::cli {
 
@@ -33,6 +38,11 @@ Result<CommonOptions> loadCommon(const QCommandLineParser &parser);
 // Connects to the store of the options (exit 1 when it cannot be reached).
 Result<std::shared_ptr<StorePool>> openStore(const CommonOptions &options, int workers = 2);
 QString storeDisplay(const QString &url);
+// metrics_listen / --metrics-listen: /metrics on a listener of its own, started before
+// `receiver` (its engine counts into the metrics from its first delivery); null when off.
+Result<std::unique_ptr<MetricsServer>> startMetrics(const CommonOptions &options,
+                                                    std::shared_ptr<StorePool> pool,
+                                                    const std::unique_ptr<Receiver> &receiver);
 
 struct StoreSession
 {

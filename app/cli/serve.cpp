@@ -81,7 +81,13 @@ int serve(const QStringList &arguments)
     for (const auto &e : options->config.endpoints)
         graceMs = std::max(graceMs, e.settings.leaseSeconds * 1000 + 2000); // processing, then recording retried within the lease
 
-    auto receiver = std::make_unique<Receiver>(options->config, *pool);
+    std::unique_ptr<Receiver> receiver;
+    auto metrics = startMetrics(*options, *pool, receiver);
+    if (!metrics) {
+        printError(metrics.error().message);
+        return 1;
+    }
+    receiver = std::make_unique<Receiver>(options->config, *pool);
     auto bound = receiver->start(options->config.listen);
     if (!bound) {
         printError(bound.error().message);
@@ -163,6 +169,7 @@ int serve(const QStringList &arguments)
     receiver.reset(); // joins the receiver thread and flushes the delivery log to the store
     QCoreApplication::sendPostedEvents(); // the last deliveries' log lines
     flushLog();
+    metrics->reset(); // holds the pool too
     pool->reset();    // waits for queued store work
     std::fprintf(stderr, "idemdesk: stopped\n");
     return rc;
@@ -208,6 +215,13 @@ int gui(int argc, char **argv, const QStringList &arguments)
         return ExitRuntime;
     }
     std::unique_ptr<Receiver> receiver;
+    auto metrics = attach ? Result<std::unique_ptr<MetricsServer>>(nullptr)
+                          : startMetrics(*options, *pool, receiver);
+    if (!metrics) {
+        printError(metrics.error().message);
+        QMessageBox::critical(nullptr, u"Idempotency Desk"_qs, metrics.error().message);
+        return ExitRuntime;
+    }
     if (!attach) {
         receiver = std::make_unique<Receiver>(options->config, *pool);
         auto bound = receiver->start(options->config.listen);

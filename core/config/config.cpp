@@ -240,6 +240,19 @@ Result<Config> Config::parse(const QByteArray &json, const QString &sourceName)
         else
             root.fail(u"listen"_qs, address.error().message);
     }
+    QString metricsListen;
+    root.string(u"metrics_listen"_qs, metricsListen);
+    if (!metricsListen.isEmpty()) {
+        auto address = ListenAddress::parse(metricsListen);
+        if (!address)
+            root.fail(u"metrics_listen"_qs, address.error().message);
+        else if (address->host == config.listen.host && address->port == config.listen.port)
+            root.fail(
+                u"metrics_listen"_qs,
+                u"must differ from \"listen\": metrics are never served on the webhook port"_qs);
+        else
+            config.metricsListen = *address;
+    }
     root.string(u"store"_qs, config.store);
     qint64 maxConnections = config.maxConnections;
     root.integer(u"max_connections"_qs, maxConnections, 1, 100000);
@@ -406,6 +419,8 @@ QJsonObject Config::toJson() const
     QJsonObject root{{u"listen"_qs, listen.toString()}, {u"max_connections"_qs, maxConnections}};
     if (!store.isEmpty())
         root.insert(u"store"_qs, store);
+    if (metricsListen)
+        root.insert(u"metrics_listen"_qs, metricsListen->toString());
     QJsonObject d;
     writeSettings(d, defaults);
     root.insert(u"defaults"_qs, d);

@@ -77,6 +77,7 @@ struct Config
     QString sourceFile; // empty: built in
     ListenAddress listen;
     QString store; // empty: sqlite in the user's data folder
+    std::optional<ListenAddress> metricsListen; // Prometheus /metrics; none: off
     EndpointSettings defaults;
     QList<EndpointConfig> endpoints;
     int maxConnections = 4096;  // beyond: 503 and closed

@@ -12,6 +12,9 @@
 
 #include <QLoggingCategory>
 
+#include <prometheus/counter.h>
+#include <prometheus/histogram.h>
+
 #include <cmath>
 
 namespace idem {
@@ -94,6 +97,11 @@ IdempotencyEngine::IdempotencyEngine(Config config, std::shared_ptr<StorePool> p
       m_instance(std::move(instance))
 {
     qRegisterMetaType<idem::DeliveryEvent>();
+    if ((m_metrics = Metrics::instance())) {
+        for (const auto &e : m_config.endpoints)
+            m_endpointMetrics.push_back(&m_metrics->endpoint(e.name));
+        m_endpointMetrics.push_back(&m_metrics->endpoint({}));
+    }
     for (const auto &e : m_config.endpoints) {
         Processor *processor = makeProcessor(e).release();
         processor->setParent(this); // moves with the engine to the receiver thread
@@ -157,6 +165,24 @@ void IdempotencyEngine::handle(HttpRequest request, Responder responder)
             });
         return;
     }
+    if (path == "/readyz") {
+        // Ready for deliveries: the store answers and its schema is this build's (SPEC §7).
+        m_pool->submit<Ok>(
+            this,
+            [](IdempotencyStore &store) -> Result<Ok> {
+                if (auto ready = store.ready(); !ready)
+                    return ready.error();
+                return Ok{};
+            },
+            [this, d](Result<Ok> ready) {
+                QJsonObject body{{u"status"_qs, ready ? u"ready"_qs : u"not ready"_qs}};
+                if (!ready)
+                    body.insert(u"error"_qs, ready.error().message);
+                d->responder.send(HttpResponse::json(ready ? 200 : 503, body));
+                --m_inFlight;
+            });
+        return;
+    }
     if (!path.startsWith("/hooks/"))
         return reject(d, 404, u"Not Found"_qs, u"webhooks are received at /hooks/{endpoint}"_qs);
     const QString name = QString::fromUtf8(path.mid(7));
@@ -186,13 +212,12 @@ void IdempotencyEngine::handle(HttpRequest request, Responder responder)
     const KeyExtraction extracted = provider->extractKey(d->request, e);
     if (extracted.kind == KeyExtraction::Kind::Missing && e.settings.passthroughMissingKey) {
         // No key, and the endpoint lets such deliveries through without deduplication.
-        ++m_processorRuns;
         d->claimSentUs = monotonicUs();
-        m_processors.at(e.name)->run(job(d, {}, {}, d->request.headers, d->request.body),
-                                     [this, d](ProcessResult result) {
-                                         respond(d, fromStored(result.response), Outcome::Processed,
-                                                 0, u"passthrough (no key)"_qs);
-                                     });
+        startProcessor(e, job(d, {}, {}, d->request.headers, d->request.body),
+                       [this, d](ProcessResult result) {
+                           respond(d, fromStored(result.response), Outcome::Processed, 0,
+                                   u"passthrough (no key)"_qs);
+                       });
         return;
     }
     if (extracted.kind != KeyExtraction::Kind::Found)
@@ -247,6 +272,8 @@ void IdempotencyEngine::untilStored(std::function<void(std::function<void(Result
         if (result || monotonicUs() + backoffMs * 1000 >= leaseEndUs)
             return done(std::move(result));
         ++m_finishRetries;
+        if (m_metrics)
+            m_metrics->finishRetried();
         if (attempt == 0)
             qCWarning(lcEngine, "recording a result failed, retrying while the lease lasts: %s",
                       qPrintable(result.error().message));
@@ -334,8 +361,44 @@ void IdempotencyEngine::run(const DeliveryPtr &d, const ProcessJob &job, Process
         late.response = {p.status, p.headers, p.body};
         return done(std::move(late));
     }
+    startProcessor(*d->endpoint, job, std::move(done));
+}
+
+void IdempotencyEngine::startProcessor(const EndpointConfig &endpoint, const ProcessJob &job,
+                                       Processor::Done done)
+{
     ++m_processorRuns;
-    m_processors.at(d->endpoint->name)->run(job, std::move(done));
+    Processor *processor = m_processors.at(endpoint.name);
+    Metrics::Endpoint *metrics = metricsFor(&endpoint);
+    if (!metrics)
+        return processor->run(job, std::move(done));
+    metrics->processorRuns->Increment();
+    const qint64 startedUs = monotonicUs();
+    processor->run(job, [metrics, startedUs, done = std::move(done)](ProcessResult result) {
+        metrics->processorLatency->Observe(double(monotonicUs() - startedUs) / 1e6);
+        if (!result.success)
+            metrics->processorFailures->Increment();
+        done(std::move(result));
+    });
+}
+
+Metrics::Endpoint *IdempotencyEngine::metricsFor(const EndpointConfig *endpoint) const
+{
+    if (!m_metrics)
+        return nullptr;
+    // The endpoint points into m_config.endpoints: its index there.
+    const qsizetype i =
+        endpoint ? endpoint - m_config.endpoints.constData() : m_config.endpoints.size();
+    return i >= 0 && i < qsizetype(m_endpointMetrics.size()) ? m_endpointMetrics[size_t(i)]
+                                                             : m_endpointMetrics.back();
+}
+
+void IdempotencyEngine::send(const DeliveryPtr &d, const HttpResponse &response)
+{
+    d->responder.send(response);
+    --m_inFlight;
+    if (Metrics::Endpoint *metrics = metricsFor(d->endpoint))
+        metrics->latency->Observe(double(monotonicUs() - d->startUs) / 1e6);
 }
 
 void IdempotencyEngine::onProcessed(const DeliveryPtr &d, qint64 token, Outcome outcome,
@@ -373,8 +436,7 @@ void IdempotencyEngine::respond(const DeliveryPtr &d, HttpResponse response, Out
     if (!d->key.isEmpty())
         response.setHeader("Idempotency-Key", d->key.toLatin1());
     response.setHeader("Idempotency-Outcome", toString(outcome).toLatin1());
-    d->responder.send(response);
-    --m_inFlight;
+    send(d, response);
     record(d, d->key, outcome, response.status, token, detail);
 }
 
@@ -393,6 +455,11 @@ void IdempotencyEngine::record(const DeliveryPtr &d, const QString &key, Outcome
     event.detail = d->note.isEmpty() ? detail : detail.isEmpty() ? d->note : d->note + u"; "_qs + detail;
     event.payload = d->payload;
     ++m_outcomes[size_t(outcome)];
+    if (Metrics::Endpoint *metrics = metricsFor(d->endpoint)) {
+        metrics->deliveries[size_t(outcome)]->Increment();
+        if (outcome == Outcome::Recovered)
+            m_metrics->leaseRecovered();
+    }
     if (!event.endpoint.isEmpty()) {
         m_logBuffer.append(event);
         if (m_logBuffer.size() >= kLogBatch)
@@ -551,8 +618,7 @@ void IdempotencyEngine::finishBatch(const DeliveryPtr &d, const QList<ClaimReque
         keys << c.key;
     response.setHeader("Idempotency-Key", (keys.size() > 10 ? keys.mid(0, 10).join(u","_qs) + u",…"_qs : keys.join(u","_qs)).toLatin1());
     response.setHeader("Idempotency-Outcome", toString(outcome).toLatin1());
-    d->responder.send(response);
-    --m_inFlight;
+    send(d, response);
     const QString detail = u"batch of %1"_qs.arg(total);
     for (qsizetype i = 0; i < results.size(); ++i)
         record(d, claims.at(i).key, results.at(i).decision.outcome, response.status, results.at(i).record.token, detail);

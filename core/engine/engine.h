@@ -2,6 +2,7 @@
 
 #include "config/config.h"
 #include "http/httptypes.h"
+#include "metrics/metrics.h"
 #include "processing/processor.h"
 #include "store/storepool.h"
 
@@ -82,6 +83,12 @@ private:
     qint64 leaseEndUs(const DeliveryPtr &d) const;
     // Runs the job on the delivery's endpoint's processor, unless its deadline already passed.
     void run(const DeliveryPtr &d, const ProcessJob &job, Processor::Done done); // monotonic; the lease began after claimSentUs
+    // Starts the endpoint's processor: counted, and timed when metrics are on.
+    void startProcessor(const EndpointConfig &endpoint, const ProcessJob &job,
+                        Processor::Done done);
+    // The answer goes out: sent, no longer in flight, its latency observed.
+    void send(const DeliveryPtr &d, const HttpResponse &response);
+    Metrics::Endpoint *metricsFor(const EndpointConfig *endpoint) const;
     template<typename T>
     void untilStored(std::function<void(std::function<void(Result<T>)>)> call, qint64 leaseEndUs,
                      std::function<void(Result<T>)> done, int attempt = 0);
@@ -97,6 +104,10 @@ private:
     std::atomic<qint64> m_processorRuns{0};
     std::atomic<qint64> m_inFlight{0};
     std::atomic<qint64> m_finishRetries{0};
+    // Metrics::instance() when the engine was made (null: metrics off); one entry per endpoint
+    // in the config's order, and the last for deliveries that matched none.
+    Metrics *m_metrics = nullptr;
+    std::vector<Metrics::Endpoint *> m_endpointMetrics;
     QList<DeliveryEvent> m_logBuffer;
     bool m_logInFlight = false;
     bool m_logFailing = false;

@@ -83,4 +83,15 @@ Result<QList<FinishVerdict>> IdempotencyStore::finishBatch(const QList<FinishReq
     return verdicts;
 }
 
+Result<void> IdempotencyStore::schemaCurrent(const QString &store, qint64 have, qint64 want)
+{
+    if (have != want)
+        return makeError(
+            ErrorCode::Internal,
+            u"the %1 schema is at version %2, this desk reads and writes version %3"_qs.arg(store)
+                .arg(have)
+                .arg(want));
+    return {};
+}
+
 } // namespace idem

@@ -118,6 +118,13 @@ public:
     virtual Result<void> appendDeliveries(const QList<DeliveryEvent> &events) = 0;
     virtual Result<QList<DeliveryEvent>> deliveries(const DeliveryQuery &query) = 0;
     virtual Result<void> ping() = 0;
+    // Ready to take deliveries (/readyz): the store answers and its schema is the one this build
+    // writes (not one a newer desk migrated to, nor tables gone). A store without a versioned
+    // schema (Redis: its scripts are loaded on use) is ready when it answers.
+    virtual Result<void> ready() { return ping(); }
+    // ready()'s verdict for a store whose schema is at version `have` while this build writes
+    // `want`.
+    static Result<void> schemaCurrent(const QString &store, qint64 have, qint64 want);
 
     // Group commit. A store that has it (SQLite) lets the pool run several calls between
     // beginBatch() and endBatch(): one transaction, each call a savepoint in it, so one commit

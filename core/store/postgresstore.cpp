@@ -10,6 +10,9 @@
 
 namespace idem {
 
+// The schema's versioned steps, applied in order at connect (the version is how many were).
+const char *const kSchemaSteps[] = {":/sql/postgres/001_init.sql", ":/sql/postgres/002_clock.sql"};
+
 namespace {
 
 constexpr long kSchemaLock = 0x1de3de5c; // pg_advisory_xact_lock key for schema changes
@@ -177,9 +180,8 @@ Result<std::unique_ptr<PostgresStore>> PostgresStore::connect(const StoreUrl &ur
         w.exec("SELECT pg_advisory_xact_lock(" + std::to_string(kSchemaLock) + ")");
         const bool present = w.exec1("SELECT to_regclass('idem_schema') IS NOT NULL")[0].as<bool>();
         const int version = present ? w.exec1("SELECT coalesce(max(version), 0) FROM idem_schema")[0].as<int>() : 0;
-        const char *const steps[] = {":/sql/postgres/001_init.sql", ":/sql/postgres/002_clock.sql"};
-        for (int v = version; v < int(std::size(steps)); ++v) {
-            QFile schema(QString::fromLatin1(steps[v]));
+        for (int v = version; v < int(std::size(kSchemaSteps)); ++v) {
+            QFile schema(QString::fromLatin1(kSchemaSteps[v]));
             if (!schema.open(QIODevice::ReadOnly))
                 return makeError(ErrorCode::Internal, u"the PostgreSQL schema resource %1 is missing"_qs.arg(schema.fileName()));
             w.exec(schema.readAll().toStdString());
@@ -558,6 +560,21 @@ Result<void> PostgresStore::ping()
         pqxx::nontransaction n(m_conn->c);
         n.exec("SELECT 1");
         return {};
+    });
+}
+
+} // namespace idem
+
+namespace idem {
+
+Result<void> PostgresStore::ready()
+{
+    return guarded("ready", false, [&]() -> Result<void> {
+        pqxx::nontransaction n(m_conn->c);
+        const bool present = n.exec1("SELECT to_regclass('idem_schema') IS NOT NULL")[0].as<bool>();
+        const int have =
+            present ? n.exec1("SELECT coalesce(max(version), 0) FROM idem_schema")[0].as<int>() : 0;
+        return schemaCurrent(u"PostgreSQL"_qs, have, qint64(std::size(kSchemaSteps)));
     });
 }
 

@@ -47,6 +47,7 @@ public:
     Result<void> appendDeliveries(const QList<DeliveryEvent> &events) override;
     Result<QList<DeliveryEvent>> deliveries(const DeliveryQuery &query) override;
     Result<void> ping() override;
+    Result<void> ready() override;
 
 private:
     struct Connection;

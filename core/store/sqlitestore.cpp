@@ -16,6 +16,9 @@
 
 namespace idem {
 
+// The schema's versioned steps, applied in order at connect (the version is how many were).
+const char *const kSchemaSteps[] = {":/sql/sqlite/001_init.sql", ":/sql/sqlite/002_tokens.sql"};
+
 namespace {
 
 const char *const kSelectKey =
@@ -154,9 +157,8 @@ Result<std::unique_ptr<SqliteStore>> SqliteStore::open(const QString &path,
     sqlite3_prepare_v2(db, "PRAGMA user_version", -1, &version, nullptr);
     const int userVersion = sqlite3_step(version) == SQLITE_ROW ? sqlite3_column_int(version, 0) : 0;
     sqlite3_finalize(version);
-    const char *const steps[] = {":/sql/sqlite/001_init.sql", ":/sql/sqlite/002_tokens.sql"};
-    for (int v = userVersion; v < int(std::size(steps)); ++v) {
-        QFile schema(QString::fromLatin1(steps[v]));
+    for (int v = userVersion; v < int(std::size(kSchemaSteps)); ++v) {
+        QFile schema(QString::fromLatin1(kSchemaSteps[v]));
         if (!schema.open(QIODevice::ReadOnly)) {
             (void)store->exec("ROLLBACK");
             return makeError(ErrorCode::Internal, u"the SQLite schema resource %1 is missing"_qs.arg(schema.fileName()));
@@ -594,6 +596,18 @@ Result<void> SqliteStore::ping()
     if (ping.step() != SQLITE_ROW)
         return lastError("ping");
     return {};
+}
+
+} // namespace idem
+
+namespace idem {
+
+Result<void> SqliteStore::ready()
+{
+    IDEM_PREPARE(version, "PRAGMA user_version");
+    if (version.step() != SQLITE_ROW)
+        return lastError("ready");
+    return schemaCurrent(u"SQLite"_qs, version.i64(0), qint64(std::size(kSchemaSteps)));
 }
 
 } // namespace idem

@@ -43,6 +43,7 @@ public:
     Result<void> appendDeliveries(const QList<DeliveryEvent> &events) override;
     Result<QList<DeliveryEvent>> deliveries(const DeliveryQuery &query) override;
     Result<void> ping() override;
+    Result<void> ready() override;
     bool batches() const override { return true; }
     bool beginBatch() override;
     Result<void> endBatch() override;

@@ -1,5 +1,7 @@
 #include "store/storepool.h"
 
+#include "metrics/metrics.h"
+
 #include <QDateTime>
 
 #include <future>
@@ -46,6 +48,7 @@ struct StoreWatch final : IdempotencyStore
     Result<void> appendDeliveries(const QList<DeliveryEvent> &e) override { return seen(inner.appendDeliveries(e)); }
     Result<QList<DeliveryEvent>> deliveries(const DeliveryQuery &q) override { return seen(inner.deliveries(q)); }
     Result<void> ping() override { return seen(inner.ping()); }
+    Result<void> ready() override { return seen(inner.ready()); }
     bool batches() const override { return inner.batches(); }
     bool beginBatch() override { return inner.beginBatch(); }
     Result<void> endBatch() override { return seen(inner.endBatch()); }
@@ -161,6 +164,9 @@ void StorePool::workerLoop()
 
 void StorePool::reportHealth(bool healthy, const QString &error)
 {
+    if (Metrics *metrics =
+            Metrics::instance()) // every call to the store, the lanes' too, reports here
+        metrics->storeCall(healthy);
     std::lock_guard lock(m_mutex);
     m_health.healthy = healthy;
     if (!healthy) {

@@ -13,6 +13,8 @@
 #include <QTemporaryDir>
 #include <QTest>
 
+#include <sqlite3.h>
+
 #include <csignal>
 #include <thread>
 
@@ -74,6 +76,96 @@ class TestServe : public QObject
     }
 
 private Q_SLOTS:
+    // Issue 16: /metrics on its own listener in the Prometheus text format (checked by
+    // promtool), /readyz on the webhook listener following the store's schema.
+    void metricsAndReadiness()
+    {
+        const QString config = write(u"metrics.json"_qs, R"({"endpoints": [
+            {"name": "ok", "provider": "generic"},
+            {"name": "bad", "provider": "generic", "simulate": {"fail_rate": 1.0}}]})");
+        const QString db = m_dir.filePath(u"metrics.db"_qs);
+        Served s = serve({u"--config"_qs, config, u"--store"_qs, u"sqlite:"_qs + db,
+                          u"--metrics-listen"_qs, u"127.0.0.1:0"_qs});
+        QVERIFY2(s.port, s.stderrText.constData());
+        const auto m = QRegularExpression(u"metrics at http://127\\.0\\.0\\.1:(\\d+)/metrics"_qs)
+                           .match(QString::fromUtf8(s.stderrText));
+        QVERIFY2(m.hasMatch(), s.stderrText.constData());
+        const quint16 metricsPort = quint16(m.captured(1).toUInt());
+
+        QCOMPARE(post(s.port, "/hooks/ok", "{}", {{"Idempotency-Key", "k1"}})
+                     .header("Idempotency-Outcome"),
+                 QByteArray("processed"));
+        QCOMPARE(post(s.port, "/hooks/ok", "{}", {{"Idempotency-Key", "k1"}})
+                     .header("Idempotency-Outcome"),
+                 QByteArray("replayed"));
+        QCOMPARE(post(s.port, "/hooks/bad", "{}", {{"Idempotency-Key", "k2"}}).status, 500);
+        QCOMPARE(post(s.port, "/hooks/nope", "{}", {{"Idempotency-Key", "k3"}}).status, 404);
+        QCOMPARE(get(s.port, "/metrics").status, 404); // never on the webhook listener
+        QCOMPARE(get(s.port, "/readyz").status, 200);
+        QCOMPARE(get(s.port, "/healthz").status, 200);
+
+        // The keys come from a count made after a scrape: a later scrape has them.
+        QByteArray text;
+        QTRY_VERIFY_WITH_TIMEOUT(
+            (text = get(metricsPort, "/metrics").body)
+                .contains("idemdesk_keys{endpoint=\"bad\",state=\"failed\"} 1\n"),
+            10000);
+        for (const char *line :
+             {"idemdesk_deliveries_total{endpoint=\"ok\",outcome=\"processed\"} 1\n",
+              "idemdesk_deliveries_total{endpoint=\"ok\",outcome=\"replayed\"} 1\n",
+              "idemdesk_deliveries_total{endpoint=\"\",outcome=\"rejected\"} 2\n", // /hooks/nope,
+                                                                                   // GET /metrics
+              "idemdesk_deliveries_total{endpoint=\"bad\",outcome=\"processed\"} 1\n",
+              "idemdesk_processor_runs_total{endpoint=\"bad\"} 1\n",
+              "idemdesk_processor_failures_total{endpoint=\"bad\"} 1\n",
+              "idemdesk_processor_failures_total{endpoint=\"ok\"} 0\n",
+              "idemdesk_keys{endpoint=\"ok\",state=\"completed\"} 1\n",
+              "idemdesk_delivery_duration_seconds_count{endpoint=\"ok\"} 2\n",
+              "idemdesk_processor_duration_seconds_count{endpoint=\"ok\"} 1\n",
+              "idemdesk_lease_recoveries_total 0\n", "idemdesk_finish_retries_total 0\n",
+              "idemdesk_store_errors_total 0\n", "idemdesk_in_flight 0\n", "idemdesk_store_up 1\n"})
+            QVERIFY2(text.contains(line), (QByteArray(line) + " not in:\n" + text).constData());
+        QVERIFY(QRegularExpression(u"\nidemdesk_store_round_trips_total [1-9]"_qs)
+                    .match(QString::fromUtf8(text))
+                    .hasMatch());
+
+        // promtool (Debian's prometheus) reads it as Prometheus would.
+        QProcess promtool;
+        promtool.start(u"promtool"_qs, {u"check"_qs, u"metrics"_qs});
+        QVERIFY2(promtool.waitForStarted(), "promtool is missing (Debian package prometheus)");
+        promtool.write(text);
+        promtool.closeWriteChannel();
+        QVERIFY(promtool.waitForFinished(20000));
+        QVERIFY2(promtool.exitCode() == 0, promtool.readAll().constData());
+
+        // A store migrated past this build's schema is not ready.
+        sqlite3 *handle = nullptr;
+        QCOMPARE(sqlite3_open(db.toUtf8().constData(), &handle), SQLITE_OK);
+        QCOMPARE(sqlite3_exec(handle, "PRAGMA user_version = 99", nullptr, nullptr, nullptr),
+                 SQLITE_OK);
+        sqlite3_close(handle);
+        const ClientResponse notReady = get(s.port, "/readyz");
+        QCOMPARE(notReady.status, 503);
+        QVERIFY2(notReady.body.contains("schema is at version 99"), notReady.body.constData());
+        QCOMPARE(stop(s), 0);
+
+        // Loopback only unless --allow-remote; never the webhook port.
+        auto [rc, err] = runToEnd({u"serve"_qs, u"--metrics-listen"_qs, u"0.0.0.0:9464"_qs});
+        QCOMPARE(rc, 2);
+        QVERIFY2(err.contains("refusing to serve metrics on 0.0.0.0:9464") &&
+                     err.contains("--allow-remote"),
+                 err.constData());
+        std::tie(rc, err) = runToEnd({u"serve"_qs, u"--listen"_qs, u"127.0.0.1:8799"_qs,
+                                      u"--metrics-listen"_qs, u"127.0.0.1:8799"_qs});
+        QCOMPARE(rc, 2);
+        QVERIFY2(err.contains("never served on the webhook listener"), err.constData());
+        const QString same = write(
+            u"same.json"_qs, R"({"listen": "127.0.0.1:8799", "metrics_listen": "127.0.0.1:8799"})");
+        std::tie(rc, err) = runToEnd({u"serve"_qs, u"--config"_qs, same});
+        QCOMPARE(rc, 2);
+        QVERIFY2(err.contains("metrics_listen: must differ from \"listen\""), err.constData());
+    }
+
     void usageAndConfigErrorsExit2()
     {
         const QString bad = write(u"bad.json"_qs, "{\"endpoints\": [{\"name\": \"x\", \"nme\": 1}]}");

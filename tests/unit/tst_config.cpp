@@ -63,6 +63,13 @@ private Q_SLOTS:
         QTest::newRow("bad pointer") << QByteArray("{\"endpoints\": [{\"name\": \"a\", \"key\": {\"json_pointer\": \"id\"}}]}") << QStringLiteral("c.json: endpoints[0].key.json_pointer: must start with '/'");
         QTest::newRow("unknown key field") << QByteArray("{\"endpoints\": [{\"name\": \"a\", \"key\": {\"jsonpointer\": \"/id\"}}]}") << QStringLiteral("c.json: endpoints[0].key.jsonpointer: unknown field");
         QTest::newRow("bad listen") << QByteArray("{\"listen\": \"8787\"}") << QStringLiteral("c.json: listen: '8787' is not HOST:PORT");
+        QTest::newRow("bad metrics listen")
+            << QByteArray("{\"metrics_listen\": \"9464\"}")
+            << QStringLiteral("c.json: metrics_listen: '9464' is not HOST:PORT");
+        QTest::newRow("metrics on the webhook port")
+            << QByteArray(
+                   "{\"listen\": \"127.0.0.1:9000\", \"metrics_listen\": \"127.0.0.1:9000\"}")
+            << QStringLiteral("c.json: metrics_listen: must differ from \"listen\"");
         QTest::newRow("lease under forward timeout") << QByteArray("{\"defaults\": {\"lease_seconds\": 5, \"forward_timeout_seconds\": 30}}")
                                                      << QStringLiteral("c.json: defaults.lease_seconds: must be at least forward_timeout_seconds + 2 (30 + 2 = 32)");
         QTest::newRow("lease within the margin") << QByteArray("{\"endpoints\": [{\"name\": \"a\", \"lease_seconds\": 31}]}")
@@ -86,9 +93,14 @@ private Q_SLOTS:
 
     void jsonRoundTrip()
     {
-        const QByteArray json = "{\"listen\": \"127.0.0.1:9000\", \"endpoints\": [{\"name\": \"o\", \"secret\": [\"a\", \"b\"], \"lease_seconds\": 7, \"forward_timeout_seconds\": 5,"
-                                " \"on_failed\": \"reject\", \"key\": {\"json_pointer\": \"/id\"}, \"simulate\": {\"delay_ms\": 5, \"fail_rate\": 0.5}},"
-                                " {\"name\": \"f\", \"forward_to\": \"http://127.0.0.1:1/x\", \"in_progress_status\": 202}]}";
+        const QByteArray json =
+            "{\"listen\": \"127.0.0.1:9000\", \"metrics_listen\": \"127.0.0.1:9464\", "
+            "\"endpoints\": [{\"name\": \"o\", \"secret\": [\"a\", \"b\"], \"lease_seconds\": 7, "
+            "\"forward_timeout_seconds\": 5,"
+            " \"on_failed\": \"reject\", \"key\": {\"json_pointer\": \"/id\"}, \"simulate\": "
+            "{\"delay_ms\": 5, \"fail_rate\": 0.5}},"
+            " {\"name\": \"f\", \"forward_to\": \"http://127.0.0.1:1/x\", \"in_progress_status\": "
+            "202}]}";
         auto first = Config::parse(json, QStringLiteral("a"));
         QVERIFY(first.ok());
         auto second = Config::parse(QJsonDocument(first->toJson()).toJson(), QStringLiteral("b"));
@@ -98,6 +110,8 @@ private Q_SLOTS:
         QCOMPARE(second->endpoint(u"o")->secrets.size(), 2);
         QCOMPARE(second->endpoint(u"o")->simulate.failRate, 0.5);
         QCOMPARE(second->endpoint(u"f")->settings.inProgressStatus, 202);
+        QCOMPARE(second->metricsListen->toString(), u"127.0.0.1:9464"_qs);
+        QVERIFY(!Config::builtin().metricsListen); // off by default
         QCOMPARE(second->listen.port, 9000);
     }
 

@@ -1,0 +1,78 @@
+# cmake --install and the .deb (./dev package, CPack): the binary, the desktop entry, icons,
+# AppStream metainfo, the man page, the systemd unit for `serve` and its configuration.
+include(GNUInstallDirs)
+
+install(TARGETS idemdesk RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
+
+set(IDEM_RESOURCES ${PROJECT_SOURCE_DIR}/resources)
+install(FILES ${IDEM_RESOURCES}/idemdesk.desktop DESTINATION ${CMAKE_INSTALL_DATADIR}/applications)
+install(FILES ${IDEM_RESOURCES}/idemdesk.metainfo.xml DESTINATION ${CMAKE_INSTALL_DATADIR}/metainfo
+        RENAME io.github.idemdesk.IdempotencyDesk.metainfo.xml)
+# Compressed, as Debian's policy has man pages and changelogs (gzip -n: the same bytes every build).
+find_program(GZIP gzip REQUIRED)
+foreach(pair "docs/idemdesk.1:idemdesk.1.gz" "resources/debian/changelog:changelog.gz")
+    string(REPLACE ":" ";" pair ${pair})
+    list(GET pair 0 source)
+    list(GET pair 1 target)
+    add_custom_command(OUTPUT ${PROJECT_BINARY_DIR}/${target}
+        COMMAND ${GZIP} -9 -n -c ${PROJECT_SOURCE_DIR}/${source} > ${PROJECT_BINARY_DIR}/${target}
+        DEPENDS ${PROJECT_SOURCE_DIR}/${source})
+    list(APPEND idem_gzipped ${PROJECT_BINARY_DIR}/${target})
+endforeach()
+add_custom_target(idemdesk_gzipped ALL DEPENDS ${idem_gzipped})
+install(FILES ${PROJECT_BINARY_DIR}/idemdesk.1.gz DESTINATION ${CMAKE_INSTALL_MANDIR}/man1)
+
+# The icon: the SVG as it is, and PNGs rendered from it in the usual hicolor sizes.
+install(FILES ${IDEM_RESOURCES}/icons/idemdesk.svg DESTINATION ${CMAKE_INSTALL_DATADIR}/icons/hicolor/scalable/apps)
+find_program(RSVG_CONVERT rsvg-convert REQUIRED) # Debian: librsvg2-bin
+set(IDEM_ICON_SIZES 16 24 32 48 64 128 256)
+set(icon_pngs)
+foreach(size ${IDEM_ICON_SIZES})
+    set(png ${PROJECT_BINARY_DIR}/icons/${size}x${size}/idemdesk.png)
+    add_custom_command(OUTPUT ${png}
+        COMMAND ${CMAKE_COMMAND} -E make_directory ${PROJECT_BINARY_DIR}/icons/${size}x${size}
+        COMMAND ${RSVG_CONVERT} -w ${size} -h ${size} -o ${png} ${IDEM_RESOURCES}/icons/idemdesk.svg
+        DEPENDS ${IDEM_RESOURCES}/icons/idemdesk.svg VERBATIM)
+    list(APPEND icon_pngs ${png})
+    install(FILES ${png} DESTINATION ${CMAKE_INSTALL_DATADIR}/icons/hicolor/${size}x${size}/apps)
+endforeach()
+add_custom_target(idemdesk_icons ALL DEPENDS ${icon_pngs})
+
+# systemd: the unit under the prefix where systemd looks (/usr/lib/systemd/system,
+# /usr/local/lib/systemd/system), written at install time so that its ExecStart names the
+# binary under the prefix actually installed to (the .deb's /usr, or cmake --install's). Its
+# configuration is always /etc/idemdesk/config.json, root-only: it holds the endpoints'
+# secrets once filled in (the unit hands it to the service as a credential).
+install(CODE "
+    set(CMAKE_INSTALL_FULL_BINDIR \"\${CMAKE_INSTALL_PREFIX}/${CMAKE_INSTALL_BINDIR}\")
+    configure_file(${IDEM_RESOURCES}/systemd/idemdesk.service.in ${PROJECT_BINARY_DIR}/systemd/idemdesk.service @ONLY)")
+install(FILES ${PROJECT_BINARY_DIR}/systemd/idemdesk.service DESTINATION lib/systemd/system)
+install(FILES ${IDEM_RESOURCES}/systemd/config.json DESTINATION /etc/idemdesk PERMISSIONS OWNER_READ OWNER_WRITE)
+install(FILES ${IDEM_RESOURCES}/debian/copyright ${PROJECT_BINARY_DIR}/changelog.gz
+        DESTINATION ${CMAKE_INSTALL_DATADIR}/doc/idemdesk)
+install(FILES ${IDEM_RESOURCES}/debian/lintian-overrides DESTINATION ${CMAKE_INSTALL_DATADIR}/lintian/overrides
+        RENAME idemdesk)
+
+# The .deb: dependencies from the shared libraries the binary links (dpkg-shlibdeps).
+set(CPACK_GENERATOR DEB)
+set(CPACK_PACKAGE_NAME idemdesk)
+set(CPACK_PACKAGE_VERSION ${PROJECT_VERSION})
+set(CPACK_PACKAGE_CONTACT "Idempotency Desk developers <maintainers@idemdesk.example.org>")
+set(CPACK_PACKAGE_DESCRIPTION_SUMMARY "webhook receiver that processes each event once")
+set(CPACK_DEBIAN_PACKAGE_DESCRIPTION "Idempotency Desk receives webhooks, verifies their signatures,
+claims each event's idempotency key atomically in a store (SQLite, Redis or
+PostgreSQL), forwards the first delivery and gives every duplicate the stored
+answer. A Qt dashboard, a headless receiver (with a hardened systemd unit and
+Prometheus metrics) and an admin command line.")
+set(CPACK_DEBIAN_PACKAGE_SECTION devel)
+set(CPACK_DEBIAN_PACKAGE_PRIORITY optional)
+set(CPACK_DEBIAN_FILE_NAME DEB-DEFAULT)
+set(CPACK_DEBIAN_PACKAGE_SHLIBDEPS ON)
+set(CPACK_DEBIAN_PACKAGE_GENERATE_SHLIBS OFF)
+set(CPACK_DEBIAN_PACKAGE_CONTROL_EXTRA ${IDEM_RESOURCES}/debian/conffiles ${IDEM_RESOURCES}/debian/postinst
+    ${IDEM_RESOURCES}/debian/postrm)
+set(CPACK_DEBIAN_PACKAGE_CONTROL_STRICT_PERMISSION ON)
+set(CPACK_STRIP_FILES ON)
+set(CPACK_PACKAGING_INSTALL_PREFIX /usr)
+set(CPACK_PACKAGE_DIRECTORY ${PROJECT_BINARY_DIR}/package)
+include(CPack)
