@@ -3,17 +3,16 @@
 
 #include "engine/storm.h"
 
-#include <QUrl>
-
 namespace idem::cli {
 
 int storm(const QStringList &arguments)
 {
     QCommandLineParser parser;
-    parser.setApplicationDescription(
-        u"Fire N identical, properly signed deliveries per key at a running receiver and report the outcomes, "
-        "the latency, and whether every key was processed exactly once (exit 1 if not). The config tells "
-        "the endpoint's provider and secret."_qs);
+    parser.setApplicationDescription(u"Fire N identical, properly signed deliveries per key at a "
+                                     u"running receiver and report the outcomes, "
+                                     "the latency, and whether every key was processed exactly "
+                                     "once (exit 1 if not). The config tells "
+                                     "the endpoint's provider and secret."_qs);
     addCommonOptions(parser, false);
     parser.addOption({u"endpoint"_qs, u"The endpoint to deliver to (required)."_qs, u"E"_qs});
     parser.addOption({u"copies"_qs, u"Identical deliveries per key (default 64)."_qs, u"N"_qs, u"64"_qs});
@@ -44,22 +43,14 @@ int storm(const QStringList &arguments)
         printError(options.error().message);
         return ExitUsage;
     }
-    const EndpointConfig *endpoint = options->config.endpoint(parser.value(u"endpoint"_qs));
-    if (!endpoint) {
-        QStringList names;
-        for (const auto &e : options->config.endpoints)
-            names << e.name;
-        printError(u"no endpoint '%1' in the config (it has: %2)"_qs.arg(parser.value(u"endpoint"_qs), names.join(u", "_qs)));
+    const EndpointConfig *endpoint = findEndpoint(options->config, parser.value(u"endpoint"_qs));
+    if (!endpoint)
         return ExitUsage;
-    }
-    const QUrl url(parser.isSet(u"url"_qs) ? parser.value(u"url"_qs) : u"http://"_qs + options->config.listen.toString());
-    QHostAddress host(url.host() == u"localhost"_qs ? u"127.0.0.1"_qs : url.host());
-    if (url.scheme() != u"http"_qs || host.protocol() != QAbstractSocket::IPv4Protocol || url.port() <= 0) {
-        printError(u"--url must be http://IPv4:PORT (got '%1')"_qs.arg(url.toString()));
+    const auto address = receiverAddress(parser, options->config);
+    if (!address)
         return ExitUsage;
-    }
-    plan.host = host.toString().toLatin1();
-    plan.port = quint16(url.port());
+    plan.host = address->first;
+    plan.port = address->second;
 
     printOut(u"storm: %1 copies × %2 key(s) at http://%3:%4/hooks/%5, concurrency %6\n"_qs.arg(plan.copies)
                  .arg(plan.keys).arg(QString::fromLatin1(plan.host)).arg(plan.port).arg(endpoint->name).arg(plan.concurrency));
