@@ -203,7 +203,7 @@ MainWindow::MainWindow(DeskSession session, QWidget *parent)
     });
     connect(m_keys, &KeysModel::countsChanged, this, &MainWindow::updateStatus);
     connect(m_keys, &KeysModel::storeError, this, [this](const QString &message) {
-        m_storeLabel->setText(tr("<span style='color:#b02020'>store unavailable: %1</span>").arg(message.toHtmlEscaped()));
+        m_storeLabel->setText(tr("<span style='color:%2'>store unavailable: %1</span>").arg(message.toHtmlEscaped(), stateColour(KeyState::Failed).name()));
     });
     connect(m_keys, &QAbstractItemModel::modelReset, this, [this] { updateActions(); });
     keepSelectionAcrossReset();
@@ -549,15 +549,21 @@ void MainWindow::restoreLayout()
 
 void MainWindow::fitKeyColumn()
 {
-    // As wide as the longest loaded key, up to half the table: longer ones are elided in the
-    // middle (their tooltip has the whole key).
+    // As wide as the longest loaded key, as far as the other columns leave room: longer ones
+    // are elided in the middle (their tooltip has the whole key).
     if (m_fittedKeyWidth && m_table->columnWidth(KeysModel::Key) != m_fittedKeyWidth)
         return; // the user set the width: theirs from now on
     const QFontMetrics metrics(m_table->font());
     int widest = m_table->horizontalHeader()->sectionSizeHint(KeysModel::Key);
     for (int row = 0; row < m_keys->rowCount(); ++row)
         widest = std::max(widest, metrics.horizontalAdvance(m_keys->record(row)->key) + 16);
-    m_fittedKeyWidth = std::min(widest, std::max(200, m_table->viewport()->width() / 2));
+    // What the other columns leave, but never under 200 px or over half the table.
+    int others = 0;
+    for (int c = 0; c < KeysModel::ColumnCount; ++c)
+        if (c != KeysModel::Key)
+            others += m_table->horizontalHeader()->sectionSizeHint(c) > 0 ? m_table->columnWidth(c) : 0;
+    const int room = std::max(200, std::min(m_table->viewport()->width() - others, m_table->viewport()->width() / 2));
+    m_fittedKeyWidth = std::min(widest, room);
     m_table->setColumnWidth(KeysModel::Key, m_fittedKeyWidth);
 }
 
@@ -769,8 +775,8 @@ void MainWindow::updateStatus()
     const QString store = StoreUrl::parse(m_session.storeUrl).ok()
                               ? StoreUrl::parse(m_session.storeUrl)->display()
                               : displayUrl(m_session.storeUrl);
-    m_storeLabel->setText(health.healthy ? tr("Store %1 <span style='color:#1b7f3b'>● healthy</span>").arg(store.toHtmlEscaped())
-                                         : tr("Store %1 <span style='color:#b02020'>● unavailable</span>").arg(store.toHtmlEscaped()));
+    m_storeLabel->setText(health.healthy ? tr("Store %1 <span style='color:%2'>● healthy</span>").arg(store.toHtmlEscaped(), stateColour(KeyState::Completed).name())
+                                         : tr("Store %1 <span style='color:%2'>● unavailable</span>").arg(store.toHtmlEscaped(), stateColour(KeyState::Failed).name()));
     m_storeLabel->setToolTip(health.healthy ? QString() : health.lastError);
 }
 

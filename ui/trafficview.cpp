@@ -142,6 +142,9 @@ TrafficView::TrafficView(std::shared_ptr<StorePool> pool, QWidget *parent)
     bottomLayout->addWidget(m_note);
     bottomLayout->addWidget(m_table);
     split->addWidget(bottom);
+    split->setStretchFactor(0, 3); // the chart gets most of the height
+    split->setStretchFactor(1, 1);
+    split->setSizes({480, 200});
     layout->addWidget(split);
 
     connect(m_window, &QComboBox::currentIndexChanged, this, [this] {
