@@ -2,6 +2,7 @@
 #include "cli/common.h"
 
 #include "engine/storm.h"
+#include "util/format.h"
 
 namespace idem::cli {
 
@@ -52,8 +53,8 @@ int storm(const QStringList &arguments)
     plan.host = address->first;
     plan.port = address->second;
 
-    printOut(u"storm: %1 copies × %2 key(s) at http://%3:%4/hooks/%5, concurrency %6\n"_qs.arg(plan.copies)
-                 .arg(plan.keys).arg(QString::fromLatin1(plan.host)).arg(plan.port).arg(endpoint->name).arg(plan.concurrency));
+    printOut(u"storm: %1 copies × %2 at http://%3:%4/hooks/%5, concurrency %6\n"_qs.arg(plan.copies)
+                 .arg(countOf(plan.keys, u"key", u"keys"), QString::fromLatin1(plan.host)).arg(plan.port).arg(endpoint->name).arg(plan.concurrency));
     const StormReport r = runStorm(plan, *endpoint);
     QStringList outcomes;
     for (size_t i = 0; i < r.outcomes.size(); ++i)
@@ -70,10 +71,10 @@ int storm(const QStringList &arguments)
         printOut(u"processor  every key processed exactly once (%1 of %2)\n"_qs.arg(r.keysProcessedOnce()).arg(r.keys));
         return ExitOk;
     }
-    printOut(u"processor  NOT exactly once: %1 of %2 key(s) processed once\n"_qs.arg(r.keysProcessedOnce()).arg(r.keys));
+    printOut(u"processor  NOT exactly once: %1 of %2 processed once\n"_qs.arg(r.keysProcessedOnce()).arg(countOf(r.keys, u"key", u"keys")));
     for (auto it = r.processorRuns.begin(); it != r.processorRuns.end(); ++it)
         if (it.value() != 1)
-            printOut(u"  %1 processed %2 time(s)\n"_qs.arg(it.key()).arg(it.value()));
+            printOut(u"  %1 processed %2\n"_qs.arg(it.key(), countOf(it.value(), u"time", u"times")));
     return ExitRuntime;
 }
 
