@@ -4,6 +4,7 @@
 #include "jsonhighlighter.h"
 #include "util/format.h"
 
+#include <QApplication>
 #include <QComboBox>
 #include <QDialogButtonBox>
 #include <QFile>
@@ -108,13 +109,8 @@ SendDialog::SendDialog(const Config &config, const SendTarget &target, QWidget *
     resize(760, 640);
 }
 
-SendDialog::~SendDialog()
-{
-    if (m_thread) {
-        m_thread->wait(); // bounded: copies × the answer timeout
-        delete m_thread;
-    }
-}
+SendDialog::~SendDialog() =
+    default; // a send still running finishes on its own thread and deletes it
 
 void SendDialog::endpointChanged()
 {
@@ -202,7 +198,7 @@ void SendDialog::send()
         auto result =
             sendTestEvent(target, e, d, copies, [self](int copy, const SentAnswer &answer) {
                 QMetaObject::invokeMethod(
-                    self.data(),
+                    qApp, // the dialog may be gone: `self` says so on the GUI thread
                     [self, copy, answer] {
                         if (self)
                             self->addAnswer(copy, answer);
@@ -210,13 +206,11 @@ void SendDialog::send()
                     Qt::QueuedConnection);
             });
         QMetaObject::invokeMethod(
-            self.data(),
+            qApp,
             [self, result, copies] {
                 if (!self)
                     return;
-                self->m_thread->wait();
-                delete self->m_thread;
-                self->m_thread = nullptr;
+                self->m_thread = nullptr; // it deletes itself when it has finished
                 self->m_send->setEnabled(true);
                 if (!result) {
                     self->m_summary->setText(tr("<span style='color:%1'>Not sent: %2</span>")
@@ -238,6 +232,8 @@ void SendDialog::send()
             },
             Qt::QueuedConnection);
     });
+    // Closing the dialog never waits for the network: the thread outlives it if need be.
+    connect(m_thread, &QThread::finished, m_thread, &QObject::deleteLater);
     m_thread->start();
 }
 

@@ -43,6 +43,7 @@ private:
     qint64 m_stuck = -1;
     qint64 m_lastNotifiedMs = -1;
     QStringList m_pending; // what happened since the last notification
+    bool m_flushScheduled = false;
 };
 
 } // namespace idem
