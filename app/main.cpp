@@ -16,9 +16,10 @@ const char kUsage[] =
     "Commands:\n"
     "  gui     dashboard with the embedded receiver (the default)\n"
     "  serve   headless receiver, one log line per delivery\n"
-    "  keys    list | show | reset | retry | delete | purge-expired\n"
+    "  keys    list | show | reset | retry | delete | purge-expired | export | import\n"
     "  stats   counts by state and outcome, duplicate ratio, store health\n"
     "  storm   fire identical signed deliveries at a running receiver\n"
+    "  send    one test event from a provider's template, signed as the provider signs\n"
     "\n"
     "Common options: --config FILE, --store URL, --listen HOST:PORT. `idemdesk COMMAND --help`\n"
     "describes a command. `idemdesk --version` prints the version and the libraries in use.\n"
@@ -62,6 +63,8 @@ int main(int argc, char **argv)
         return idem::cli::stats(arguments);
     if (command == u"storm")
         return idem::cli::storm(arguments);
+    if (command == u"send")
+        return idem::cli::send(arguments);
     idem::cli::printError(QStringLiteral("unknown command '%1'").arg(command));
     std::fputs(kUsage, stderr);
     return 2;

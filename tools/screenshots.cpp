@@ -1,17 +1,22 @@
 // Renders the README's screenshots: a desk with real traffic (a storm, a failure, a mismatch),
 // driven through its widgets, each view saved as PNG. Run by `./dev screenshots` under Xvfb.
+#include "colours.h"
 #include "http/blockingclient.h"
 #include "keydetailview.h"
 #include "keysmodel.h"
 #include "mainwindow.h"
 #include "receiver/receiver.h"
+#include "senddialog.h"
 #include "store/storefactory.h"
 #include "stormdialog.h"
 #include "trafficview.h"
 
 #include <QApplication>
+#include <QComboBox>
 #include <QDir>
+#include <QPlainTextEdit>
 #include <QScreen>
+#include <QSettings>
 #include <QSpinBox>
 #include <QTabBar>
 #include <QTabWidget>
@@ -46,12 +51,16 @@ int main(int argc, char **argv)
     const QString out = argc > 1 ? QString::fromLocal8Bit(argv[1]) : u"docs/screenshots"_qs;
     QDir().mkpath(out);
     QTemporaryDir dir;
+    // The window remembers its geometry: in a throwaway place, not the user's settings.
+    QSettings::setPath(QSettings::NativeFormat, QSettings::UserScope, dir.filePath(u"settings"_qs));
     const QString url = u"sqlite:"_qs + dir.filePath(u"demo.db"_qs);
     auto config = *Config::parse(R"({"endpoints": [
         {"name": "orders", "simulate": {"delay_ms": 120}},
         {"name": "payments", "on_failed": "reject", "simulate": {"delay_ms": 20, "fail_rate": 1}},
         {"name": "stripe", "provider": "stripe", "secret": "whsec_demo_0123456789abcdef", "ttl_seconds": 3600},
-        {"name": "generic"}]})", u"demo"_qs);
+        {"name": "generic"},
+        {"name": "gh", "key": {"header": "X-Delivery"}}]})",
+                                 u"demo"_qs);
     auto pool = *openStorePool(url);
     Receiver receiver(config, pool);
     ListenAddress any;
@@ -65,6 +74,13 @@ int main(int argc, char **argv)
         deliverInBackground(port, "orders", "ord_" + QByteArray::number(1000 + i), "{\"order\":" + QByteArray::number(1000 + i) + ",\"amount\":4200}");
     deliverInBackground(port, "payments", "pay_77", "{\"payment\":77,\"amount\":1999,\"currency\":\"eur\"}");
     deliverInBackground(port, "generic", "inv_5", "{\"invoice\":5,\"amount\":10}");
+    // Long keys that differ only at the end: the column keeps their tails.
+    for (int i = 0; i < 3; ++i)
+        std::thread([=] {
+            post(port, "/hooks/gh", "{\"ref\":\"main\"}",
+                 {{"X-Delivery",
+                   "hook-4242/storage-replication-worker-" + QByteArray::number(7301 + i)}});
+        }).detach();
     wait(600);
     deliverInBackground(port, "generic", "inv_5", "{\"invoice\":5,\"amount\":99}"); // a 422
     deliverInBackground(port, "payments", "pay_77", "{\"payment\":77,\"amount\":1999,\"currency\":\"eur\"}");
@@ -93,6 +109,31 @@ int main(int argc, char **argv)
     window.pages()->setCurrentIndex(1);
     wait(2500);
     save(&window, out + u"/traffic.png"_qs);
+    window.pages()->setCurrentIndex(2);
+    wait(300);
+    save(&window, out + u"/live.png"_qs);
+    window.pages()->setCurrentIndex(0);
+
+    // Send test event: a Stripe payment_intent.succeeded, signed with the endpoint's secret, twice.
+    SendTarget target;
+    target.port = port;
+    SendDialog send(config, target);
+    send.endpoint()->setCurrentIndex(2);
+    send.copies()->setValue(2);
+    send.show();
+    bool sent = false;
+    QObject::connect(&send, &SendDialog::sent, &send, [&] { sent = true; });
+    send.send();
+    (void)QTest::qWaitFor([&] { return sent; }, 10000);
+    wait(300);
+    save(&send, out + u"/send.png"_qs);
+    send.hide();
+
+    // The same window on a dark desktop.
+    useDarkPalette(app);
+    select(u"payments:pay_77"_qs, 0);
+    wait(300);
+    save(&window, out + u"/keys-dark.png"_qs);
     DeliveryQuery all;
     all.limit = 100000;
     std::printf("log %lld, traffic processed %lld in-progress %lld\n",

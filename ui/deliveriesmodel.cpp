@@ -1,5 +1,6 @@
 #include "deliveriesmodel.h"
 
+#include "colours.h"
 #include <QBrush>
 #include <QColor>
 #include <QDateTime>
@@ -63,14 +64,7 @@ QVariant DeliveriesModel::data(const QModelIndex &index, int role) const
     if (role == Qt::ToolTipRole && !e.detail.isEmpty())
         return e.detail;
     if (role == Qt::ForegroundRole && index.column() == Outcome) {
-        switch (e.outcome) {
-        case Outcome::Processed:
-        case Outcome::Reprocessed:
-        case Outcome::Recovered: return QBrush(QColor(0x1b, 0x7f, 0x3b));
-        case Outcome::Replayed: return QBrush(QColor(0x1f, 0x5f, 0xb0));
-        case Outcome::InProgress: return QBrush(QColor(0xb0, 0x6a, 0x00));
-        default: return QBrush(QColor(0xb0, 0x20, 0x20));
-        }
+        return QBrush(outcomeColour(e.outcome));
     }
     return {};
 }
@@ -85,6 +79,26 @@ void DeliveriesModel::append(const DeliveryEvent &event)
         m_rows.resize(m_capacity);
         endRemoveRows();
     }
+}
+
+void DeliveriesFilter::setOutcome(std::optional<idem::Outcome> outcome)
+{
+    m_outcome = outcome;
+    invalidateRowsFilter();
+}
+
+void DeliveriesFilter::setEndpoint(const QString &endpoint)
+{
+    m_endpoint = endpoint;
+    invalidateRowsFilter();
+}
+
+bool DeliveriesFilter::filterAcceptsRow(int sourceRow, const QModelIndex &) const
+{
+    const auto *model = static_cast<const DeliveriesModel *>(sourceModel());
+    const DeliveryEvent &e = model->at(sourceRow);
+    return (!m_outcome || e.outcome == *m_outcome) &&
+           (m_endpoint.isEmpty() || e.endpoint == m_endpoint);
 }
 
 } // namespace idem

@@ -3,7 +3,10 @@
 #include "model/keyrecord.h"
 
 #include <QAbstractTableModel>
+#include <QSortFilterProxyModel>
+
 #include <QList>
+#include <optional>
 
 namespace idem {
 
@@ -29,6 +32,23 @@ public:
 private:
     QList<DeliveryEvent> m_rows; // newest first
     int m_capacity;
+};
+
+// The live list filtered by outcome and endpoint (Live deliveries page).
+class DeliveriesFilter final : public QSortFilterProxyModel
+{
+    Q_OBJECT
+public:
+    using QSortFilterProxyModel::QSortFilterProxyModel;
+    void setOutcome(std::optional<idem::Outcome> outcome);
+    void setEndpoint(const QString &endpoint); // empty: every endpoint
+
+protected:
+    bool filterAcceptsRow(int sourceRow, const QModelIndex &sourceParent) const override;
+
+private:
+    std::optional<idem::Outcome> m_outcome;
+    QString m_endpoint;
 };
 
 } // namespace idem

@@ -1,5 +1,7 @@
 #include "keydetailview.h"
 
+#include "colours.h"
+
 #include "jsonhighlighter.h"
 #include "textdiff.h"
 #include "timelinemodel.h"
@@ -143,8 +145,11 @@ void KeyDetailView::showKey(const KeyRecord &r, const QList<DeliveryEvent> &newe
     m_record = r;
     m_tabs->setEnabled(true);
     const qint64 now = wallMs() + m_clockOffsetMs; // the store's clock decides the lease
-    static const QHash<KeyState, QString> colours{{KeyState::Completed, u"#1b7f3b"_qs}, {KeyState::Failed, u"#b02020"_qs},
-                                                  {KeyState::Processing, u"#b06a00"_qs}, {KeyState::Reset, u"#1f5fb0"_qs}};
+    const QString failed = stateColour(KeyState::Failed).name(); // readable on light and dark
+    const QHash<KeyState, QString> colours{{KeyState::Completed, stateColour(KeyState::Completed).name()},
+                                           {KeyState::Failed, failed},
+                                           {KeyState::Processing, stateColour(KeyState::Processing).name()},
+                                           {KeyState::Reset, stateColour(KeyState::Reset).name()}};
     m_title->setText(u"<b>%1</b> &nbsp; <span style='color:%2'><b>%3</b></span>"_qs.arg(r.key.toHtmlEscaped(), colours.value(r.state), toString(r.state)));
     QString summary = tr("endpoint %1 (%2) · %3 deliveries · TTL %4 · token %5 · first seen %6 · last seen %7<br>fingerprint sha256:%8")
                           .arg(r.endpoint, r.provider)
@@ -156,9 +161,9 @@ void KeyDetailView::showKey(const KeyRecord &r, const QList<DeliveryEvent> &newe
                                QString::fromLatin1(r.fingerprint));
     if (r.state == KeyState::Processing)
         summary += r.leaseUntilMs > now ? tr("<br>lease: %1 left").arg(formatDuration(r.leaseUntilMs - now))
-                                        : tr("<br><span style='color:#b02020'><b>stuck</b>: the lease ran out %1 ago</span>").arg(formatDuration(now - r.leaseUntilMs));
+                                        : tr("<br><span style='color:%2'><b>stuck</b>: the lease ran out %1 ago</span>").arg(formatDuration(now - r.leaseUntilMs), failed);
     if (!r.error.isEmpty())
-        summary += tr("<br><span style='color:#b02020'><b>error:</b> %1</span>").arg(r.error.toHtmlEscaped());
+        summary += tr("<br><span style='color:%2'><b>error:</b> %1</span>").arg(r.error.toHtmlEscaped(), failed);
     m_summary->setText(summary);
 
     fillHeaders(m_requestHeaders, maskSecrets(r.request.headers));

@@ -1,5 +1,6 @@
 #include "keysmodel.h"
 
+#include "colours.h"
 #include "util/clock.h"
 #include "util/format.h"
 
@@ -100,19 +101,16 @@ QVariant KeysModel::data(const QModelIndex &index, int role) const
         return {};
     case Qt::ForegroundRole:
         if (index.column() == State) {
-            switch (r.state) {
-            case KeyState::Completed: return QBrush(QColor(0x1b, 0x7f, 0x3b));
-            case KeyState::Failed: return QBrush(QColor(0xb0, 0x20, 0x20));
-            case KeyState::Processing: return QBrush(QColor(0xb0, 0x6a, 0x00));
-            case KeyState::Reset: return QBrush(QColor(0x1f, 0x5f, 0xb0));
-            }
+            return QBrush(stateColour(r.state));
         }
         return {};
     case Qt::BackgroundRole:
         if (stuck)
-            return QBrush(QColor(0xff, 0xe0, 0xe0)); // a processing key whose worker is gone
+            return QBrush(stuckBackground()); // a processing key whose worker is gone
         return {};
     case Qt::ToolTipRole:
+        if (index.column() == Key)
+            return r.key; // the whole key: the column elides it in the middle
         if (stuck)
             return tr("The lease ran out %1 ago: the worker likely died. The next delivery recovers it; or force-fail it.")
                 .arg(formatDuration(now - r.leaseUntilMs));

@@ -39,6 +39,7 @@ public:
     StateCounts counts() const { return m_counts; }
     qint64 clockOffsetMs() const { return m_clockOffsetMs; } // the store's clock minus this machine's
     bool isLoading() const { return m_loading; }
+    QString glob() const { return m_glob; } // the text filter as the store reads it
 
 Q_SIGNALS:
     void countsChanged();

@@ -1,32 +1,48 @@
 #include "mainwindow.h"
 
+#include "colours.h"
 #include "deliveriesmodel.h"
 #include "engine/engine.h"
 #include "engine/stats.h"
 #include "keydetailview.h"
 #include "keysmodel.h"
+#include "processing/processor.h"
+#include "providers/provider.h"
 #include "receiver/receiver.h"
+#include "senddialog.h"
 #include "settingsdialog.h"
-#include "stormdialog.h"
 #include "store/storeurl.h"
+#include "store/transfer.h"
+#include "stormdialog.h"
 #include "trafficview.h"
+#include "traymonitor.h"
 #include "util/clock.h"
 #include "util/format.h"
-#include "processing/processor.h"
 
 #include <QAction>
 #include <QApplication>
 #include <QClipboard>
 #include <QComboBox>
+#include <QFileDialog>
 #include <QHBoxLayout>
 #include <QHeaderView>
+#include <QHostAddress>
 #include <QItemSelectionModel>
 #include <QLabel>
 #include <QLineEdit>
+#include <QMenu>
+#include <QMenuBar>
 #include <QMessageBox>
+#include <QProgressDialog>
+#include <QPushButton>
+#include <QSaveFile>
+#include <QSettings>
+#include <QSignalBlocker>
 #include <QSortFilterProxyModel>
 #include <QSplitter>
 #include <QStatusBar>
+#include <QStyle>
+#include <QSystemTrayIcon>
 #include <QTabBar>
 #include <QTabWidget>
 #include <QTableView>
@@ -46,7 +62,42 @@ QString shellQuote(const QString &text)
     quoted.replace(u"'"_qs, u"'\\''"_qs);
     return u"'"_qs + quoted + u"'"_qs;
 }
+
+// A theme icon where the desktop has one, else the style's own.
+QIcon themed(const QWidget *widget, const char *name, QStyle::StandardPixmap fallback)
+{
+    return QIcon::fromTheme(QString::fromLatin1(name), widget->style()->standardIcon(fallback));
+}
 } // namespace
+
+QString tryHint(const Config &config, const QString &base)
+{
+    // A curl that works as it is needs an endpoint that verifies no signature; the provider's
+    // own sample delivery puts the key where that endpoint reads it. Generic ones first.
+    const EndpointConfig *unsigned_ = nullptr;
+    for (const auto &e : config.endpoints) {
+        const bool signs = !e.secrets.isEmpty() || !e.publicKeys.isEmpty();
+        if (!signs &&
+            (!unsigned_ || (e.provider == u"generic"_qs && unsigned_->provider != u"generic"_qs)))
+            unsigned_ = &e;
+    }
+    if (!unsigned_) {
+        return QObject::tr("Every endpoint verifies signatures: send a signed test event with "
+                           "<b>File → Send test event…</b> (Ctrl+T) or <code>idemdesk send "
+                           "--endpoint NAME</code>.");
+    }
+    const Provider *provider = providerFor(unsigned_->provider);
+    if (!provider)
+        return {};
+    const OutgoingDelivery d = provider->makeDelivery(*unsigned_, u"k1"_qs, wallMs() / 1000);
+    QString curl = u"curl -i -XPOST"_qs;
+    for (const auto &[name, value] : d.headers)
+        if (name.compare("Content-Type", Qt::CaseInsensitive) != 0)
+            curl += u" -H "_qs + shellQuote(QString::fromLatin1(name + ": " + value));
+    curl += u" -d "_qs + shellQuote(QString::fromUtf8(d.body)) + u" "_qs + base + u"/hooks/"_qs +
+            unsigned_->name;
+    return QObject::tr("Try: <code>%1</code>").arg(curl.toHtmlEscaped());
+}
 
 MainWindow::MainWindow(DeskSession session, QWidget *parent)
     : QMainWindow(parent), m_session(std::move(session)), m_keys(new KeysModel(m_session.pool, 200, this)),
@@ -57,41 +108,12 @@ MainWindow::MainWindow(DeskSession session, QWidget *parent)
       m_refresh(new QTimer(this)), m_filterDelay(new QTimer(this))
 {
     setWindowTitle(tr("Idempotency Desk"));
+    setWindowIcon(applicationIcon());
     if (!m_session.receiver) {
         m_localEngine = new IdempotencyEngine(m_session.config, m_session.pool, u"dashboard"_qs, this);
     }
 
-    // Toolbar: the actions on the selected keys.
-    QToolBar *tools = addToolBar(tr("Actions"));
-    tools->setMovable(false);
-    tools->setToolButtonStyle(Qt::ToolButtonTextOnly);
-    m_resetAction = tools->addAction(tr("Reset"), this, [this] { operatorOn(selectedKeys(), OperatorAction::Reset, false, tr("reset")); });
-    m_resetAction->setToolTip(tr("Make the selected failed keys processable again: the next delivery is processed (history kept)."));
-    m_retryAction = tools->addAction(tr("Retry now"), this, &MainWindow::retrySelected);
-    m_retryAction->setToolTip(tr("Run the stored request through the endpoint's processor now and show the result."));
-    m_forceFailAction = tools->addAction(tr("Force-fail"), this, [this] {
-        const QStringList keys = selectedKeys();
-        if (!keys.isEmpty() && confirm(tr("Force-fail"), tr("Mark %1 as failed? A worker still processing it will not be able to record its result.").arg(keys.join(u", "_qs))))
-            operatorOn(keys, OperatorAction::ForceFail, false, tr("force-failed"));
-    });
-    m_forceFailAction->setToolTip(tr("End a stuck processing key: it becomes failed (and is reprocessed on the next delivery)."));
-    m_deleteAction = tools->addAction(tr("Delete"), this, [this] {
-        const QStringList keys = selectedKeys();
-        if (!keys.isEmpty() && confirm(tr("Delete keys"), tr("Delete %n key(s)? Their stored results are lost: the next delivery of these events is processed again.", nullptr, int(keys.size()))))
-            operatorOn(keys, OperatorAction::Delete, false, tr("deleted"));
-    });
-    m_copyCurlAction = tools->addAction(tr("Copy as curl"), this, [this] {
-        if (m_detail->currentKey().isEmpty())
-            return;
-        QApplication::clipboard()->setText(curlFor(m_detail->current()));
-        finishAction(tr("Copied a curl command for %1 to the clipboard (secret headers masked).").arg(m_detail->currentKey()), true);
-    });
-    tools->addSeparator();
-    m_resetAllFailedAction = tools->addAction(tr("Reset all failed…"), this, &MainWindow::resetAllFailed);
-    tools->addSeparator();
-    m_stormAction = tools->addAction(tr("Storm…"), this, &MainWindow::openStorm);
-    m_stormAction->setEnabled(m_session.receiver != nullptr);
-    m_settingsAction = tools->addAction(tr("Settings…"), this, &MainWindow::openSettings);
+    buildActions();
 
     // Keys page: filters, table, detail.
     auto *keysPage = new QWidget(this);
@@ -122,10 +144,16 @@ MainWindow::MainWindow(DeskSession session, QWidget *parent)
     m_table->setAlternatingRowColors(true);
     m_table->verticalHeader()->hide();
     m_table->setWordWrap(false);
+    // Keys share long prefixes (`gh:hook-4242/…`): the distinguishing tail stays visible.
+    m_table->setTextElideMode(Qt::ElideMiddle);
     m_table->verticalHeader()->setDefaultSectionSize(m_table->fontMetrics().height() + 8);
     m_table->horizontalHeader()->setSectionResizeMode(QHeaderView::ResizeToContents);
-    m_table->horizontalHeader()->setSectionResizeMode(KeysModel::Key, QHeaderView::Stretch);
-    auto *split = new QSplitter(Qt::Horizontal, this);
+    m_table->horizontalHeader()->setSectionResizeMode(KeysModel::Key, QHeaderView::Interactive);
+    m_table->horizontalHeader()->setStretchLastSection(true);
+    m_table->setContextMenuPolicy(Qt::ActionsContextMenu);
+    m_table->addActions({m_copyKeyAction, m_copyCurlAction, m_resetAction, m_retryAction,
+                         m_forceFailAction, m_deleteAction});
+    auto *split = m_split = new QSplitter(Qt::Horizontal, this);
     split->addWidget(m_table);
     split->addWidget(m_detail);
     split->setStretchFactor(0, 3);
@@ -134,18 +162,11 @@ MainWindow::MainWindow(DeskSession session, QWidget *parent)
     keysLayout->addWidget(split, 1);
     m_pages->addTab(keysPage, tr("Keys"));
     m_pages->addTab(m_traffic, tr("Traffic"));
-    if (m_session.receiver) {
-        m_deliveries = new DeliveriesModel(5000, this);
-        auto *live = new QTableView(this);
-        live->setModel(m_deliveries);
-        live->verticalHeader()->hide();
-        live->setAlternatingRowColors(true);
-        live->horizontalHeader()->setSectionResizeMode(DeliveriesModel::Key, QHeaderView::Stretch);
-        m_pages->addTab(live, tr("Live deliveries"));
-        connect(m_session.receiver->engine(), &IdempotencyEngine::delivered, this,
-                [this](const DeliveryEvent &event) { m_deliveries->append(event); });
-    }
+    if (m_session.receiver)
+        buildLivePage();
     setCentralWidget(m_pages);
+    buildTray();
+    addPageActions();
 
     // Receiver address / attach mode.
     if (m_session.receiver) {
@@ -153,8 +174,9 @@ MainWindow::MainWindow(DeskSession session, QWidget *parent)
         QStringList endpoints;
         for (const auto &e : m_session.config.endpoints)
             endpoints << u"/hooks/%1"_qs.arg(e.name);
-        m_address->setText(tr("<b>Receiving webhooks at</b> %1 &nbsp;(%2). Try: <code>curl -i -XPOST -H 'Idempotency-Key: k1' -d '{\"a\":1}' %1/hooks/generic</code>")
-                               .arg(base, endpoints.join(u" "_qs)));
+        m_address->setText(
+            tr("<b>Receiving webhooks at</b> %1 &nbsp;(%2). %3")
+                .arg(base, endpoints.join(u" "_qs), tryHint(m_session.config, base)));
     } else {
         m_address->setText(tr("<b>Attached to %1</b> (no receiver here): the keys and traffic of "
                               "every instance writing to this store.")
@@ -174,14 +196,18 @@ MainWindow::MainWindow(DeskSession session, QWidget *parent)
     connect(m_textFilter, &QLineEdit::textChanged, m_filterDelay, qOverload<>(&QTimer::start));
     connect(m_filterDelay, &QTimer::timeout, this, &MainWindow::applyFilter);
     connect(m_table->selectionModel(), &QItemSelectionModel::selectionChanged, this, [this] {
+        if (m_table->selectionModel()->hasSelection())
+            m_keptSelection.clear(); // the user chose: nothing to bring back
         updateActions();
         loadDetail();
     });
     connect(m_keys, &KeysModel::countsChanged, this, &MainWindow::updateStatus);
     connect(m_keys, &KeysModel::storeError, this, [this](const QString &message) {
-        m_storeLabel->setText(tr("<span style='color:#b02020'>store unavailable: %1</span>").arg(message.toHtmlEscaped()));
+        m_storeLabel->setText(tr("<span style='color:%2'>store unavailable: %1</span>").arg(message.toHtmlEscaped(), stateColour(KeyState::Failed).name()));
     });
     connect(m_keys, &QAbstractItemModel::modelReset, this, [this] { updateActions(); });
+    keepSelectionAcrossReset();
+    connect(m_keys, &KeysModel::loaded, this, &MainWindow::fitKeyColumn);
     connect(this, &MainWindow::actionFinished, m_detail, &KeyDetailView::showActionResult);
 
     m_refresh->setInterval(1000);
@@ -200,14 +226,434 @@ MainWindow::MainWindow(DeskSession session, QWidget *parent)
     applyFilter();
     updateStatus();
     updateActions();
-    resize(1280, 760);
+    restoreLayout();
 }
 
-MainWindow::~MainWindow() = default;
+MainWindow::~MainWindow()
+{
+    // Remembered for the next start: where the window was and how the panes were split.
+    QSettings settings;
+    settings.setValue(u"window/geometry"_qs, saveGeometry());
+    settings.setValue(u"window/state"_qs, saveState());
+    settings.setValue(u"window/split"_qs, m_split->saveState());
+}
+
+void MainWindow::buildActions()
+{
+    auto action = [this](const QString &text, QIcon icon, QKeySequence shortcut, auto slot) {
+        auto *a = new QAction(icon, text, this);
+        if (!shortcut.isEmpty())
+            a->setShortcut(shortcut);
+        connect(a, &QAction::triggered, this, slot);
+        return a;
+    };
+    m_resetAction =
+        action(tr("Reset"), themed(this, "edit-undo", QStyle::SP_BrowserReload),
+               QKeySequence(Qt::CTRL | Qt::Key_R),
+               [this] { operatorOn(selectedKeys(), OperatorAction::Reset, false, tr("reset")); });
+    m_resetAction->setToolTip(tr("Make the selected failed keys processable again: the next "
+                                 "delivery is processed (history kept)."));
+    m_retryAction =
+        action(tr("Retry now"), themed(this, "media-playback-start", QStyle::SP_MediaPlay),
+               QKeySequence(Qt::CTRL | Qt::SHIFT | Qt::Key_R), &MainWindow::retrySelected);
+    m_retryAction->setToolTip(
+        tr("Run the stored request through the endpoint's processor now and show the result."));
+    m_forceFailAction =
+        action(tr("Force-fail"), themed(this, "process-stop", QStyle::SP_BrowserStop), {}, [this] {
+            const QStringList keys = selectedKeys();
+            if (!keys.isEmpty() &&
+                confirm(tr("Force-fail"), tr("Mark %1 as failed? A worker still processing it will "
+                                             "not be able to record its result.")
+                                              .arg(keys.join(u", "_qs))))
+                operatorOn(keys, OperatorAction::ForceFail, false, tr("force-failed"));
+        });
+    m_forceFailAction->setToolTip(tr("End a stuck processing key: it becomes failed (and is "
+                                     "reprocessed on the next delivery)."));
+    m_deleteAction = action(
+        tr("Delete"), themed(this, "edit-delete", QStyle::SP_TrashIcon), QKeySequence::Delete,
+        [this] {
+            const QStringList keys = selectedKeys();
+            if (!keys.isEmpty() &&
+                confirm(tr("Delete keys"), tr("Delete %1? Their stored results are lost: the next "
+                                              "delivery of these events is processed again.")
+                                               .arg(countOf(keys.size(), u"key", u"keys"))))
+                operatorOn(keys, OperatorAction::Delete, false, tr("deleted"));
+        });
+    m_copyKeyAction = action(
+        tr("Copy key"), themed(this, "edit-copy", QStyle::SP_FileIcon), QKeySequence::Copy, [this] {
+            const QStringList keys = selectedKeys();
+            if (keys.isEmpty())
+                return;
+            QApplication::clipboard()->setText(keys.join(u'\n'));
+            statusBar()->showMessage(tr("Copied %1.").arg(countOf(keys.size(), u"key", u"keys")),
+                                     4000);
+        });
+    m_copyCurlAction =
+        action(tr("Copy as curl"), themed(this, "edit-paste", QStyle::SP_FileLinkIcon),
+               QKeySequence(Qt::CTRL | Qt::SHIFT | Qt::Key_C), [this] {
+                   if (m_detail->currentKey().isEmpty())
+                       return;
+                   QApplication::clipboard()->setText(curlFor(m_detail->current()));
+                   finishAction(
+                       tr("Copied a curl command for %1 to the clipboard (secret headers masked).")
+                           .arg(m_detail->currentKey()),
+                       true);
+               });
+    m_resetAllFailedAction =
+        action(tr("Reset all failed…"), themed(this, "view-refresh", QStyle::SP_DialogResetButton),
+               {}, &MainWindow::resetAllFailed);
+    m_exportAction =
+        action(tr("Export…"), themed(this, "document-save-as", QStyle::SP_DialogSaveButton),
+               QKeySequence(Qt::CTRL | Qt::Key_E), &MainWindow::exportKeys);
+    m_exportAction->setToolTip(tr("Write the selected keys (or, with none selected, every key of "
+                                  "the filter) as JSON Lines."));
+    m_importAction =
+        action(tr("Import…"), themed(this, "document-open", QStyle::SP_DialogOpenButton),
+               QKeySequence(Qt::CTRL | Qt::Key_I), &MainWindow::importKeys);
+    m_importAction->setToolTip(
+        tr("Read keys exported by another desk into this store (existing keys are left alone)."));
+    m_sendAction =
+        action(tr("Send test event…"), themed(this, "mail-send", QStyle::SP_ArrowForward),
+               QKeySequence(Qt::CTRL | Qt::Key_T), &MainWindow::openSend);
+    m_sendAction->setEnabled(m_session.receiver != nullptr);
+    m_stormAction = action(tr("Storm…"), themed(this, "weather-storm", QStyle::SP_MediaSeekForward),
+                           {}, &MainWindow::openStorm);
+    m_stormAction->setEnabled(m_session.receiver != nullptr);
+    m_settingsAction = action(tr("Settings…"),
+                              themed(this, "preferences-system", QStyle::SP_FileDialogDetailedView),
+                              QKeySequence::Preferences, &MainWindow::openSettings);
+    m_findAction = action(tr("Find"), themed(this, "edit-find", QStyle::SP_FileDialogContentsView),
+                          QKeySequence::Find, [this] {
+                              m_pages->setCurrentIndex(0);
+                              m_textFilter->setFocus(Qt::ShortcutFocusReason);
+                              m_textFilter->selectAll();
+                          });
+    m_refreshAction = action(tr("Refresh"), themed(this, "view-refresh", QStyle::SP_BrowserReload),
+                             QKeySequence::Refresh, &MainWindow::refreshAll);
+    m_aboutAction = action(tr("About Idempotency Desk"),
+                           themed(this, "help-about", QStyle::SP_MessageBoxInformation), {},
+                           &MainWindow::showAbout);
+    auto *quit = action(tr("Quit"), themed(this, "application-exit", QStyle::SP_DialogCloseButton),
+                        QKeySequence::Quit, &QWidget::close);
+    quit->setMenuRole(QAction::QuitRole);
+
+    QMenu *file = menuBar()->addMenu(tr("&File"));
+    file->addActions({m_sendAction, m_stormAction});
+    file->addSeparator();
+    file->addAction(m_settingsAction);
+    file->addSeparator();
+    file->addAction(quit);
+    QMenu *edit = menuBar()->addMenu(tr("&Edit"));
+    edit->addActions({m_copyKeyAction, m_copyCurlAction});
+    edit->addSeparator();
+    edit->addAction(m_findAction);
+    QMenu *keys = menuBar()->addMenu(tr("&Keys"));
+    keys->addActions({m_resetAction, m_retryAction, m_forceFailAction, m_deleteAction});
+    keys->addSeparator();
+    keys->addAction(m_resetAllFailedAction);
+    keys->addSeparator();
+    keys->addActions({m_exportAction, m_importAction});
+    m_viewMenu = menuBar()->addMenu(tr("&View"));
+    QMenu *help = menuBar()->addMenu(tr("&Help"));
+    help->addAction(m_aboutAction);
+
+    QToolBar *tools = addToolBar(tr("Actions"));
+    tools->setObjectName(u"actions"_qs); // saveState() needs it
+    tools->setMovable(false);
+    tools->setToolButtonStyle(Qt::ToolButtonTextBesideIcon);
+    tools->addActions(
+        {m_resetAction, m_retryAction, m_forceFailAction, m_deleteAction, m_copyCurlAction});
+    tools->addSeparator();
+    tools->addAction(m_resetAllFailedAction);
+    tools->addSeparator();
+    tools->addActions({m_sendAction, m_stormAction, m_settingsAction});
+}
+
+void MainWindow::buildLivePage()
+{
+    // Live deliveries: filtered by outcome and endpoint, paused and resumed; a double-click
+    // opens the key on the Keys page.
+    m_deliveries = new DeliveriesModel(5000, this);
+    m_liveFilter = new DeliveriesFilter(this);
+    m_liveFilter->setSourceModel(m_deliveries);
+    auto *page = new QWidget(this);
+    auto *layout = new QVBoxLayout(page);
+    auto *bar = new QHBoxLayout;
+    m_liveOutcome = new QComboBox(page);
+    m_liveOutcome->addItem(tr("All outcomes"), -1);
+    for (int o = int(Outcome::Processed); o <= int(Outcome::Unavailable); ++o)
+        m_liveOutcome->addItem(toString(Outcome(o)), o);
+    m_liveEndpoint = new QComboBox(page);
+    m_liveEndpoint->addItem(tr("All endpoints"), QString());
+    for (const auto &e : m_session.config.endpoints)
+        m_liveEndpoint->addItem(e.name, e.name);
+    m_livePause = new QPushButton(themed(this, "media-playback-pause", QStyle::SP_MediaPause),
+                                  tr("Pause"), page);
+    m_livePause->setCheckable(true);
+    m_livePause->setShortcut(QKeySequence(Qt::CTRL | Qt::Key_P));
+    auto *held = new QLabel(page);
+    bar->addWidget(m_liveOutcome);
+    bar->addWidget(m_liveEndpoint);
+    bar->addWidget(m_livePause);
+    bar->addWidget(held, 1);
+    layout->addLayout(bar);
+    m_live = new QTableView(page);
+    m_live->setModel(m_liveFilter);
+    m_live->verticalHeader()->hide();
+    m_live->setAlternatingRowColors(true);
+    m_live->setSelectionBehavior(QAbstractItemView::SelectRows);
+    m_live->setTextElideMode(Qt::ElideMiddle);
+    m_live->horizontalHeader()->setSectionResizeMode(DeliveriesModel::Key, QHeaderView::Stretch);
+    m_live->setToolTip(tr("Double-click a delivery to open its key."));
+    layout->addWidget(m_live, 1);
+    m_pages->addTab(page, tr("Live deliveries"));
+
+    connect(m_liveOutcome, &QComboBox::currentIndexChanged, this, [this] {
+        const int o = m_liveOutcome->currentData().toInt();
+        m_liveFilter->setOutcome(o < 0 ? std::nullopt : std::optional<Outcome>(Outcome(o)));
+    });
+    connect(m_liveEndpoint, &QComboBox::currentIndexChanged, this,
+            [this] { m_liveFilter->setEndpoint(m_liveEndpoint->currentData().toString()); });
+    connect(m_livePause, &QPushButton::toggled, this, [this, held](bool paused) {
+        m_livePause->setText(paused ? tr("Resume") : tr("Pause"));
+        m_livePause->setIcon(paused ? themed(this, "media-playback-start", QStyle::SP_MediaPlay)
+                                    : themed(this, "media-playback-pause", QStyle::SP_MediaPause));
+        if (!paused) {
+            for (const DeliveryEvent &event : std::as_const(m_liveHeld))
+                m_deliveries->append(event);
+            m_liveHeld.clear();
+        }
+        held->clear();
+    });
+    connect(m_session.receiver->engine(), &IdempotencyEngine::delivered, this,
+            [this, held](const DeliveryEvent &event) {
+                if (!m_livePause->isChecked())
+                    return m_deliveries->append(event);
+                m_liveHeld.append(event);
+                if (m_liveHeld.size() > 5000)
+                    m_liveHeld.removeFirst(); // the list keeps 5000 anyway
+                held->setText(tr("Paused: %1 waiting")
+                                  .arg(countOf(m_liveHeld.size(), u"delivery", u"deliveries")));
+            });
+    connect(m_live, &QTableView::doubleClicked, this, [this](const QModelIndex &index) {
+        openKey(m_deliveries->at(m_liveFilter->mapToSource(index).row()).key);
+    });
+}
+
+void MainWindow::openKey(const QString &key)
+{
+    if (key.isEmpty())
+        return; // rejected before a key was known
+    m_pages->setCurrentIndex(0);
+    m_keptSelection = {key}; // selected as soon as it is loaded
+    m_keptCurrent = key;
+    if (m_keys->rowOfKey(key) >= 0)
+        return selectKey(key);
+    // Not loaded here: show just that key.
+    QSignalBlocker quietTabs(m_stateTabs), quietEndpoints(m_endpointFilter),
+        quietText(m_textFilter);
+    m_stateTabs->setCurrentIndex(0);
+    m_endpointFilter->setCurrentIndex(0);
+    m_textFilter->setText(key);
+    applyFilter();
+}
+
+void MainWindow::buildTray()
+{
+    // A monitor that stays minimized: failed and stuck counts in the tray's tooltip, a
+    // notification when a key fails or a lease runs out (rate limited; View → Desktop
+    // notifications turns it off).
+    m_tray = new TrayMonitor(30'000, {}, this);
+    m_tray->setEnabled(QSettings().value(u"notifications"_qs, true).toBool());
+    m_notifyAction = new QAction(tr("Desktop notifications"), this);
+    m_notifyAction->setCheckable(true);
+    m_notifyAction->setChecked(m_tray->isEnabled());
+    connect(m_notifyAction, &QAction::toggled, this, [this](bool on) {
+        m_tray->setEnabled(on);
+        QSettings().setValue(u"notifications"_qs, on);
+    });
+    if (m_session.receiver)
+        connect(m_session.receiver->engine(), &IdempotencyEngine::delivered, m_tray,
+                &TrayMonitor::delivered);
+    if (!QSystemTrayIcon::isSystemTrayAvailable())
+        return; // no tray on this desktop: the monitor still feeds nothing visible
+    m_trayIcon = new QSystemTrayIcon(applicationIcon(), this);
+    m_trayIcon->setToolTip(m_tray->toolTip());
+    connect(m_tray, &TrayMonitor::countsChanged, this,
+            [this] { m_trayIcon->setToolTip(m_tray->toolTip()); });
+    connect(m_tray, &TrayMonitor::notify, this, [this](const QString &title, const QString &text) {
+        m_trayIcon->showMessage(title, text, windowIcon(), 8000);
+    });
+    connect(m_trayIcon, &QSystemTrayIcon::activated, this, [this] {
+        showNormal();
+        raise();
+        activateWindow();
+    });
+    m_trayIcon->show();
+}
+
+void MainWindow::pollTray()
+{
+    struct Counts
+    {
+        qint64 failed = 0, stuck = 0;
+    };
+    m_session.pool->submit<Counts>(
+        this,
+        [](IdempotencyStore &store) -> Result<Counts> {
+            auto counts = store.countKeys({});
+            if (!counts)
+                return counts.error();
+            auto now = store.clockMs();
+            if (!now)
+                return now.error();
+            KeyQuery processing;
+            processing.state = KeyState::Processing;
+            processing.limit = 1000;
+            auto keys = store.listKeys(processing);
+            if (!keys)
+                return keys.error();
+            Counts c;
+            c.failed = counts->failed;
+            for (const KeyRecord &k : std::as_const(*keys))
+                c.stuck += k.leaseUntilMs <= *now ? 1 : 0;
+            return c;
+        },
+        [this](Result<Counts> counts) {
+            if (counts)
+                m_tray->setCounts(counts->failed, counts->stuck);
+        });
+}
+
+void MainWindow::addPageActions()
+{
+    // View: one entry per tab (Ctrl+1…), then Refresh.
+    for (int i = 0; i < m_pages->count(); ++i) {
+        QAction *page = m_viewMenu->addAction(m_pages->tabText(i), this,
+                                              [this, i] { m_pages->setCurrentIndex(i); });
+        page->setShortcut(QKeySequence(Qt::CTRL | Qt::Key(Qt::Key_1 + i)));
+    }
+    m_viewMenu->addSeparator();
+    m_viewMenu->addAction(m_refreshAction);
+    m_viewMenu->addAction(m_notifyAction);
+}
+
+void MainWindow::restoreLayout()
+{
+    QSettings settings;
+    if (!restoreGeometry(settings.value(u"window/geometry"_qs).toByteArray()))
+        resize(1280, 760);
+    restoreState(settings.value(u"window/state"_qs).toByteArray());
+    m_split->restoreState(settings.value(u"window/split"_qs).toByteArray());
+}
+
+void MainWindow::fitKeyColumn()
+{
+    // As wide as the longest loaded key, as far as the other columns leave room: longer ones
+    // are elided in the middle (their tooltip has the whole key).
+    if (m_fittedKeyWidth && m_table->columnWidth(KeysModel::Key) != m_fittedKeyWidth)
+        return; // the user set the width: theirs from now on
+    const QFontMetrics metrics(m_table->font());
+    int widest = m_table->horizontalHeader()->sectionSizeHint(KeysModel::Key);
+    for (int row = 0; row < m_keys->rowCount(); ++row)
+        widest = std::max(widest, metrics.horizontalAdvance(m_keys->record(row)->key) + 16);
+    // What the other columns leave, but never under 200 px or over half the table.
+    int others = 0;
+    for (int c = 0; c < KeysModel::ColumnCount; ++c)
+        if (c != KeysModel::Key)
+            others += m_table->horizontalHeader()->sectionSizeHint(c) > 0 ? m_table->columnWidth(c) : 0;
+    const int room = std::max(200, std::min(m_table->viewport()->width() - others, m_table->viewport()->width() / 2));
+    m_fittedKeyWidth = std::min(widest, room);
+    m_table->setColumnWidth(KeysModel::Key, m_fittedKeyWidth);
+}
+
+void MainWindow::showAbout()
+{
+    auto *box = new QMessageBox(QMessageBox::Information, tr("About Idempotency Desk"),
+                                aboutText(tr("asking…")), QMessageBox::Close, this);
+    box->setAttribute(Qt::WA_DeleteOnClose);
+    box->setIconPixmap(windowIcon().pixmap(64, 64));
+    box->setObjectName(u"about"_qs);
+    box->show();
+    // The store server's version is asked on a store worker; the box fills it in when it comes.
+    m_session.pool->submit<QString>(
+        box, [](IdempotencyStore &store) { return store.serverVersion(); },
+        [box, this](Result<QString> version) {
+            box->setText(aboutText(version ? *version
+                                           : tr("unavailable (%1)").arg(version.error().message)));
+        });
+}
+
+QString MainWindow::aboutText(const QString &storeVersion) const
+{
+    return tr("<h3>Idempotency Desk %1</h3><p>Each webhook event processed once, however often it "
+              "is delivered.</p>"
+              "<table><tr><td>Desk</td><td>%1</td></tr><tr><td>Qt</td><td>%2 (built with "
+              "%3)</td></tr>"
+              "<tr><td>Store</td><td>%4</td></tr><tr><td>Store server</td><td>%5</td></tr></table>")
+        .arg(QCoreApplication::applicationVersion().isEmpty()
+                 ? QStringLiteral(IDEM_VERSION)
+                 : QCoreApplication::applicationVersion(),
+             QString::fromLatin1(qVersion()), QStringLiteral(QT_VERSION_STR),
+             (StoreUrl::parse(m_session.storeUrl).ok()
+                  ? StoreUrl::parse(m_session.storeUrl)->display()
+                  : displayUrl(m_session.storeUrl))
+                 .toHtmlEscaped(),
+             storeVersion.toHtmlEscaped());
+}
+
+void MainWindow::keepSelectionAcrossReset()
+{
+    // A refresh whose rows moved (a reset key is now the newest) resets the model, and a reset
+    // clears the selection: keep it on the same keys.
+    connect(m_sorted, &QAbstractItemModel::modelAboutToBeReset, this, [this] {
+        const QStringList keys = selectedKeys();
+        if (!keys.isEmpty())
+            m_keptSelection = keys;
+        const QModelIndex current = m_table->selectionModel()->currentIndex();
+        if (current.isValid())
+            m_keptCurrent = m_sorted->mapToSource(current).data(KeysModel::KeyRole).toString();
+    });
+    auto restore = [this] {
+        if (m_keptSelection.isEmpty())
+            return;
+        QItemSelection selection;
+        for (const QString &key : std::as_const(m_keptSelection)) {
+            const int row = m_keys->rowOfKey(key);
+            if (row < 0)
+                continue;
+            const QModelIndex index = m_sorted->mapFromSource(m_keys->index(row, 0));
+            selection.select(index, index.siblingAtColumn(KeysModel::ColumnCount - 1));
+        }
+        if (selection.isEmpty())
+            return; // not (yet) loaded: tried again when the next rows arrive
+        QSignalBlocker quiet(m_table->selectionModel()); // the same keys: nothing to reload
+        m_table->selectionModel()->select(selection, QItemSelectionModel::ClearAndSelect |
+                                                         QItemSelectionModel::Rows);
+        const int currentRow = m_keys->rowOfKey(m_keptCurrent);
+        if (currentRow >= 0)
+            m_table->selectionModel()->setCurrentIndex(
+                m_sorted->mapFromSource(m_keys->index(currentRow, 0)),
+                QItemSelectionModel::NoUpdate);
+        quiet.unblock();
+        m_keptSelection.clear();
+        m_table->viewport()->update();
+        updateActions();
+        const QStringList keys = selectedKeys();
+        if (keys.size() == 1 && keys.first() != m_detail->currentKey())
+            loadDetail(); // brought here from elsewhere (a live delivery): show it
+    };
+    connect(m_sorted, &QAbstractItemModel::modelReset, this, restore);
+    connect(m_keys, &KeysModel::loaded, this, restore);
+}
 
 void MainWindow::showWarnings(const QStringList &warnings)
 {
-    m_warnings->setText(warnings.isEmpty() ? QString() : tr("<span style='color:#b06a00'>⚠ %n warning(s)</span>", nullptr, int(warnings.size())));
+    m_warnings->setText(warnings.isEmpty()
+                            ? QString()
+                            : tr("<span style='color:%1'>⚠ %2</span>")
+                                  .arg(stateColour(KeyState::Processing).name(),
+                                       countOf(warnings.size(), u"warning", u"warnings")));
     m_warnings->setToolTip(warnings.join(u'\n'));
 }
 
@@ -245,6 +691,7 @@ void MainWindow::updateActions()
     m_forceFailAction->setEnabled(!keys.isEmpty());
     m_retryAction->setEnabled(one);
     m_copyCurlAction->setEnabled(one);
+    m_copyKeyAction->setEnabled(!keys.isEmpty());
 }
 
 void MainWindow::loadDetail()
@@ -297,6 +744,8 @@ void MainWindow::loadDetail()
 
 void MainWindow::refreshAll()
 {
+    if (m_refreshes++ % 5 == 0)
+        pollTray();
     m_keys->refresh();
     if (!m_detailLoading && !m_detail->currentKey().isEmpty() && selectedKeys().size() == 1)
         loadDetail();
@@ -317,15 +766,17 @@ void MainWindow::updateStatus()
         qint64 deliveries = 0;
         for (qint64 n : counters.byOutcome)
             deliveries += n;
-        text += tr(" · %1 deliveries, %2 reached the processor").arg(deliveries).arg(counters.processorRuns);
+        text += tr(" · %1, %2 reached the processor")
+                    .arg(countOf(deliveries, u"delivery", u"deliveries"))
+                    .arg(counters.processorRuns);
     }
     m_counts->setText(text);
     const StoreHealth health = m_session.pool->health();
     const QString store = StoreUrl::parse(m_session.storeUrl).ok()
                               ? StoreUrl::parse(m_session.storeUrl)->display()
                               : displayUrl(m_session.storeUrl);
-    m_storeLabel->setText(health.healthy ? tr("Store %1 <span style='color:#1b7f3b'>● healthy</span>").arg(store.toHtmlEscaped())
-                                         : tr("Store %1 <span style='color:#b02020'>● unavailable</span>").arg(store.toHtmlEscaped()));
+    m_storeLabel->setText(health.healthy ? tr("Store %1 <span style='color:%2'>● healthy</span>").arg(store.toHtmlEscaped(), stateColour(KeyState::Completed).name())
+                                         : tr("Store %1 <span style='color:%2'>● unavailable</span>").arg(store.toHtmlEscaped(), stateColour(KeyState::Failed).name()));
     m_storeLabel->setToolTip(health.healthy ? QString() : health.lastError);
 }
 
@@ -429,7 +880,9 @@ void MainWindow::resetAllFailed()
         [this, scope](Result<qint64> reset) {
             if (!reset)
                 return finishAction(tr("Reset not done: %1").arg(reset.error().message), false);
-            finishAction(tr("Reset %1 failed key(s) %2.").arg(*reset).arg(scope), true);
+            finishAction(
+                tr("Reset %1 %2.").arg(countOf(*reset, u"failed key", u"failed keys"), scope),
+                true);
         });
 }
 
@@ -441,6 +894,115 @@ void MainWindow::openStorm()
     dialog->setAttribute(Qt::WA_DeleteOnClose);
     connect(dialog, &StormDialog::finished, this, &MainWindow::refreshAll);
     dialog->show();
+}
+
+void MainWindow::openSend()
+{
+    if (!m_session.receiver)
+        return;
+    SendTarget target;
+    const ListenAddress address = m_session.receiver->address();
+    // A receiver on every address is reached on loopback.
+    target.host =
+        address.host.isEqual(QHostAddress::AnyIPv4) || address.host.isEqual(QHostAddress::Any)
+            ? QByteArray("127.0.0.1")
+            : address.host.toString().toLatin1();
+    target.port = address.port;
+    auto *dialog = new SendDialog(m_session.config, target, this);
+    dialog->setAttribute(Qt::WA_DeleteOnClose);
+    connect(dialog, &SendDialog::sent, this, &MainWindow::refreshAll);
+    dialog->show();
+}
+
+void MainWindow::exportKeys()
+{
+    const QString path =
+        QFileDialog::getSaveFileName(this, tr("Export keys"), u"idemdesk-keys.jsonl"_qs,
+                                     tr("JSON Lines (*.jsonl);;All files (*)"));
+    if (!path.isEmpty())
+        exportTo(path, selectedKeys());
+}
+
+void MainWindow::importKeys()
+{
+    const QString path = QFileDialog::getOpenFileName(
+        this, tr("Import keys"), QString(), tr("JSON Lines (*.jsonl *.json);;All files (*)"));
+    if (!path.isEmpty())
+        importFrom(path);
+}
+
+void MainWindow::exportTo(const QString &path, const QStringList &keys)
+{
+    // The selection, or with none selected every key of the filter; written on a store worker.
+    KeyQuery filter;
+    const int tab = std::max(0, m_stateTabs->currentIndex());
+    filter.state = kTabStates[size_t(tab)];
+    filter.endpoint = m_endpointFilter->currentData().toString();
+    filter.glob = m_keys->glob();
+    m_session.pool->submit<qint64>(
+        this,
+        [path, keys, filter](IdempotencyStore &store) -> Result<qint64> {
+            QSaveFile file(path);
+            if (!file.open(QIODevice::WriteOnly))
+                return makeError(ErrorCode::Invalid, u"%1: %2"_qs.arg(path, file.errorString()));
+            auto written = idem::exportKeys(
+                store, filter, keys, [&](const QByteArray &line) { file.write(line + '\n'); });
+            if (!written)
+                return written.error(); // the file is not replaced
+            if (!file.commit())
+                return makeError(ErrorCode::Invalid, u"%1: %2"_qs.arg(path, file.errorString()));
+            return written;
+        },
+        [this, path](Result<qint64> written) {
+            if (!written)
+                return finishAction(tr("Export not done: %1").arg(written.error().message), false);
+            finishAction(tr("Exported %1 to %2.").arg(countOf(*written, u"key", u"keys"), path),
+                         true);
+        });
+}
+
+void MainWindow::importFrom(const QString &path)
+{
+    struct Report
+    {
+        QStringList imported, existing, refused;
+    };
+    m_session.pool->submit<Report>(
+        this,
+        [path](IdempotencyStore &store) -> Result<Report> {
+            QFile file(path);
+            if (!file.open(QIODevice::ReadOnly))
+                return makeError(ErrorCode::Invalid, u"%1: %2"_qs.arg(path, file.errorString()));
+            Report report;
+            int number = 0;
+            while (!file.atEnd()) {
+                const QByteArray line = file.readLine().trimmed();
+                ++number;
+                if (line.isEmpty())
+                    continue;
+                auto done = importLine(store, line);
+                if (!done && done.error().code != ErrorCode::Invalid)
+                    return done.error();
+                if (!done)
+                    report.refused << u"line %1: %2"_qs.arg(number).arg(done.error().message);
+                else
+                    (done->verdict == ImportVerdict::Imported ? report.imported : report.existing)
+                        << done->key;
+            }
+            return report;
+        },
+        [this, path](Result<Report> report) {
+            if (!report)
+                return finishAction(tr("Import not done: %1").arg(report.error().message), false);
+            QString message = tr("Imported %1 from %2.")
+                                  .arg(countOf(report->imported.size(), u"key", u"keys"), path);
+            if (!report->existing.isEmpty())
+                message +=
+                    tr(" Already here, left alone: %1.").arg(report->existing.join(u", "_qs));
+            if (!report->refused.isEmpty())
+                message += tr(" Refused: %1").arg(report->refused.join(u"; "_qs));
+            finishAction(message, report->refused.isEmpty());
+        });
 }
 
 void MainWindow::openSettings()

@@ -1,6 +1,7 @@
 #pragma once
 
 #include "config/config.h"
+#include "model/keyrecord.h"
 #include "store/storepool.h"
 
 #include <QMainWindow>
@@ -13,6 +14,10 @@ class QComboBox;
 class QLabel;
 class QLineEdit;
 class QSortFilterProxyModel;
+class QMenu;
+class QPushButton;
+class QSystemTrayIcon;
+class QSplitter;
 class QTabBar;
 class QTabWidget;
 class QTableView;
@@ -20,13 +25,19 @@ class QTimer;
 
 namespace idem {
 
+class DeliveriesFilter;
 class DeliveriesModel;
 class IdempotencyEngine;
 class KeyDetailView;
 class KeysModel;
 class Receiver;
 class TrafficView;
+class TrayMonitor;
 struct RetryOutcome;
+
+// The "Try: curl …" hint for the receiver's address: an endpoint that verifies no signature,
+// with the key where it reads it; when every endpoint is signed, Send test event instead.
+QString tryHint(const Config &config, const QString &base);
 
 // What the window works on: the store, and the embedded receiver unless in attach mode.
 struct DeskSession
@@ -53,6 +64,12 @@ public:
     KeyDetailView *detail() const { return m_detail; }
     TrafficView *traffic() const { return m_traffic; }
     DeliveriesModel *deliveries() const { return m_deliveries; }
+    QTableView *liveView() const { return m_live; }
+    QComboBox *liveOutcomeFilter() const { return m_liveOutcome; }
+    QComboBox *liveEndpointFilter() const { return m_liveEndpoint; }
+    QPushButton *livePause() const { return m_livePause; }
+    // The Keys page on `key` (from a live delivery): selected once it is loaded.
+    void openKey(const QString &key);
     QTabBar *stateTabs() const { return m_stateTabs; }
     QComboBox *endpointFilter() const { return m_endpointFilter; }
     QLineEdit *textFilter() const { return m_textFilter; }
@@ -70,6 +87,22 @@ public:
     QAction *resetAllFailedAction() const { return m_resetAllFailedAction; }
     QAction *stormAction() const { return m_stormAction; }
     QAction *settingsAction() const { return m_settingsAction; }
+    QAction *copyKeyAction() const { return m_copyKeyAction; }
+    QAction *exportAction() const { return m_exportAction; }
+    QAction *importAction() const { return m_importAction; }
+    QAction *sendAction() const { return m_sendAction; }
+    QAction *findAction() const { return m_findAction; }
+    QAction *refreshAction() const { return m_refreshAction; }
+    QAction *aboutAction() const { return m_aboutAction; }
+    QAction *notificationsAction() const { return m_notifyAction; }
+    TrayMonitor *trayMonitor() const { return m_tray; }
+    QSplitter *splitter() const { return m_split; }
+    QLabel *addressLabel() const { return m_address; }
+    QString aboutText(const QString &storeVersion) const;
+
+    // Export / import without a file dialog (the dialogs call these; so do tests).
+    void exportTo(const QString &path, const QStringList &keys);
+    void importFrom(const QString &path);
 
     // A curl command that sends the key's stored request again (secret headers masked).
     QString curlFor(const KeyRecord &record) const;
@@ -84,7 +117,20 @@ private:
     void refreshAll();
     void updateStatus();
     void updateActions();
-    void operatorOn(const QStringList &keys, OperatorAction action, bool force, const QString &verb);
+    void buildActions();
+    void buildLivePage();
+    void buildTray();
+    void pollTray();
+    void addPageActions();
+    void restoreLayout();
+    void fitKeyColumn();
+    void keepSelectionAcrossReset();
+    void showAbout();
+    void openSend();
+    void exportKeys();
+    void importKeys();
+    void operatorOn(const QStringList &keys, OperatorAction action, bool force,
+                    const QString &verb);
     void retrySelected();
     void resetAllFailed();
     void openStorm();
@@ -101,6 +147,12 @@ private:
     KeyDetailView *m_detail;
     TrafficView *m_traffic;
     DeliveriesModel *m_deliveries = nullptr;
+    DeliveriesFilter *m_liveFilter = nullptr;
+    QTableView *m_live = nullptr;
+    QComboBox *m_liveOutcome = nullptr;
+    QComboBox *m_liveEndpoint = nullptr;
+    QPushButton *m_livePause = nullptr;
+    QList<DeliveryEvent> m_liveHeld; // while paused
     QTabBar *m_stateTabs;
     QComboBox *m_endpointFilter;
     QLineEdit *m_textFilter;
@@ -120,6 +172,22 @@ private:
     QAction *m_resetAllFailedAction;
     QAction *m_stormAction;
     QAction *m_settingsAction;
+    QAction *m_copyKeyAction;
+    QAction *m_exportAction;
+    QAction *m_importAction;
+    QAction *m_sendAction;
+    QAction *m_findAction;
+    QAction *m_refreshAction;
+    QAction *m_aboutAction;
+    QMenu *m_viewMenu;
+    QAction *m_notifyAction = nullptr;
+    TrayMonitor *m_tray = nullptr;
+    QSystemTrayIcon *m_trayIcon = nullptr;
+    quint64 m_refreshes = 0;
+    QSplitter *m_split = nullptr;
+    QStringList m_keptSelection; // selected keys to bring back after the model was reset
+    QString m_keptCurrent;
+    int m_fittedKeyWidth = 0; // the Key column's width as fitted last (another: the user's)
     quint64 m_detailGeneration = 0;
     bool m_detailLoading = false;
 };

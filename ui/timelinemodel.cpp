@@ -1,5 +1,6 @@
 #include "timelinemodel.h"
 
+#include "colours.h"
 #include <QBrush>
 #include <QColor>
 
@@ -61,9 +62,10 @@ QVariant TimelineModel::data(const QModelIndex &index, int role) const
         default: break;
         }
     }
-    if (role == Qt::BackgroundRole && (e.outcome == idem::Outcome::Processed || e.outcome == idem::Outcome::Reprocessed
-                                       || e.outcome == idem::Outcome::Recovered))
-        return QBrush(QColor(0xe3, 0xf4, 0xe8)); // the delivery that won the claim
+    if (role == Qt::BackgroundRole &&
+        (e.outcome == idem::Outcome::Processed || e.outcome == idem::Outcome::Reprocessed ||
+         e.outcome == idem::Outcome::Recovered))
+        return QBrush(winnerBackground()); // the delivery that won the claim
     if (role == Qt::DisplayRole || role == RawValueRole) {
         switch (index.column()) {
         case Offset: return u"+%1 s"_qs.arg(double(offset) / 1000.0, 0, 'f', 3);

@@ -1,5 +1,8 @@
 #include "cli/common.h"
 
+#include <QHostAddress>
+#include <QUrl>
+
 #include "engine/stats.h"
 #include "receiver/receiver.h"
 #include "store/storefactory.h"
@@ -162,6 +165,31 @@ Result<std::unique_ptr<MetricsServer>> startMetrics(const CommonOptions &options
         return bound.error();
     std::fprintf(stderr, "idemdesk: metrics at http://%s/metrics\n", qPrintable(bound->toString()));
     return server;
+}
+
+const EndpointConfig *findEndpoint(const Config &config, const QString &name)
+{
+    if (const EndpointConfig *endpoint = config.endpoint(name))
+        return endpoint;
+    QStringList names;
+    for (const auto &e : config.endpoints)
+        names << e.name;
+    printError(u"no endpoint '%1' in the config (it has: %2)"_qs.arg(name, names.join(u", "_qs)));
+    return nullptr;
+}
+
+std::optional<QPair<QByteArray, quint16>> receiverAddress(const QCommandLineParser &parser,
+                                                          const Config &config)
+{
+    const QUrl url(parser.isSet(u"url"_qs) ? parser.value(u"url"_qs)
+                                           : u"http://"_qs + config.listen.toString());
+    QHostAddress host(url.host() == u"localhost"_qs ? u"127.0.0.1"_qs : url.host());
+    if (url.scheme() != u"http"_qs || host.protocol() != QAbstractSocket::IPv4Protocol ||
+        url.port() <= 0) {
+        printError(u"--url must be http://IPv4:PORT (got '%1')"_qs.arg(url.toString()));
+        return std::nullopt;
+    }
+    return QPair<QByteArray, quint16>(host.toString().toLatin1(), quint16(url.port()));
 }
 
 QString storeDisplay(const QString &url)

@@ -53,10 +53,20 @@ struct StoreSession
 // ready, otherwise the exit code (2 for the options, 1 for the store).
 int openSession(const QCommandLineParser &parser, StoreSession &session);
 
+// The config's endpoint `name`, or null after printing which ones there are (storm, send).
+const EndpointConfig *findEndpoint(const Config &config, const QString &name);
+// --url (default http://<config listen>) as an IPv4 host and port, or nullopt after printing
+// why not (storm, send).
+std::optional<QPair<QByteArray, quint16>> receiverAddress(const QCommandLineParser &parser,
+                                                          const Config &config);
+
 int serve(const QStringList &arguments);
 int gui(int argc, char **argv, const QStringList &arguments);
 int keys(const QStringList &arguments);
 int stats(const QStringList &arguments);
 int storm(const QStringList &arguments);
+int send(const QStringList &arguments);
+int keysExport(const QStringList &arguments);
+int keysImport(const QStringList &arguments);
 
 } // namespace idem::cli

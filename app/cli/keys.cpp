@@ -24,6 +24,8 @@ const char kKeysUsage[] =
     "  retry KEY... [--force]\n"
     "  delete KEY...\n"
     "  purge-expired\n"
+    "  export [--state S] [--endpoint E] [--match GLOB] [--output FILE] [KEY...]\n"
+    "  import [FILE]\n"
     "\n"
     "KEY is the stored key, <endpoint>:<idempotency key> (e.g. orders:evt_123).\n"
     "Every command takes --store URL and --config FILE; `idemdesk keys COMMAND --help` has more.\n";
@@ -320,7 +322,8 @@ int transition(const QStringList &arguments, OperatorAction action)
             printError(reset.error().message);
             return ExitRuntime;
         }
-        printOut(u"reset %1 failed key(s)%2\n"_qs.arg(*reset).arg(endpoint.isEmpty() ? QString() : u" of "_qs + endpoint));
+        printOut(u"reset %1%2\n"_qs.arg(countOf(*reset, u"failed key", u"failed keys"))
+                     .arg(endpoint.isEmpty() ? QString() : u" of "_qs + endpoint));
     } else {
         for (const QString &key : keys)
             apply(key);
@@ -381,7 +384,7 @@ int purge(const QStringList &arguments)
         printError(removed.error().message);
         return ExitRuntime;
     }
-    printOut(u"removed %1 expired key(s)\n"_qs.arg(*removed));
+    printOut(u"removed %1\n"_qs.arg(countOf(*removed, u"expired key", u"expired keys")));
     return ExitOk;
 }
 
@@ -406,6 +409,10 @@ int keys(const QStringList &arguments)
         return retry(rest);
     if (sub == u"purge-expired"_qs)
         return purge(rest);
+    if (sub == u"export"_qs)
+        return keysExport(rest);
+    if (sub == u"import"_qs)
+        return keysImport(rest);
     if (sub.isEmpty() || sub == u"--help"_qs || sub == u"-h"_qs || sub == u"help"_qs) {
         printOut(QString::fromLatin1(kKeysUsage));
         return sub.isEmpty() ? ExitUsage : ExitOk;

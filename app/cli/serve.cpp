@@ -7,13 +7,15 @@
 #include "store/storeurl.h"
 #include "util/format.h"
 
+#include "colours.h"
+
 #include <QApplication>
-#include <QFile>
-#include <QMessageBox>
-#include <QSettings>
 #include <QCommandLineParser>
 #include <QDateTime>
+#include <QFile>
 #include <QJsonDocument>
+#include <QMessageBox>
+#include <QSettings>
 #include <QSocketNotifier>
 #include <QTextStream>
 #include <QTimer>
@@ -178,6 +180,10 @@ int serve(const QStringList &arguments)
 int gui(int argc, char **argv, const QStringList &arguments)
 {
     QApplication app(argc, argv);
+    QApplication::setWindowIcon(applicationIcon());
+    // The taskbar finds idemdesk.desktop, and its icon, by this name.
+    QGuiApplication::setDesktopFileName(u"idemdesk"_qs);
+    followDesktopColourScheme(app);
     QCommandLineParser parser;
     parser.setApplicationDescription(u"The dashboard, with the embedded receiver (or attached to a shared store with --no-receiver)."_qs);
     addCommonOptions(parser);

@@ -2,18 +2,18 @@
 #include "cli/common.h"
 
 #include "engine/storm.h"
-
-#include <QUrl>
+#include "util/format.h"
 
 namespace idem::cli {
 
 int storm(const QStringList &arguments)
 {
     QCommandLineParser parser;
-    parser.setApplicationDescription(
-        u"Fire N identical, properly signed deliveries per key at a running receiver and report the outcomes, "
-        "the latency, and whether every key was processed exactly once (exit 1 if not). The config tells "
-        "the endpoint's provider and secret."_qs);
+    parser.setApplicationDescription(u"Fire N identical, properly signed deliveries per key at a "
+                                     u"running receiver and report the outcomes, "
+                                     "the latency, and whether every key was processed exactly "
+                                     "once (exit 1 if not). The config tells "
+                                     "the endpoint's provider and secret."_qs);
     addCommonOptions(parser, false);
     parser.addOption({u"endpoint"_qs, u"The endpoint to deliver to (required)."_qs, u"E"_qs});
     parser.addOption({u"copies"_qs, u"Identical deliveries per key (default 64)."_qs, u"N"_qs, u"64"_qs});
@@ -44,25 +44,17 @@ int storm(const QStringList &arguments)
         printError(options.error().message);
         return ExitUsage;
     }
-    const EndpointConfig *endpoint = options->config.endpoint(parser.value(u"endpoint"_qs));
-    if (!endpoint) {
-        QStringList names;
-        for (const auto &e : options->config.endpoints)
-            names << e.name;
-        printError(u"no endpoint '%1' in the config (it has: %2)"_qs.arg(parser.value(u"endpoint"_qs), names.join(u", "_qs)));
+    const EndpointConfig *endpoint = findEndpoint(options->config, parser.value(u"endpoint"_qs));
+    if (!endpoint)
         return ExitUsage;
-    }
-    const QUrl url(parser.isSet(u"url"_qs) ? parser.value(u"url"_qs) : u"http://"_qs + options->config.listen.toString());
-    QHostAddress host(url.host() == u"localhost"_qs ? u"127.0.0.1"_qs : url.host());
-    if (url.scheme() != u"http"_qs || host.protocol() != QAbstractSocket::IPv4Protocol || url.port() <= 0) {
-        printError(u"--url must be http://IPv4:PORT (got '%1')"_qs.arg(url.toString()));
+    const auto address = receiverAddress(parser, options->config);
+    if (!address)
         return ExitUsage;
-    }
-    plan.host = host.toString().toLatin1();
-    plan.port = quint16(url.port());
+    plan.host = address->first;
+    plan.port = address->second;
 
-    printOut(u"storm: %1 copies × %2 key(s) at http://%3:%4/hooks/%5, concurrency %6\n"_qs.arg(plan.copies)
-                 .arg(plan.keys).arg(QString::fromLatin1(plan.host)).arg(plan.port).arg(endpoint->name).arg(plan.concurrency));
+    printOut(u"storm: %1 copies × %2 at http://%3:%4/hooks/%5, concurrency %6\n"_qs.arg(plan.copies)
+                 .arg(countOf(plan.keys, u"key", u"keys"), QString::fromLatin1(plan.host)).arg(plan.port).arg(endpoint->name).arg(plan.concurrency));
     const StormReport r = runStorm(plan, *endpoint);
     QStringList outcomes;
     for (size_t i = 0; i < r.outcomes.size(); ++i)
@@ -79,10 +71,10 @@ int storm(const QStringList &arguments)
         printOut(u"processor  every key processed exactly once (%1 of %2)\n"_qs.arg(r.keysProcessedOnce()).arg(r.keys));
         return ExitOk;
     }
-    printOut(u"processor  NOT exactly once: %1 of %2 key(s) processed once\n"_qs.arg(r.keysProcessedOnce()).arg(r.keys));
+    printOut(u"processor  NOT exactly once: %1 of %2 processed once\n"_qs.arg(r.keysProcessedOnce()).arg(countOf(r.keys, u"key", u"keys")));
     for (auto it = r.processorRuns.begin(); it != r.processorRuns.end(); ++it)
         if (it.value() != 1)
-            printOut(u"  %1 processed %2 time(s)\n"_qs.arg(it.key()).arg(it.value()));
+            printOut(u"  %1 processed %2\n"_qs.arg(it.key(), countOf(it.value(), u"time", u"times")));
     return ExitRuntime;
 }
 

@@ -47,10 +47,25 @@ public:
                                      const EndpointConfig &endpoint) const = 0;
     // How long the sender keeps retrying: a TTL shorter than this lets a late retry through.
     virtual qint64 retryWindowSeconds() const = 0;
+    // Test events this sender sends (Send test event, `idemdesk send --template`); the first is
+    // the default.
+    virtual QStringList templates() const = 0;
+    // The event `eventId` from template `name` as this sender delivers it, unsigned: the key
+    // lands where extractKey() reads it (the body, or an id header).
+    virtual OutgoingDelivery sample(const EndpointConfig &endpoint, const QString &name,
+                                    const QString &eventId, qint64 nowSeconds) const = 0;
+    // Signs `delivery` as this sender does, at `nowSeconds` (its timestamp header too), with the
+    // endpoint's first secret (SendGrid: its private key), replacing an earlier signature; an
+    // endpoint without a secret gets no signature. Invalid when it cannot be signed (SendGrid
+    // verifying with a public key but no private key given).
+    virtual Result<void> sign(OutgoingDelivery &delivery, const EndpointConfig &endpoint,
+                              qint64 nowSeconds) const = 0;
+    // The template storms send (one key per event).
+    virtual QString stormTemplate() const { return templates().first(); }
     // The event `eventId` as this sender would deliver it to `endpoint`, signed with its first
-    // secret at `nowSeconds` (storms and tests: the key lands where extractKey() reads it).
-    virtual OutgoingDelivery makeDelivery(const EndpointConfig &endpoint, const QString &eventId,
-                                          qint64 nowSeconds) const = 0;
+    // secret at `nowSeconds` (storms and tests): sample() of the storm template, then sign().
+    OutgoingDelivery makeDelivery(const EndpointConfig &endpoint, const QString &eventId,
+                                  qint64 nowSeconds) const;
 
     // Batch senders (SendGrid) put several events in one delivery: each element is its own key.
     virtual bool isBatch() const { return false; }
@@ -62,6 +77,9 @@ public:
 };
 
 const Provider *providerFor(QStringView name);
+
+// Sets header `name` (case-insensitive), replacing every earlier value.
+void setHeader(HeaderList &headers, const QByteArray &name, const QByteArray &value);
 
 // "<endpoint>:<key>", at most 255 bytes of printable ASCII (SPEC §3); anything else is a 400.
 Result<QString> namespacedKey(const QString &endpoint, const QString &rawKey);

@@ -4,9 +4,11 @@
 #include "util/crypto.h"
 
 #include <QCryptographicHash>
+#include <QDateTime>
 #include <QJsonArray>
 #include <QJsonDocument>
 #include <QJsonObject>
+#include <QUrlQuery>
 
 namespace idem {
 
@@ -45,6 +47,12 @@ KeyExtraction bodyField(const HttpRequest &request, const QString &field)
 QByteArray compact(const QJsonObject &object)
 {
     return QJsonDocument(object).toJson(QJsonDocument::Compact);
+}
+
+// Test events are sent as senders send them: pretty-printed JSON, as Stripe and GitHub do.
+QByteArray indented(const QJsonObject &object)
+{
+    return QJsonDocument(object).toJson(QJsonDocument::Indented);
 }
 
 // "t=1,v1=abc,v1=def" → pairs, in order.
@@ -110,18 +118,36 @@ public:
     {
         return bodyField(request, u"id"_qs);
     }
-    OutgoingDelivery makeDelivery(const EndpointConfig &e, const QString &id, qint64 now) const override
+    QStringList templates() const override { return {u"payment_intent.succeeded"_qs}; }
+    OutgoingDelivery sample(const EndpointConfig &, const QString &, const QString &id,
+                            qint64 now) const override
     {
         OutgoingDelivery d;
-        d.body = compact({{u"id"_qs, id}, {u"object"_qs, u"event"_qs}, {u"type"_qs, u"payment_intent.succeeded"_qs},
-                          {u"created"_qs, now}, {u"data"_qs, QJsonObject{{u"object"_qs, QJsonObject{{u"amount"_qs, 4200}}}}}});
-        d.headers.append({QByteArray("Content-Type"), QByteArray("application/json")});
-        if (!e.secrets.isEmpty()) {
-            const QByteArray t = QByteArray::number(now);
-            d.headers.append({QByteArray("Stripe-Signature"),
-                              "t=" + t + ",v1=" + hmacSha256(e.secrets.first().toUtf8(), t + '.' + d.body).toHex()});
-        }
+        const QJsonObject intent{{u"id"_qs, u"pi_3Q"_qs + id.right(12)},
+                                 {u"object"_qs, u"payment_intent"_qs},
+                                 {u"amount"_qs, 4200},
+                                 {u"currency"_qs, u"usd"_qs},
+                                 {u"status"_qs, u"succeeded"_qs}};
+        d.body = indented({{u"id"_qs, id},
+                           {u"object"_qs, u"event"_qs},
+                           {u"api_version"_qs, u"2024-06-20"_qs},
+                           {u"created"_qs, now},
+                           {u"type"_qs, u"payment_intent.succeeded"_qs},
+                           {u"livemode"_qs, false},
+                           {u"data"_qs, QJsonObject{{u"object"_qs, intent}}}});
+        d.headers = {{"Content-Type", "application/json; charset=utf-8"},
+                     {"User-Agent", "Stripe/1.0 (+https://stripe.com/docs/webhooks)"}};
         return d;
+    }
+    Result<void> sign(OutgoingDelivery &d, const EndpointConfig &e, qint64 now) const override
+    {
+        if (e.secrets.isEmpty())
+            return {};
+        const QByteArray t = QByteArray::number(now);
+        setHeader(d.headers, "Stripe-Signature",
+                  "t=" + t +
+                      ",v1=" + hmacSha256(e.secrets.first().toUtf8(), t + '.' + d.body).toHex());
+        return {};
     }
 };
 
@@ -161,16 +187,39 @@ public:
         const QByteArray event = request.header("X-GitHub-Event");
         return event.isEmpty() ? QString() : u"event "_qs + QString::fromLatin1(event);
     }
-    OutgoingDelivery makeDelivery(const EndpointConfig &e, const QString &id, qint64) const override
+    QStringList templates() const override { return {u"push"_qs, u"ping"_qs}; }
+    OutgoingDelivery sample(const EndpointConfig &, const QString &name, const QString &id,
+                            qint64) const override
     {
         OutgoingDelivery d;
-        d.body = compact({{u"zen"_qs, u"Keep it logically awesome."_qs}, {u"hook_id"_qs, 4242}});
-        d.headers = {{"Content-Type", "application/json"}, {"X-GitHub-Event", "ping"},
-                     {"X-GitHub-Hook-ID", "4242"}, {"X-GitHub-Delivery", id.toUtf8()}};
-        if (!e.secrets.isEmpty())
-            d.headers.append({QByteArray("X-Hub-Signature-256"),
-                              "sha256=" + hmacSha256(e.secrets.first().toUtf8(), d.body).toHex()});
+        const bool ping = name == u"ping"_qs;
+        const QJsonObject repository{{u"id"_qs, 1296269},
+                                     {u"full_name"_qs, u"octocat/Hello-World"_qs}};
+        d.body = ping ? indented({{u"zen"_qs, u"Keep it logically awesome."_qs},
+                                  {u"hook_id"_qs, 4242},
+                                  {u"repository"_qs, repository}})
+                      : indented({{u"ref"_qs, u"refs/heads/main"_qs},
+                                  {u"before"_qs, u"6113728f27ae82c7b1a177c8d03f9e96e0adf246"_qs},
+                                  {u"after"_qs, u"0d1a26e67d8f5eaf1f6ba5c57fc3c7d91ac0fd1c"_qs},
+                                  {u"repository"_qs, repository},
+                                  {u"pusher"_qs, QJsonObject{{u"name"_qs, u"octocat"_qs}}},
+                                  {u"commits"_qs,
+                                   QJsonArray{QJsonObject{
+                                       {u"id"_qs, u"0d1a26e67d8f5eaf1f6ba5c57fc3c7d91ac0fd1c"_qs},
+                                       {u"message"_qs, u"Update README"_qs}}}}});
+        d.headers = {{"Content-Type", "application/json"},
+                     {"User-Agent", "GitHub-Hookshot/044aadd"},
+                     {"X-GitHub-Event", ping ? "ping" : "push"},
+                     {"X-GitHub-Hook-ID", "4242"},
+                     {"X-GitHub-Delivery", id.toUtf8()}};
         return d;
+    }
+    Result<void> sign(OutgoingDelivery &d, const EndpointConfig &e, qint64) const override
+    {
+        if (!e.secrets.isEmpty())
+            setHeader(d.headers, "X-Hub-Signature-256",
+                      "sha256=" + hmacSha256(e.secrets.first().toUtf8(), d.body).toHex());
+        return {};
     }
 };
 
@@ -205,15 +254,34 @@ public:
         const QByteArray event = request.header("X-Shopify-Event-Id");
         return event.isEmpty() ? QString() : u"event "_qs + QString::fromLatin1(event);
     }
-    OutgoingDelivery makeDelivery(const EndpointConfig &e, const QString &id, qint64) const override
+    QStringList templates() const override { return {u"orders/create"_qs}; }
+    OutgoingDelivery sample(const EndpointConfig &, const QString &, const QString &id,
+                            qint64) const override
     {
         OutgoingDelivery d;
-        d.body = compact({{u"id"_qs, 820982911946154508LL}, {u"email"_qs, u"jon@example.com"_qs}});
-        d.headers = {{"Content-Type", "application/json"}, {"X-Shopify-Topic", "orders/create"},
-                     {"X-Shopify-Webhook-Id", id.toUtf8()}, {"X-Shopify-Event-Id", "ev-" + id.toUtf8()}};
-        if (!e.secrets.isEmpty())
-            d.headers.append({QByteArray("X-Shopify-Hmac-Sha256"), hmacSha256(e.secrets.first().toUtf8(), d.body).toBase64()});
+        d.body = indented(
+            {{u"id"_qs, 820982911946154508LL},
+             {u"email"_qs, u"jon@example.com"_qs},
+             {u"currency"_qs, u"USD"_qs},
+             {u"total_price"_qs, u"42.00"_qs},
+             {u"financial_status"_qs, u"paid"_qs},
+             {u"line_items"_qs, QJsonArray{QJsonObject{{u"title"_qs, u"IPod Nano - 8GB"_qs},
+                                                       {u"quantity"_qs, 1},
+                                                       {u"price"_qs, u"42.00"_qs}}}}});
+        d.headers = {{"Content-Type", "application/json"},
+                     {"X-Shopify-Topic", "orders/create"},
+                     {"X-Shopify-Shop-Domain", "example.myshopify.com"},
+                     {"X-Shopify-API-Version", "2024-07"},
+                     {"X-Shopify-Webhook-Id", id.toUtf8()},
+                     {"X-Shopify-Event-Id", "ev-" + id.toUtf8()}};
         return d;
+    }
+    Result<void> sign(OutgoingDelivery &d, const EndpointConfig &e, qint64) const override
+    {
+        if (!e.secrets.isEmpty())
+            setHeader(d.headers, "X-Shopify-Hmac-Sha256",
+                      hmacSha256(e.secrets.first().toUtf8(), d.body).toBase64());
+        return {};
     }
 };
 
@@ -280,19 +348,45 @@ public:
         }
         return elements;
     }
-    OutgoingDelivery makeDelivery(const EndpointConfig &e, const QString &id, qint64 now) const override
+    QStringList templates() const override { return {u"batch"_qs, u"delivered"_qs}; }
+    QString stormTemplate() const override { return u"delivered"_qs; } // one key per storm event
+    OutgoingDelivery sample(const EndpointConfig &, const QString &name, const QString &id,
+                            qint64 now) const override
     {
         OutgoingDelivery d;
-        d.body = QJsonDocument(QJsonArray{QJsonObject{{u"email"_qs, u"example@test.com"_qs}, {u"timestamp"_qs, now},
-                                                      {u"event"_qs, u"delivered"_qs}, {u"sg_event_id"_qs, id},
-                                                      {u"sg_message_id"_qs, u"14c5d75ce93.dfd.64b469.filter0001"_qs}}})
-                     .toJson(QJsonDocument::Compact);
-        const QByteArray timestamp = QByteArray::number(now);
-        d.headers = {{"Content-Type", "application/json"}, {"X-Twilio-Email-Event-Webhook-Timestamp", timestamp}};
-        if (!e.privateKey.isEmpty())
-            if (auto signature = ecdsaSign(e.privateKey, timestamp + d.body))
-                d.headers.append({QByteArray("X-Twilio-Email-Event-Webhook-Signature"), signature->toBase64()});
+        auto event = [&](const QString &type, const QString &eventId) {
+            return QJsonObject{{u"email"_qs, u"example@test.com"_qs},
+                               {u"timestamp"_qs, now},
+                               {u"event"_qs, type},
+                               {u"sg_event_id"_qs, eventId},
+                               {u"sg_message_id"_qs, u"14c5d75ce93.dfd.64b469.filter0001"_qs}};
+        };
+        const QJsonArray events = name == u"delivered"_qs
+                                      ? QJsonArray{event(u"delivered"_qs, id)}
+                                      : QJsonArray{event(u"processed"_qs, id + u"-1"_qs),
+                                                   event(u"delivered"_qs, id + u"-2"_qs),
+                                                   event(u"open"_qs, id + u"-3"_qs)};
+        d.body = QJsonDocument(events).toJson(name == u"delivered"_qs ? QJsonDocument::Compact
+                                                                      : QJsonDocument::Indented);
+        d.headers = {{"Content-Type", "application/json"}, {"User-Agent", "SendGrid Event API"}};
         return d;
+    }
+    Result<void> sign(OutgoingDelivery &d, const EndpointConfig &e, qint64 now) const override
+    {
+        const QByteArray timestamp = QByteArray::number(now);
+        setHeader(d.headers, "X-Twilio-Email-Event-Webhook-Timestamp", timestamp);
+        if (e.privateKey.isEmpty()) {
+            if (!e.publicKeys.isEmpty())
+                return makeError(
+                    ErrorCode::Invalid,
+                    u"SendGrid signs with its private key, which the desk does not hold: give it (PEM) to sign"_qs);
+            return {};
+        }
+        auto signature = ecdsaSign(e.privateKey, timestamp + d.body);
+        if (!signature)
+            return signature.error();
+        setHeader(d.headers, "X-Twilio-Email-Event-Webhook-Signature", signature->toBase64());
+        return {};
     }
 };
 
@@ -324,6 +418,12 @@ public:
     }
     KeyExtraction extractKey(const HttpRequest &request, const EndpointConfig &) const override
     {
+        // A slash command or interaction is a form, not JSON: its trigger_id names it.
+        if (request.header("Content-Type").startsWith("application/x-www-form-urlencoded")) {
+            const QString trigger = QUrlQuery(QString::fromUtf8(request.body))
+                                        .queryItemValue(u"trigger_id"_qs, QUrl::FullyDecoded);
+            return trigger.isEmpty() ? missing(u"the form has no trigger_id"_qs) : found(trigger);
+        }
         return bodyField(request, u"event_id"_qs);
     }
     std::optional<HttpResponse> directAnswer(const HttpRequest &request) const override
@@ -342,17 +442,50 @@ public:
         return u"slack retry %1%2"_qs.arg(QString::fromLatin1(retry),
                                           reason.isEmpty() ? QString() : u" ("_qs + QString::fromLatin1(reason) + u")"_qs);
     }
-    OutgoingDelivery makeDelivery(const EndpointConfig &e, const QString &id, qint64 now) const override
+    QStringList templates() const override { return {u"slash-command"_qs, u"event_callback"_qs}; }
+    OutgoingDelivery sample(const EndpointConfig &, const QString &name, const QString &id,
+                            qint64 now) const override
     {
         OutgoingDelivery d;
-        d.body = compact({{u"type"_qs, u"event_callback"_qs}, {u"event_id"_qs, id}, {u"event_time"_qs, now},
-                          {u"event"_qs, QJsonObject{{u"type"_qs, u"app_mention"_qs}, {u"text"_qs, u"hello"_qs}}}});
-        const QByteArray timestamp = QByteArray::number(now);
-        d.headers = {{"Content-Type", "application/json"}, {"X-Slack-Request-Timestamp", timestamp}};
-        if (!e.secrets.isEmpty())
-            d.headers.append({QByteArray("X-Slack-Signature"),
-                              "v0=" + hmacSha256(e.secrets.first().toUtf8(), "v0:" + timestamp + ':' + d.body).toHex()});
+        if (name == u"event_callback"_qs) {
+            d.body = indented({{u"type"_qs, u"event_callback"_qs},
+                               {u"team_id"_qs, u"T0001"_qs},
+                               {u"event_id"_qs, id},
+                               {u"event_time"_qs, now},
+                               {u"event"_qs, QJsonObject{{u"type"_qs, u"app_mention"_qs},
+                                                         {u"user"_qs, u"U2147483697"_qs},
+                                                         {u"text"_qs, u"hello"_qs}}}});
+            d.headers = {{"Content-Type", "application/json"}};
+        } else {
+            QUrlQuery form;
+            form.setQueryItems(
+                {{u"team_id"_qs, u"T0001"_qs},
+                 {u"team_domain"_qs, u"example"_qs},
+                 {u"channel_id"_qs, u"C2147483705"_qs},
+                 {u"channel_name"_qs, u"test"_qs},
+                 {u"user_id"_qs, u"U2147483697"_qs},
+                 {u"user_name"_qs, u"steve"_qs},
+                 {u"command"_qs, u"/deploy"_qs},
+                 {u"text"_qs, u"production"_qs},
+                 {u"response_url"_qs, u"https://hooks.slack.com/commands/1234/5678"_qs},
+                 {u"trigger_id"_qs, id}});
+            d.body = form.query(QUrl::FullyEncoded).toUtf8();
+            d.headers = {{"Content-Type", "application/x-www-form-urlencoded"}};
+        }
+        d.headers.append(
+            {QByteArray("User-Agent"), QByteArray("Slackbot 1.0 (+https://api.slack.com/robots)")});
         return d;
+    }
+    Result<void> sign(OutgoingDelivery &d, const EndpointConfig &e, qint64 now) const override
+    {
+        const QByteArray timestamp = QByteArray::number(now);
+        setHeader(d.headers, "X-Slack-Request-Timestamp", timestamp);
+        if (!e.secrets.isEmpty())
+            setHeader(d.headers, "X-Slack-Signature",
+                      "v0=" +
+                          hmacSha256(e.secrets.first().toUtf8(), "v0:" + timestamp + ':' + d.body)
+                              .toHex());
+        return {};
     }
 };
 
@@ -406,16 +539,30 @@ public:
             return missing(u"no webhook-id header"_qs);
         return found(QString::fromLatin1(id));
     }
-    OutgoingDelivery makeDelivery(const EndpointConfig &e, const QString &id, qint64 now) const override
+    QStringList templates() const override { return {u"invoice.paid"_qs}; }
+    OutgoingDelivery sample(const EndpointConfig &, const QString &, const QString &id,
+                            qint64 now) const override
     {
         OutgoingDelivery d;
-        d.body = compact({{u"type"_qs, u"invoice.paid"_qs}, {u"timestamp"_qs, now}, {u"data"_qs, QJsonObject{{u"id"_qs, id}}}});
-        const QByteArray timestamp = QByteArray::number(now);
-        d.headers = {{"Content-Type", "application/json"}, {"webhook-id", id.toUtf8()}, {"webhook-timestamp", timestamp}};
-        if (!e.secrets.isEmpty())
-            d.headers.append({QByteArray("webhook-signature"),
-                              "v1," + hmacSha256(standardKey(e.secrets.first()), id.toUtf8() + '.' + timestamp + '.' + d.body).toBase64()});
+        d.body = indented(
+            {{u"type"_qs, u"invoice.paid"_qs},
+             {u"timestamp"_qs, QDateTime::fromSecsSinceEpoch(now, Qt::UTC).toString(Qt::ISODate)},
+             {u"data"_qs,
+              QJsonObject{{u"id"_qs, id}, {u"amount"_qs, 4200}, {u"currency"_qs, u"usd"_qs}}}});
+        d.headers = {{"Content-Type", "application/json"}, {"webhook-id", id.toUtf8()}};
         return d;
+    }
+    Result<void> sign(OutgoingDelivery &d, const EndpointConfig &e, qint64 now) const override
+    {
+        const QByteArray timestamp = QByteArray::number(now);
+        setHeader(d.headers, "webhook-timestamp", timestamp);
+        if (!e.secrets.isEmpty())
+            setHeader(d.headers, "webhook-signature",
+                      "v1," + hmacSha256(standardKey(e.secrets.first()),
+                                         headerValue(d.headers, "webhook-id") + '.' + timestamp +
+                                             '.' + d.body)
+                                  .toBase64());
+        return {};
     }
 };
 

@@ -72,6 +72,9 @@ struct StateCounts
     qint64 total() const { return processing + completed + failed + reset; }
 };
 
+// What importing a record did: written, or left alone because the key is live in the store.
+enum class ImportVerdict { Imported, Exists };
+
 struct DeliveryQuery
 {
     QString key;      // empty: all keys
@@ -110,6 +113,15 @@ public:
     virtual Result<OperatorVerdict> applyOperator(const QString &key, OperatorAction action,
                                                   bool force, const QString &detail) = 0;
     virtual Result<qint64> purgeExpired() = 0;
+    // Writes a record exported from another store (`keys import`), atomically with its indexes:
+    // state, fingerprint, attempts, created / updated, request, result, error and history as
+    // given; a new fencing token from this store's counter (a token of another store means
+    // nothing here); expiry `ttlMs` and, for a processing key, the lease `leaseMs` from now on
+    // the store's clock. A live key is left alone (Exists); an expired one is replaced.
+    virtual Result<ImportVerdict> importRecord(const KeyRecord &record, qint64 ttlMs,
+                                               qint64 leaseMs) = 0;
+    // The store server's name and version ("Redis 7.0.15"), for Help → About.
+    virtual Result<QString> serverVersion() = 0;
     // The store's clock, in ms since the epoch: what leases and expiry are measured against.
     virtual Result<qint64> clockMs() = 0;
     // What may lose acknowledged records on this store as it is configured (eviction, no

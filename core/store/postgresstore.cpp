@@ -226,6 +226,19 @@ Result<std::unique_ptr<PostgresStore>> PostgresStore::connect(const StoreUrl &ur
                   "UPDATE idem_keys SET state = $2, updated_ms = $3, lease_until_ms = 0,"
                   " error = CASE WHEN $2 = 'failed' THEN $4 ELSE error END, history = $5 WHERE key = $1");
         c.prepare("delete", "DELETE FROM idem_keys WHERE key = $1");
+        c.prepare("import_clear",
+                  "DELETE FROM idem_keys WHERE key = $1 AND expires_at_ms <= idem_now_ms()");
+        c.prepare(
+            "import_insert",
+            "WITH t AS (SELECT nextval('idem_tokens') AS token, idem_now_ms() AS now)"
+            " INSERT INTO idem_keys (key, endpoint, provider, state, fingerprint, token, attempts,"
+            " created_ms, updated_ms, lease_until_ms, expires_at_ms, req_method, req_path, "
+            "req_headers,"
+            " req_body, res_status, res_headers, res_body, error, history)"
+            " SELECT $1, $2, $3, $4, $5, t.token, $6, $7, $8,"
+            " CASE WHEN $4 = 'processing' THEN t.now + $9 ELSE 0 END, t.now + $10,"
+            " $11, $12, $13, $14, $15, $16, $17, $18, $19 FROM t ON CONFLICT (key) DO NOTHING "
+            "RETURNING token");
         c.prepare("purge", "DELETE FROM idem_keys WHERE key IN (SELECT key FROM idem_keys"
                            " WHERE expires_at_ms <= idem_now_ms() LIMIT 5000)");
         c.prepare("purge_deliveries", "DELETE FROM idem_deliveries WHERE at_ms <= idem_now_ms() - $1");
@@ -331,7 +344,8 @@ Result<ClaimResult> PostgresStore::claim(const ClaimRequest &req)
                     result.decision = decideClaim(&before, req.fingerprint, result.storeNowMs, req.policy);
                     if (result.decision.action == ClaimAction::Replay || result.decision.action == ClaimAction::InProgress)
                         return result;
-                    // Not reachable with the statement's conditions; counted once too many at worst.
+                    // Not reachable with the statement's conditions; counted once too many at
+                    // worst.
                 }
             }
             pqxx::work w(m_conn->c);
@@ -500,6 +514,33 @@ Result<OperatorVerdict> PostgresStore::applyOperator(const QString &key, Operato
         }
         w.commit();
         return verdict;
+    });
+}
+
+Result<ImportVerdict> PostgresStore::importRecord(const KeyRecord &r, qint64 ttlMs, qint64 leaseMs)
+{
+    return guarded("import", true, [&]() -> Result<ImportVerdict> {
+        pqxx::work w(m_conn->c);
+        const std::string key = s(r.key);
+        w.exec_prepared("import_clear", key); // an expired record is replaced, a live one kept
+        const pqxx::result inserted = w.exec_prepared(
+            "import_insert", key, s(r.endpoint), s(r.provider), s(toString(r.state)),
+            s(r.fingerprint), r.attempts, r.createdMs, r.updatedMs, leaseMs, ttlMs,
+            s(r.request.method), s(r.request.path),
+            s(compactJson(headersToJson(r.request.headers))), bin(r.request.body), r.result.status,
+            s(compactJson(headersToJson(r.result.headers))), bin(r.result.body), s(r.error),
+            s(compactJson(historyToJson(r.history))));
+        w.commit();
+        return inserted.empty() ? ImportVerdict::Exists : ImportVerdict::Imported;
+    });
+}
+
+Result<QString> PostgresStore::serverVersion()
+{
+    return guarded("version", false, [&]() -> Result<QString> {
+        pqxx::nontransaction n(m_conn->c);
+        return u"PostgreSQL "_qs +
+               QString::fromStdString(n.exec1("SHOW server_version")[0].as<std::string>());
     });
 }
 

@@ -76,7 +76,7 @@ Result<QHash<QByteArray, Script>> scripts()
         return makeError(ErrorCode::Internal, u"the Redis scripts are missing from the resources"_qs);
     const QByteArray common = commonFile.readAll();
     QHash<QByteArray, Script> loaded;
-    for (const char *name : {"claim", "finish", "operator", "purge"}) {
+    for (const char *name : {"claim", "finish", "operator", "purge", "import"}) {
         QFile file(u":/redis/%1.lua"_qs.arg(QLatin1String(name)));
         if (!file.open(QIODevice::ReadOnly))
             return makeError(ErrorCode::Internal, u"the Redis script %1.lua is missing"_qs.arg(QLatin1String(name)));

@@ -15,8 +15,8 @@ QByteArray num(qint64 v)
     return QByteArray::number(v);
 }
 
-using redis::text;
 using redis::recordFrom;
+using redis::text;
 
 QHash<QByteArray, QByteArray> fieldsFrom(const redisReply *array)
 {
@@ -419,6 +419,48 @@ Result<OperatorVerdict> RedisStore::applyOperator(const QString &key, OperatorAc
     if (verdict == "accept") return OperatorVerdict::Accept;
     if (verdict == "wrong-state") return OperatorVerdict::WrongState;
     return OperatorVerdict::Missing;
+}
+
+Result<ImportVerdict> RedisStore::importRecord(const KeyRecord &r, qint64 ttlMs, qint64 leaseMs)
+{
+    auto reply = script("import",
+                        {m_prefix,
+                         r.key.toUtf8(),
+                         r.endpoint.toUtf8(),
+                         r.provider.toUtf8(),
+                         toString(r.state).toLatin1(),
+                         r.fingerprint,
+                         num(r.attempts),
+                         num(r.createdMs),
+                         num(r.updatedMs),
+                         num(leaseMs),
+                         num(ttlMs),
+                         r.request.method,
+                         r.request.path,
+                         compactJson(headersToJson(r.request.headers)),
+                         r.request.body,
+                         num(r.result.status),
+                         compactJson(headersToJson(r.result.headers)),
+                         r.result.body,
+                         r.error.toUtf8(),
+                         compactJson(historyToJson(r.history))},
+                        true);
+    if (!reply)
+        return reply.error();
+    if (reply->get()->type != REDIS_REPLY_INTEGER)
+        return makeError(ErrorCode::Unavailable, u"Redis: unexpected answer from import.lua"_qs);
+    return reply->get()->integer ? ImportVerdict::Imported : ImportVerdict::Exists;
+}
+
+Result<QString> RedisStore::serverVersion()
+{
+    auto reply = command({"INFO", "server"}, false);
+    if (!reply)
+        return reply.error();
+    for (const QByteArray &line : text(reply->get()).split('\n'))
+        if (line.startsWith("redis_version:"))
+            return u"Redis "_qs + QString::fromLatin1(line.mid(14).trimmed());
+    return u"Redis (version not reported)"_qs;
 }
 
 Result<qint64> RedisStore::purgeExpired()

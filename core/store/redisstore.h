@@ -41,6 +41,9 @@ public:
     Result<OperatorVerdict> applyOperator(const QString &key, OperatorAction action, bool force,
                                           const QString &detail) override;
     Result<qint64> purgeExpired() override;
+    Result<ImportVerdict> importRecord(const KeyRecord &record, qint64 ttlMs,
+                                       qint64 leaseMs) override;
+    Result<QString> serverVersion() override;
     Result<qint64> clockMs() override;
     Result<QStringList> durabilityWarnings() override;
     Result<void> appendDeliveries(const QList<DeliveryEvent> &events) override;

@@ -186,14 +186,14 @@ Result<void> SqliteStore::exec(const char *sql)
 }
 
 // Statements are prepared once per connection and kept (SQLITE_PREPARE_PERSISTENT).
-#define IDEM_PREPARE(var, sqlText)                                                               \
-    sqlite3_stmt *var##Raw = m_cache->statements.value(sqlText);                                 \
-    if (!var##Raw) {                                                                             \
-        if (sqlite3_prepare_v3(m_db, sqlText, -1, SQLITE_PREPARE_PERSISTENT, &var##Raw, nullptr) \
-            != SQLITE_OK)                                                                        \
-            return lastError("prepare");                                                        \
-        m_cache->statements.insert(sqlText, var##Raw);                                           \
-    }                                                                                            \
+#define IDEM_PREPARE(var, sqlText)                                                                 \
+    sqlite3_stmt *var##Raw = m_cache->statements.value(sqlText);                                   \
+    if (!var##Raw) {                                                                               \
+        if (sqlite3_prepare_v3(m_db, sqlText, -1, SQLITE_PREPARE_PERSISTENT, &var##Raw,            \
+                               nullptr) != SQLITE_OK)                                              \
+            return lastError("prepare");                                                           \
+        m_cache->statements.insert(sqlText, var##Raw);                                             \
+    }                                                                                              \
     Statement var(var##Raw)
 
 namespace {
@@ -516,6 +516,53 @@ Result<OperatorVerdict> SqliteStore::applyOperator(const QString &key, OperatorA
     if (!tx.commit())
         return lastError("commit");
     return verdict;
+}
+
+Result<ImportVerdict> SqliteStore::importRecord(const KeyRecord &r, qint64 ttlMs, qint64 leaseMs)
+{
+    const qint64 nowMs = wallMs();
+    Transaction tx(m_db, m_inBatch);
+    if (!tx.begin())
+        return beginError("import");
+    auto existing = readKey(r.key);
+    if (!existing)
+        return existing.error();
+    if (existing->has_value() && !existing->value().expiredAt(nowMs))
+        return ImportVerdict::Exists;
+    auto token = nextToken(existing->has_value() ? existing->value().token : 0);
+    if (!token)
+        return token.error();
+    IDEM_PREPARE(insert,
+                 "INSERT OR REPLACE INTO idem_keys (key, endpoint, provider, state, fingerprint,"
+                 " token, attempts, created_ms, updated_ms, lease_until_ms, expires_at_ms,"
+                 " req_method, req_path, req_headers, req_body, res_status, res_headers, res_body,"
+                 " error, history) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11,"
+                 " ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20)");
+    insert.bind(1, r.key)
+        .bind(2, r.endpoint)
+        .bind(3, r.provider)
+        .bind(4, toString(r.state))
+        .bindText(5, r.fingerprint);
+    insert.bind(6, *token).bind(7, qint64(r.attempts)).bind(8, r.createdMs).bind(9, r.updatedMs);
+    insert.bind(10, r.state == KeyState::Processing ? nowMs + leaseMs : qint64(0))
+        .bind(11, nowMs + ttlMs);
+    insert.bindText(12, r.request.method).bindText(13, r.request.path);
+    insert.bindText(14, compactJson(headersToJson(r.request.headers))).bindBlob(15, r.request.body);
+    insert.bind(16, qint64(r.result.status))
+        .bindText(17, compactJson(headersToJson(r.result.headers)));
+    insert.bindBlob(18, r.result.body)
+        .bind(19, r.error)
+        .bindText(20, compactJson(historyToJson(r.history)));
+    if (insert.step() != SQLITE_DONE)
+        return lastError("import");
+    if (!tx.commit())
+        return lastError("commit import");
+    return ImportVerdict::Imported;
+}
+
+Result<QString> SqliteStore::serverVersion()
+{
+    return u"SQLite %1 (embedded)"_qs.arg(QString::fromLatin1(sqlite3_libversion()));
 }
 
 Result<qint64> SqliteStore::purgeExpired()

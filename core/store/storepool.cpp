@@ -43,6 +43,11 @@ struct StoreWatch final : IdempotencyStore
         return seen(inner.applyOperator(k, a, f, d));
     }
     Result<qint64> purgeExpired() override { return seen(inner.purgeExpired()); }
+    Result<ImportVerdict> importRecord(const KeyRecord &r, qint64 ttl, qint64 lease) override
+    {
+        return seen(inner.importRecord(r, ttl, lease));
+    }
+    Result<QString> serverVersion() override { return seen(inner.serverVersion()); }
     Result<qint64> clockMs() override { return seen(inner.clockMs()); }
     Result<QStringList> durabilityWarnings() override { return seen(inner.durabilityWarnings()); }
     Result<void> appendDeliveries(const QList<DeliveryEvent> &e) override { return seen(inner.appendDeliveries(e)); }

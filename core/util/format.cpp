@@ -25,6 +25,11 @@ QString formatDuration(qint64 ms)
     return u"%1ms"_qs.arg(ms);
 }
 
+QString countOf(qint64 n, QStringView one, QStringView many)
+{
+    return QString::number(n) + u' ' + (n == 1 ? one : many).toString();
+}
+
 QString formatTime(qint64 epochMs)
 {
     return QDateTime::fromMSecsSinceEpoch(epochMs, Qt::UTC).toString(Qt::ISODateWithMs);

@@ -9,6 +9,8 @@ namespace idem {
 
 // "6d 23h 12m", "4h 5m", "12m 3s", "45s": a TTL or an age as people read it.
 QString formatDuration(qint64 ms);
+// "1 delivery", "3 deliveries": a count with the noun in the right number (English).
+QString countOf(qint64 n, QStringView one, QStringView many);
 // ISO 8601 in UTC with milliseconds.
 QString formatTime(qint64 epochMs);
 

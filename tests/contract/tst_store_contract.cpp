@@ -42,6 +42,11 @@ struct CommitProbe final : IdempotencyStore
         return inner->applyOperator(k, a, f, d);
     }
     Result<qint64> purgeExpired() override { return inner->purgeExpired(); }
+    Result<ImportVerdict> importRecord(const KeyRecord &r, qint64 t, qint64 l) override
+    {
+        return inner->importRecord(r, t, l);
+    }
+    Result<QString> serverVersion() override { return inner->serverVersion(); }
     Result<qint64> clockMs() override { return inner->clockMs(); }
     Result<void> appendDeliveries(const QList<DeliveryEvent> &e) override { return inner->appendDeliveries(e); }
     Result<QList<DeliveryEvent>> deliveries(const DeliveryQuery &q) override { return inner->deliveries(q); }
@@ -388,6 +393,84 @@ private Q_SLOTS:
         QVERIFY(!m_store->key(key)->has_value());
         QCOMPARE(name(*m_store->applyOperator(key, OperatorAction::Delete, false, {})), name(OperatorVerdict::Missing));
         QCOMPARE(m_store->countKeys(ep)->total(), 0);
+    }
+
+    void importKeepsTheRecordWithThisStoresToken()
+    {
+        // `keys import`: a record from another store goes in whole (state, attempts, times,
+        // request, result, error, history), its TTL and lease counted from this store's clock,
+        // with a token of this store's counter; a live key is left alone.
+        const QString ep = endpoint();
+        const QString key = ep + u":imp"_qs;
+        const qint64 tokenBefore = claim(request(ep, u"probe"_qs)).record.token;
+        KeyRecord r;
+        r.key = key;
+        r.endpoint = ep;
+        r.provider = u"stripe"_qs;
+        r.state = KeyState::Failed;
+        r.fingerprint = "fp-imported";
+        r.token = 999'999'999; // another store's: means nothing here
+        r.attempts = 3;
+        r.createdMs = 1'700'000'000'000;
+        r.updatedMs = 1'700'000'100'000;
+        r.request = {
+            "POST", "/hooks/x", {{"Stripe-Signature", "masked"}}, QByteArray("\x00\xff{}", 4)};
+        r.result = {500, {{"Content-Type", "text/plain"}}, "down"};
+        r.error = u"downstream said 500"_qs;
+        r.history = {{r.createdMs, u"claimed"_qs, 7, {}},
+                     {r.updatedMs, u"failed"_qs, 7, u"downstream said 500"_qs}};
+        const qint64 before = storeNow();
+        auto verdict = m_store->importRecord(r, 3'600'000, 0);
+        QVERIFY2(verdict.ok(), verdict.ok() ? "" : qPrintable(verdict.error().message));
+        QCOMPARE(name(*verdict), name(ImportVerdict::Imported));
+        const KeyRecord k = **m_store->key(key);
+        QCOMPARE(name(k.state), name(KeyState::Failed));
+        QCOMPARE(k.provider, u"stripe"_qs);
+        QCOMPARE(k.fingerprint, r.fingerprint);
+        QCOMPARE(k.attempts, 3);
+        QCOMPARE(k.createdMs, r.createdMs);
+        QCOMPARE(k.updatedMs, r.updatedMs);
+        QCOMPARE(k.request.body, r.request.body);
+        QCOMPARE(k.request.headers, r.request.headers);
+        QCOMPARE(k.result.status, 500);
+        QCOMPARE(k.result.body, QByteArray("down"));
+        QCOMPARE(k.error, r.error);
+        QCOMPARE(k.history.size(), 2);
+        QCOMPARE(k.history.last().detail, r.history.last().detail);
+        QVERIFY(k.token > tokenBefore && k.token < r.token);
+        QVERIFY(k.expiresAtMs >= before + 3'600'000 && k.expiresAtMs <= storeNow() + 3'600'000);
+        QCOMPARE(k.leaseUntilMs, 0);
+        // Listed and counted under its state and endpoint.
+        KeyQuery q;
+        q.endpoint = ep;
+        q.state = KeyState::Failed;
+        QCOMPARE(m_store->listKeys(q)->size(), 1);
+        QCOMPARE(m_store->countKeys(ep)->failed, 1);
+        // Imported again: left alone.
+        KeyRecord other = r;
+        other.error = u"changed"_qs;
+        QCOMPARE(name(*m_store->importRecord(other, 3'600'000, 0)), name(ImportVerdict::Exists));
+        QCOMPARE((*m_store->key(key))->error, r.error);
+        // It behaves as a failed key: reset, then a delivery reprocesses it under a newer token.
+        QCOMPARE(name(*m_store->applyOperator(key, OperatorAction::Reset, false, u"op"_qs)),
+                 name(OperatorVerdict::Accept));
+        ClaimRequest again = request(ep, u"imp"_qs, "fp-imported");
+        const ClaimResult c = claim(again);
+        QCOMPARE(name(c.decision.outcome), name(Outcome::Reprocessed));
+        QVERIFY(c.record.token > k.token);
+        // A processing key keeps a lease from now on; an expired record is replaced.
+        KeyRecord processing = r;
+        processing.key = ep + u":proc"_qs;
+        processing.state = KeyState::Processing;
+        QCOMPARE(name(*m_store->importRecord(processing, 1'000, 500)),
+                 name(ImportVerdict::Imported));
+        const KeyRecord p = **m_store->key(processing.key);
+        QVERIFY(p.leaseUntilMs >= before + 500 && p.leaseUntilMs <= storeNow() + 500);
+        QVERIFY(storeClockPasses(p.expiresAtMs));
+        QCOMPARE(name(*m_store->importRecord(processing, 60'000, 0)),
+                 name(ImportVerdict::Imported)); // expired: replaced
+        QCOMPARE(m_store->countKeys(ep)->processing,
+                 3); // the probe, the reclaimed key and the re-imported one
     }
 
     void deliveryLog()

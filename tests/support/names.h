@@ -1,6 +1,7 @@
 #pragma once
 
 #include "model/statemachine.h"
+#include "store/idempotencystore.h"
 
 // Readable names for QCOMPARE of the state machine's enums (QTest cannot print them: their
 // toString() returns QString).
@@ -17,5 +18,9 @@ inline QString name(OperatorVerdict v)
     case OperatorVerdict::Missing: return QStringLiteral("missing");
     }
     return {};
+}
+inline QString name(ImportVerdict v)
+{
+    return v == ImportVerdict::Imported ? QStringLiteral("imported") : QStringLiteral("exists");
 }
 } // namespace idem::test

@@ -1,6 +1,7 @@
 // The dashboard on the offscreen platform: models under QAbstractItemModelTester, actions
 // driven through the widgets, against a real store and the embedded receiver. Every store call
 // goes through a recording wrapper: none may run on the GUI thread (checked after each test).
+#include "colours.h"
 #include "deliveriesmodel.h"
 #include "engine/engine.h"
 #include "http/blockingclient.h"
@@ -8,6 +9,7 @@
 #include "keysmodel.h"
 #include "mainwindow.h"
 #include "receiver/receiver.h"
+#include "senddialog.h"
 #include "settingsdialog.h"
 #include "store/sqlitestore.h"
 #include "store/storefactory.h"
@@ -18,6 +20,7 @@
 #include "textdiff.h"
 #include "timelinemodel.h"
 #include "trafficview.h"
+#include "traymonitor.h"
 #include "util/clock.h"
 
 #include <QAbstractItemModelTester>
@@ -25,15 +28,22 @@
 #include <QApplication>
 #include <QClipboard>
 #include <QComboBox>
+#include <QDeadlineTimer>
 #include <QDialogButtonBox>
 #include <QElapsedTimer>
 #include <QLabel>
 #include <QLineEdit>
+#include <QMenuBar>
 #include <QMessageBox>
+#include <QPlainTextEdit>
+#include <QProcess>
 #include <QPushButton>
 #include <QRegularExpression>
+#include <QScopeGuard>
+#include <QSettings>
 #include <QSignalSpy>
 #include <QSpinBox>
+#include <QSplitter>
 #include <QTabBar>
 #include <QTabWidget>
 #include <QTableView>
@@ -41,8 +51,7 @@
 #include <QTemporaryDir>
 #include <QTest>
 #include <QTimer>
-#include <QDeadlineTimer>
-#include <QScopeGuard>
+#include <cmath>
 
 #include <atomic>
 #include <thread>
@@ -106,12 +115,38 @@ public:
         ++m_calls->operatorCalls;
         return recorded([&] { return m_inner->applyOperator(k, a, f, d); });
     }
-    Result<qint64> purgeExpired() override { return recorded([&] { return m_inner->purgeExpired(); }); }
-    Result<qint64> clockMs() override { return recorded([&] { return m_inner->clockMs(); }); }
-    Result<QStringList> durabilityWarnings() override { return recorded([&] { return m_inner->durabilityWarnings(); }); }
-    Result<void> appendDeliveries(const QList<DeliveryEvent> &e) override { return recorded([&] { return m_inner->appendDeliveries(e); }); }
-    Result<QList<DeliveryEvent>> deliveries(const DeliveryQuery &q) override { return recorded([&] { return m_inner->deliveries(q); }); }
-    Result<void> ping() override { return recorded([&] { return m_inner->ping(); }); }
+    Result<qint64> purgeExpired() override
+    {
+        return recorded([&] { return m_inner->purgeExpired(); });
+    }
+    Result<ImportVerdict> importRecord(const KeyRecord &r, qint64 ttl, qint64 lease) override
+    {
+        return recorded([&] { return m_inner->importRecord(r, ttl, lease); });
+    }
+    Result<QString> serverVersion() override
+    {
+        return recorded([&] { return m_inner->serverVersion(); });
+    }
+    Result<qint64> clockMs() override
+    {
+        return recorded([&] { return m_inner->clockMs(); });
+    }
+    Result<QStringList> durabilityWarnings() override
+    {
+        return recorded([&] { return m_inner->durabilityWarnings(); });
+    }
+    Result<void> appendDeliveries(const QList<DeliveryEvent> &e) override
+    {
+        return recorded([&] { return m_inner->appendDeliveries(e); });
+    }
+    Result<QList<DeliveryEvent>> deliveries(const DeliveryQuery &q) override
+    {
+        return recorded([&] { return m_inner->deliveries(q); });
+    }
+    Result<void> ping() override
+    {
+        return recorded([&] { return m_inner->ping(); });
+    }
     bool batches() const override { return m_inner->batches(); }
     bool beginBatch() override { return m_inner->beginBatch(); }
     Result<void> endBatch() override { return m_inner->endBatch(); }
@@ -202,12 +237,410 @@ class TestUi : public QObject
     }
 
 private Q_SLOTS:
-    void initTestCase() { m_calls.gui = QThread::currentThread(); }
+    void initTestCase()
+    {
+        m_calls.gui = QThread::currentThread();
+        // Remembered geometry goes to this test's own folder, never the user's settings.
+        QSettings::setPath(QSettings::NativeFormat, QSettings::UserScope,
+                           m_dir.filePath(u"settings"_qs));
+        QSettings().clear();
+    }
     void init() { m_calls.reset(); }
     void cleanup()
     {
         // Every pool of the test is gone by now (each joins its workers when destroyed).
         QCOMPARE(m_calls.onGuiThread.load(), 0);
+    }
+
+    void selectionSurvivesActionsAndSorting()
+    {
+        // Reset moves a failed key to the top (sorted by last seen): the row moves, the model is
+        // refreshed, and the selection stays on the key, its actions enabled.
+        Desk desk = open("[{\"name\": \"f\", \"on_failed\": \"reject\", \"simulate\": "
+                         "{\"fail_rate\": 1}}, {\"name\": \"ok\"}]");
+        MainWindow &w = *desk.window;
+        QCOMPARE(deliver(desk.port, "f", "old").status, 500);
+        QCOMPARE(deliver(desk.port, "ok", "newer").status, 200);
+        QTRY_COMPARE(w.keys()->rowCount(), 2);
+        QTRY_COMPARE(w.keysTable()->model()->index(0, KeysModel::Key).data().toString(),
+                     u"ok:newer"_qs);
+        selectAndWait(w, u"f:old"_qs);
+        QSignalSpy done(&w, &MainWindow::actionFinished);
+        w.resetAction()->trigger();
+        QTRY_COMPARE(done.count(), 1);
+        // The reset key is now the newest: first row, still selected, actions still on.
+        QTRY_COMPARE(w.keysTable()->model()->index(0, KeysModel::Key).data().toString(),
+                     u"f:old"_qs);
+        QTRY_COMPARE(w.selectedKeys(), QStringList{u"f:old"_qs});
+        QVERIFY(w.resetAction()->isEnabled() && w.deleteAction()->isEnabled() &&
+                w.retryAction()->isEnabled());
+        QCOMPARE(w.keysTable()->selectionModel()->selectedRows().first().row(), 0);
+        // Refreshes and a new key arriving on top keep it too.
+        QCOMPARE(deliver(desk.port, "ok", "newest").status, 200);
+        QTRY_COMPARE(w.keys()->rowCount(), 3);
+        w.refreshAction()->trigger();
+        QTRY_COMPARE(w.keysTable()->model()->index(0, KeysModel::Key).data().toString(),
+                     u"ok:newest"_qs);
+        QTRY_COMPARE(w.selectedKeys(), QStringList{u"f:old"_qs});
+        QCOMPARE(w.detail()->currentKey(), u"f:old"_qs);
+        // Sorting by another column keeps it as well.
+        w.keysTable()->sortByColumn(KeysModel::Key, Qt::AscendingOrder);
+        QCOMPARE(w.selectedKeys(), QStringList{u"f:old"_qs});
+        // Small texts: one delivery is "1 delivery".
+        Desk one = open("[{\"name\": \"o\"}]");
+        QCOMPARE(deliver(one.port, "o", "k").status, 200);
+        QTRY_VERIFY(one.window->statusText().contains(u"1 delivery,"_qs));
+        QVERIFY(!one.window->statusText().contains(u"1 deliveries"_qs));
+    }
+
+    void keysColumnKeepsTheDistinguishingTail()
+    {
+        Desk desk = open("[{\"name\": \"gh\"}]");
+        MainWindow &w = *desk.window;
+        const QByteArray prefix = "hook-4242/storage-replication-worker-";
+        QCOMPARE(deliver(desk.port, "gh", "a").status, 200);
+        QTRY_COMPARE(w.keys()->rowCount(), 1);
+        const int narrow = w.keysTable()->columnWidth(KeysModel::Key);
+        QCOMPARE(deliver(desk.port, "gh", prefix + "0001").status, 200);
+        QCOMPARE(deliver(desk.port, "gh", prefix + "0002").status, 200);
+        QTRY_COMPARE(w.keys()->rowCount(), 3);
+        // The width follows the content, the text is elided in the middle, the tooltip is whole.
+        QTRY_VERIFY(w.keysTable()->columnWidth(KeysModel::Key) > narrow);
+        QCOMPARE(w.keysTable()->textElideMode(), Qt::ElideMiddle);
+        const QString full = u"gh:"_qs + QString::fromLatin1(prefix) + u"0002"_qs;
+        const int row = w.keys()->rowOfKey(full);
+        QCOMPARE(w.keys()->index(row, KeysModel::Key).data(Qt::ToolTipRole).toString(), full);
+        const QString shown = w.keysTable()->fontMetrics().elidedText(full, Qt::ElideMiddle, 120);
+        QVERIFY2(shown.endsWith(u"0002"_qs), qPrintable(shown)); // what ElideMiddle keeps
+        // Copy key (Ctrl+C) puts the selected key on the clipboard.
+        selectAndWait(w, full);
+        QCOMPARE(w.copyKeyAction()->shortcut(), QKeySequence(QKeySequence::Copy));
+        w.copyKeyAction()->trigger();
+        QCOMPARE(QApplication::clipboard()->text(), full);
+    }
+
+    void hintNamesAConfiguredEndpoint()
+    {
+        Desk desk = open("[{\"name\": \"orders\", \"key\": {\"header\": \"X-Event-Id\"}}]");
+        const QString hint = desk.window->addressLabel()->text();
+        QVERIFY2(hint.contains(u"/hooks/orders"_qs) && !hint.contains(u"/hooks/generic"_qs) &&
+                     hint.contains(u"X-Event-Id: k1"_qs),
+                 qPrintable(hint));
+        // The hint works as it says: that curl's request is processed.
+        QCOMPARE(
+            post(desk.port, "/hooks/orders", "{\"type\":\"test.event\"}", {{"X-Event-Id", "k1"}})
+                .status,
+            200);
+        // Only signed endpoints: no curl can work; Send test event instead.
+        auto config = *Config::parse("{\"endpoints\": [{\"name\": \"pay\", \"provider\": "
+                                     "\"stripe\", \"secret\": \"whsec_x\"}]}",
+                                     u"t"_qs);
+        const QString signedHint = tryHint(config, u"http://127.0.0.1:1"_qs);
+        QVERIFY2(signedHint.contains(u"Send test event"_qs) && !signedHint.contains(u"curl"_qs),
+                 qPrintable(signedHint));
+        // An unsigned stripe endpoint: the key goes in the body, where stripe reads it.
+        config = *Config::parse("{\"endpoints\": [{\"name\": \"pay\", \"provider\": \"stripe\"}]}",
+                                u"t"_qs);
+        QVERIFY(tryHint(config, u"http://h"_qs).contains(u"&quot;id&quot;: &quot;k1&quot;"_qs));
+    }
+
+    void menuBarShortcutsIconAndAbout()
+    {
+        Desk desk = open("[{\"name\": \"m\"}]");
+        MainWindow &w = *desk.window;
+        QStringList menus;
+        for (QAction *menu : w.menuBar()->actions())
+            menus << menu->text().remove(u'&');
+        QCOMPARE(menus, QStringList({u"File"_qs, u"Edit"_qs, u"Keys"_qs, u"View"_qs, u"Help"_qs}));
+        QCOMPARE(w.deleteAction()->shortcut(), QKeySequence(QKeySequence::Delete));
+        QCOMPARE(w.findAction()->shortcut(), QKeySequence(QKeySequence::Find));
+        QCOMPARE(w.refreshAction()->shortcut(), QKeySequence(Qt::Key_F5));
+        QVERIFY(!w.windowIcon().isNull());
+        QVERIFY(!w.windowIcon().pixmap(256, 256).isNull());
+        for (QAction *a : {w.resetAction(), w.retryAction(), w.deleteAction(), w.sendAction(),
+                           w.exportAction(), w.importAction()})
+            QVERIFY2(!a->icon().isNull(), qPrintable(a->text()));
+        // Ctrl+F goes to the key filter.
+        w.pages()->setCurrentIndex(1);
+        w.activateWindow();
+        QVERIFY(QTest::qWaitForWindowActive(&w));
+        QTest::keySequence(&w, QKeySequence::Find);
+        QTRY_VERIFY(w.textFilter()->hasFocus());
+        QCOMPARE(w.pages()->currentIndex(), 0);
+        // About: the desk's, Qt's and the store server's versions (asked on a store worker).
+        w.aboutAction()->trigger();
+        QMessageBox *about = w.findChild<QMessageBox *>(u"about"_qs);
+        QVERIFY(about);
+        QVERIFY(about->text().contains(QString::fromLatin1(qVersion())));
+        QVERIFY(about->text().contains(QStringLiteral(IDEM_VERSION)));
+        QTRY_VERIFY2(about->text().contains(u"SQLite 3."_qs), qPrintable(about->text()));
+        about->close();
+    }
+
+    void geometryAndSplitterAreRemembered()
+    {
+        QList<int> sizes;
+        {
+            Desk desk = open("[{\"name\": \"g\"}]");
+            desk.window->resize(1000, 640);
+            desk.window->splitter()->setSizes({250, 700});
+            sizes = desk.window->splitter()->sizes();
+            QVERIFY(sizes[0] < sizes[1]);
+        } // saved when the window goes
+        Desk again = open("[{\"name\": \"g\"}]");
+        QCOMPARE(again.window->size(), QSize(1000, 640));
+        QCOMPARE(again.window->splitter()->sizes(), sizes);
+    }
+
+    void sendTestEventSignsAndShowsTheAnswers()
+    {
+        // A SendGrid public key (base64 DER, as SendGrid shows it), made by openssl.
+        QProcess keys;
+        keys.start(
+            u"sh"_qs,
+            {u"-c"_qs,
+             u"openssl genpkey -algorithm EC -pkeyopt ec_paramgen_curve:P-256 | openssl pkey -pubout -outform DER | base64 -w0"_qs});
+        QVERIFY(keys.waitForFinished(30000));
+        const QByteArray publicKey = keys.readAllStandardOutput().trimmed();
+        QVERIFY(publicKey.startsWith("MFkw"));
+        Desk desk = open("[{\"name\": \"pay\", \"provider\": \"stripe\", \"secret\": \"whsec_ui\"},"
+                         " {\"name\": \"sg\", \"provider\": \"sendgrid\", \"public_key\": \"" +
+                         publicKey + "\"}]");
+        MainWindow &w = *desk.window;
+        QVERIFY(w.sendAction()->isEnabled());
+        w.sendAction()->trigger();
+        auto *dialog = w.findChild<SendDialog *>();
+        QVERIFY(dialog);
+        QCOMPARE(dialog->templates()->currentText(), u"payment_intent.succeeded"_qs);
+        QVERIFY(
+            dialog->body()->toPlainText().contains(u"\"type\": \"payment_intent.succeeded\""_qs));
+        QSignalSpy sent(dialog, &SendDialog::sent);
+        // Edited, then sent twice: signed with the secret (else 401), processed once, replayed
+        // once.
+        dialog->body()->setPlainText(dialog->body()->toPlainText().replace(u"4200"_qs, u"4300"_qs));
+        dialog->copies()->setValue(2);
+        dialog->send();
+        QTRY_COMPARE_WITH_TIMEOUT(sent.count(), 1, 20000);
+        QCOMPARE(sent.first().first().toInt(), 0);
+        QCOMPARE(dialog->answers()->rowCount(), 2);
+        QCOMPARE(dialog->answers()->item(0, 1)->text(), u"200"_qs);
+        QCOMPARE(dialog->answers()->item(0, 2)->text(), u"processed"_qs);
+        QCOMPARE(dialog->answers()->item(1, 2)->text(), u"replayed"_qs);
+        const QString key = dialog->answers()->item(0, 3)->text();
+        QVERIFY(key.startsWith(u"pay:evt_test_"_qs));
+        QTRY_VERIFY(w.keys()->rowOfKey(key) >= 0);
+        selectAndWait(w, key);
+        QVERIFY(w.detail()->current().request.body.contains("4300"));
+        // SendGrid without the private key: refused before sending, and said why.
+        dialog->endpoint()->setCurrentIndex(1);
+        QCOMPARE(dialog->templates()->currentText(), u"batch"_qs);
+        QVERIFY(dialog->signKey()->isEnabled());
+        dialog->send();
+        QTRY_COMPARE(sent.count(), 2);
+        QCOMPARE(sent.last().first().toInt(), -1);
+        QVERIFY2(dialog->summary()->text().contains(u"private key"_qs),
+                 qPrintable(dialog->summary()->text()));
+        dialog->close();
+    }
+
+    void exportFromOneDeskImportIntoAnother()
+    {
+        Desk colleague = open(
+            "[{\"name\": \"e\", \"on_failed\": \"reject\", \"simulate\": {\"fail_rate\": 1}}]");
+        QCOMPARE(deliver(colleague.port, "e", "broken").status, 500);
+        MainWindow &from = *colleague.window;
+        selectAndWait(from, u"e:broken"_qs);
+        const QString path = m_dir.filePath(u"moved.jsonl"_qs);
+        QSignalSpy exported(&from, &MainWindow::actionFinished);
+        from.exportTo(path, from.selectedKeys());
+        QTRY_COMPARE(exported.count(), 1);
+        QVERIFY2(exported.first().at(1).toBool(), qPrintable(exported.first().at(0).toString()));
+        QFile file(path);
+        QVERIFY(file.open(QIODevice::ReadOnly));
+        QCOMPARE(file.readAll().count('\n'), 1);
+
+        Desk mine = open("[{\"name\": \"e\"}]");
+        MainWindow &to = *mine.window;
+        QSignalSpy imported(&to, &MainWindow::actionFinished);
+        to.importFrom(path);
+        QTRY_COMPARE(imported.count(), 1);
+        QVERIFY2(imported.first().at(0).toString().contains(u"Imported 1 key"_qs),
+                 qPrintable(imported.first().at(0).toString()));
+        QTRY_VERIFY(to.keys()->rowOfKey(u"e:broken"_qs) >= 0);
+        selectAndWait(to, u"e:broken"_qs);
+        QCOMPARE(name(to.detail()->current().state), name(KeyState::Failed));
+        QVERIFY(to.detail()->current().error.contains(u"simulated failure"));
+        // Again: left alone and said so.
+        to.importFrom(path);
+        QTRY_COMPARE(imported.count(), 2);
+        QVERIFY2(
+            imported.last().at(0).toString().contains(u"Already here, left alone: e:broken"_qs),
+            qPrintable(imported.last().at(0).toString()));
+    }
+
+    void stateColoursReadableOnLightAndDark()
+    {
+        // Each state colour against the view's base colour: WCAG contrast of at least 3:1, on
+        // the light palette and on a dark one.
+        auto luminance = [](const QColor &c) {
+            auto channel = [](double v) {
+                return v <= 0.03928 ? v / 12.92 : std::pow((v + 0.055) / 1.055, 2.4);
+            };
+            return 0.2126 * channel(c.redF()) + 0.7152 * channel(c.greenF()) +
+                   0.0722 * channel(c.blueF());
+        };
+        auto contrast = [&](const QColor &a, const QColor &b) {
+            const double la = luminance(a), lb = luminance(b);
+            return (std::max(la, lb) + 0.05) / (std::min(la, lb) + 0.05);
+        };
+        const QPalette original = QApplication::palette();
+        const auto restore = qScopeGuard([&] { QApplication::setPalette(original); });
+        QPalette light;
+        light.setColor(QPalette::Window, QColor(0xef, 0xef, 0xef));
+        light.setColor(QPalette::WindowText, Qt::black);
+        light.setColor(QPalette::Base, Qt::white);
+        light.setColor(QPalette::Text, Qt::black);
+        QPalette dark;
+        dark.setColor(QPalette::Window, QColor(0x2b, 0x2d, 0x30));
+        dark.setColor(QPalette::WindowText, QColor(0xe6, 0xe6, 0xe6));
+        dark.setColor(QPalette::Base, QColor(0x1e, 0x1f, 0x22));
+        dark.setColor(QPalette::Text, QColor(0xe6, 0xe6, 0xe6));
+        for (const QPalette &palette : {light, dark}) {
+            QApplication::setPalette(palette);
+            QCOMPARE(paletteIsDark(),
+                     palette.color(QPalette::Window) == dark.color(QPalette::Window));
+            for (KeyState state :
+                 {KeyState::Processing, KeyState::Completed, KeyState::Failed, KeyState::Reset})
+                QVERIFY2(contrast(stateColour(state), palette.color(QPalette::Base)) >= 3.0,
+                         qPrintable(toString(state)));
+            QVERIFY(contrast(stuckBackground(), palette.color(QPalette::Text)) >=
+                    4.5); // a stuck row's text
+        }
+    }
+
+    void trayMonitorCountsAndRateLimitsNotifications()
+    {
+        // Failed and stuck counts for the tooltip; a notification when a key fails or a lease
+        // runs out, at most one per interval (what comes in between follows in the next), and
+        // none when turned off.
+        qint64 now = 1'000'000;
+        TrayMonitor tray(30'000, [&] { return now; });
+        QSignalSpy notes(&tray, &TrayMonitor::notify);
+        tray.setCounts(2, 0);
+        QVERIFY(tray.toolTip().contains(u"2 failed keys"_qs) &&
+                tray.toolTip().contains(u"0 stuck keys"_qs));
+        QCOMPARE(notes.count(), 0); // where it starts is not news
+        DeliveryEvent failed;
+        failed.key = u"orders:evt_1"_qs;
+        failed.outcome = Outcome::Processed;
+        failed.status = 500;
+        tray.delivered(failed);
+        QCOMPARE(notes.count(), 1);
+        QVERIFY(notes.last().at(1).toString().contains(u"orders:evt_1 failed (500)"_qs));
+        DeliveryEvent replay = failed;
+        replay.outcome = Outcome::Replayed; // a duplicate of a failed key: not a new failure
+        tray.delivered(replay);
+        DeliveryEvent ok = failed;
+        ok.status = 200;
+        tray.delivered(ok);
+        now += 1000;
+        failed.key = u"orders:evt_2"_qs;
+        tray.delivered(failed);
+        tray.setCounts(3, 1);       // a lease ran out
+        QCOMPARE(notes.count(), 1); // rate limited
+        QVERIFY(tray.toolTip().contains(u"3 failed keys"_qs) &&
+                tray.toolTip().contains(u"1 stuck key"_qs));
+        now += 30'000;
+        tray.setCounts(3, 1); // the next poll, once the interval is over (a timer does it too)
+        QCOMPARE(notes.count(), 2); // both, in one notification
+        const QString text = notes.last().at(1).toString();
+        QVERIFY2(text.contains(u"orders:evt_2 failed"_qs) && text.contains(u"1 lease ran out"_qs),
+                 qPrintable(text));
+        // Turned off: nothing.
+        tray.setEnabled(false);
+        now += 60'000;
+        tray.delivered(failed);
+        tray.setCounts(3, 2);
+        QTest::qWait(50);
+        QCOMPARE(notes.count(), 2);
+        // The window's switch, remembered.
+        Desk desk = open("[{\"name\": \"t\"}]");
+        QVERIFY(desk.window->notificationsAction()->isCheckable());
+        desk.window->notificationsAction()->setChecked(false);
+        QVERIFY(!desk.window->trayMonitor()->isEnabled());
+        QCOMPARE(QSettings().value(u"notifications"_qs).toBool(), false);
+        desk.window->notificationsAction()->setChecked(true);
+    }
+
+    void liveDeliveriesFilterPauseAndOpen()
+    {
+        Desk desk = open("[{\"name\": \"a\"}, {\"name\": \"b\"}]");
+        MainWindow &w = *desk.window;
+        QCOMPARE(deliver(desk.port, "a", "k1").status, 200);
+        QCOMPARE(deliver(desk.port, "a", "k1").status, 200); // replayed
+        QCOMPARE(deliver(desk.port, "b", "k2").status, 200);
+        QTRY_COMPARE(w.liveView()->model()->rowCount(), 3);
+        w.liveOutcomeFilter()->setCurrentIndex(w.liveOutcomeFilter()->findText(u"replayed"_qs));
+        QCOMPARE(w.liveView()->model()->rowCount(), 1);
+        w.liveOutcomeFilter()->setCurrentIndex(0);
+        w.liveEndpointFilter()->setCurrentIndex(w.liveEndpointFilter()->findData(u"b"_qs));
+        QCOMPARE(w.liveView()->model()->rowCount(), 1);
+        w.liveEndpointFilter()->setCurrentIndex(0);
+        // Paused: new deliveries wait; resumed: they come in.
+        w.livePause()->setChecked(true);
+        QCOMPARE(deliver(desk.port, "b", "k3").status, 200);
+        QTest::qWait(200);
+        QCOMPARE(w.liveView()->model()->rowCount(), 3);
+        w.livePause()->setChecked(false);
+        QCOMPARE(w.liveView()->model()->rowCount(), 4);
+        // A double-click opens the key on the Keys page, even one the current filter hides.
+        w.stateTabs()->setCurrentIndex(2); // failed: none of these
+        QTRY_COMPARE(w.keys()->rowCount(), 0);
+        w.pages()->setCurrentIndex(2);
+        const QModelIndex row = w.liveView()->model()->index(3, DeliveriesModel::Key);
+        QCOMPARE(row.data().toString(), u"a:k1"_qs);
+        Q_EMIT w.liveView()->doubleClicked(row);
+        QCOMPARE(w.pages()->currentIndex(), 0);
+        QTRY_COMPARE(w.selectedKeys(), QStringList{u"a:k1"_qs});
+        QTRY_COMPARE(w.detail()->currentKey(), u"a:k1"_qs);
+    }
+
+    void trafficBarsFollowTheWindow()
+    {
+        Desk desk = open("[{\"name\": \"t\"}]");
+        TrafficView *traffic = desk.window->traffic();
+        QCOMPARE(deliver(desk.port, "t", "k1").status, 200);
+        QCOMPARE(deliver(desk.port, "t", "k1").status, 200);
+        QCOMPARE(deliver(desk.port, "t", "k2").status, 200);
+        QTRY_COMPARE_WITH_TIMEOUT(traffic->total(Outcome::Processed), 2, 10000);
+        for (int choice = 0; choice < TrafficView::windows().size(); ++choice) {
+            traffic->windowChoice()->setCurrentIndex(choice);
+            const auto &window = TrafficView::windows().at(choice);
+            QCOMPARE(traffic->bucketCount(), window.seconds / window.bucketSeconds);
+            QVERIFY(traffic->bucketCount() >= 60 && traffic->bucketCount() <= 96);
+            QTRY_COMPARE_WITH_TIMEOUT(traffic->total(Outcome::Processed), 2, 10000);
+            // The bars hold every delivery of the window; the newest bucket holds these.
+            const auto barsHoldAll = [&] {
+                qint64 processed = 0, replayed = 0;
+                for (int b = 0; b < traffic->bucketCount(); ++b) {
+                    processed += traffic->bucketCount(b, Outcome::Processed);
+                    replayed += traffic->bucketCount(b, Outcome::Replayed);
+                }
+                return processed == 2 && replayed == 1;
+            };
+            QTRY_VERIFY_WITH_TIMEOUT(barsHoldAll(),
+                                     5000); // every delivery of the window is in a bar
+        }
+        int last = traffic->bucketCount() - 1;
+        while (last > 0 && !traffic->bucketCount(last, Outcome::Processed))
+            --last;
+        QVERIFY2(traffic->bucketSummary(last).contains(u"processed 2"_qs) &&
+                     traffic->bucketSummary(last).contains(u"replayed 1"_qs),
+                 qPrintable(traffic->bucketSummary(last)));
+        // The duplicate ratio, with its bar: 1 of 3.
+        QTRY_COMPARE(traffic->ratios()->rowCount(), 1);
+        QCOMPARE(traffic->ratios()->item(0, 4)->data(Qt::UserRole).toDouble(), 1.0 / 3.0);
+        QVERIFY(traffic->ratios()->itemDelegateForColumn(4));
     }
 
     void deliveriesModelContract()
@@ -368,8 +801,12 @@ private Q_SLOTS:
         answerNextMessageBox(QMessageBox::Cancel, &asked);
         w.deleteAction()->trigger(); // the question is modal: answered when this returns
         QVERIFY(asked.contains(u"Delete 1 key"));
-        // The pool's one worker runs jobs in order: a delete submitted before this read ran before it.
-        QVERIFY(desk.pool->run<std::optional<KeyRecord>>([](IdempotencyStore &s) { return s.key(u"d:x1"_qs); })->has_value());
+        // The pool's one worker runs jobs in order: a delete submitted before this read ran before
+        // it.
+        QVERIFY(desk.pool
+                    ->run<std::optional<KeyRecord>>(
+                        [](IdempotencyStore &s) { return s.key(u"d:x1"_qs); })
+                    ->has_value());
         QCOMPARE(m_calls.operatorCalls.load(), 0); // cancelled: never asked of the store
         QVERIFY(w.keys()->rowOfKey(u"d:x1"_qs) >= 0);
         answerNextMessageBox(QMessageBox::Yes);

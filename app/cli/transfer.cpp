@@ -1,0 +1,122 @@
+// idemdesk keys export | import: whole records as JSON Lines, out of one store and into another.
+#include "cli/common.h"
+
+#include "store/transfer.h"
+#include "util/format.h"
+
+#include <QFile>
+
+#include <cstdio>
+
+namespace idem::cli {
+
+int keysExport(const QStringList &arguments)
+{
+    QCommandLineParser parser;
+    parser.setApplicationDescription(
+        u"Write keys as JSON Lines, one whole record per line: the record (state, TTL, "
+        u"fingerprint), the stored "
+        "request and result, the history and the delivery timeline. `idemdesk keys import` reads them into any store."_qs);
+    addCommonOptions(parser, false);
+    parser.addOption({u"state"_qs, u"processing, completed, failed or reset."_qs, u"S"_qs});
+    parser.addOption({u"endpoint"_qs, u"Only this endpoint's keys."_qs, u"E"_qs});
+    parser.addOption({u"match"_qs, u"Shell glob on the stored key (* ? [...])."_qs, u"GLOB"_qs});
+    parser.addOption({u"output"_qs, u"Write to FILE instead of standard output."_qs, u"FILE"_qs});
+    parser.addPositionalArgument(u"KEY"_qs, u"Only these keys (then the filters do not apply)."_qs,
+                                 u"[KEY...]"_qs);
+    if (const int rc = parseOrExit(parser, arguments); rc >= 0)
+        return rc;
+    KeyQuery filter;
+    if (parser.isSet(u"state"_qs)) {
+        filter.state = keyStateFromString(parser.value(u"state"_qs));
+        if (!filter.state) {
+            printError(u"--state must be processing, completed, failed or reset (got '%1')"_qs.arg(
+                parser.value(u"state"_qs)));
+            return ExitUsage;
+        }
+    }
+    filter.endpoint = parser.value(u"endpoint"_qs);
+    filter.glob = parser.value(u"match"_qs);
+    QFile out;
+    const bool opened = parser.isSet(u"output"_qs)
+                            ? (out.setFileName(parser.value(u"output"_qs)),
+                               out.open(QIODevice::WriteOnly | QIODevice::Truncate))
+                            : out.open(stdout, QIODevice::WriteOnly);
+    if (!opened) {
+        printError(u"--output %1: %2"_qs.arg(out.fileName(), out.errorString()));
+        return ExitUsage;
+    }
+    StoreSession session;
+    if (const int rc = openSession(parser, session); rc >= 0)
+        return rc;
+    const QStringList keys = parser.positionalArguments();
+    auto written = session.pool->run<qint64>([&](IdempotencyStore &store) {
+        return exportKeys(store, filter, keys,
+                          [&](const QByteArray &line) { out.write(line + '\n'); });
+    });
+    out.flush();
+    if (!written) {
+        printError(written.error().message);
+        return ExitRuntime;
+    }
+    std::fprintf(stderr, "idemdesk: exported %s\n", qPrintable(countOf(*written, u"key", u"keys")));
+    return ExitOk;
+}
+
+int keysImport(const QStringList &arguments)
+{
+    QCommandLineParser parser;
+    parser.setApplicationDescription(u"Read keys written by `idemdesk keys export` into this "
+                                     u"store: state, TTL (what was left of it), history and "
+                                     "timeline kept, a new fencing token of this store. A key that "
+                                     "exists here is left alone and reported. "
+                                     "Exit 1 when a line was refused."_qs);
+    addCommonOptions(parser, false);
+    parser.addPositionalArgument(u"FILE"_qs, u"JSON Lines to read (default: standard input)."_qs,
+                                 u"[FILE]"_qs);
+    if (const int rc = parseOrExit(parser, arguments, 1); rc >= 0)
+        return rc;
+    QFile in;
+    const QString path = parser.positionalArguments().value(0);
+    const bool opened = !path.isEmpty() && path != u"-"_qs
+                            ? (in.setFileName(path), in.open(QIODevice::ReadOnly))
+                            : in.open(stdin, QIODevice::ReadOnly);
+    if (!opened) {
+        printError(u"%1: %2"_qs.arg(path, in.errorString()));
+        return ExitUsage;
+    }
+    StoreSession session;
+    if (const int rc = openSession(parser, session); rc >= 0)
+        return rc;
+    qint64 imported = 0, existing = 0, refused = 0, number = 0;
+    while (!in.atEnd()) {
+        const QByteArray line = in.readLine().trimmed();
+        ++number;
+        if (line.isEmpty())
+            continue;
+        auto done = session.pool->run<ImportedLine>(
+            [&](IdempotencyStore &store) { return importLine(store, line); });
+        if (!done) {
+            if (done.error().code !=
+                ErrorCode::Invalid) { // the store: stop, nothing more can go in
+                printError(u"line %1: %2"_qs.arg(number).arg(done.error().message));
+                return ExitRuntime;
+            }
+            printError(u"line %1 refused: %2"_qs.arg(number).arg(done.error().message));
+            ++refused;
+        } else if (done->verdict == ImportVerdict::Exists) {
+            printOut(u"exists   %1 (left alone)\n"_qs.arg(done->key));
+            ++existing;
+        } else {
+            printOut(u"imported %1\n"_qs.arg(done->key));
+            ++imported;
+        }
+    }
+    printOut(
+        u"%1 imported, %2 already here, %3 refused\n"_qs.arg(countOf(imported, u"key", u"keys"))
+            .arg(existing)
+            .arg(refused));
+    return refused ? ExitRuntime : ExitOk;
+}
+
+} // namespace idem::cli

@@ -1,0 +1,31 @@
+#pragma once
+
+#include "model/keyrecord.h"
+
+#include <QColor>
+#include <QIcon>
+
+class QApplication;
+
+namespace idem {
+
+// Colours for states and outcomes, readable on the current palette: darker tones on a light
+// window, lighter ones on a dark window (SPEC §6 dark themes).
+bool paletteIsDark();
+QColor stateColour(KeyState state);
+QColor outcomeColour(Outcome outcome);
+// The background of a stuck processing key, and of the delivery that won the claim.
+QColor stuckBackground();
+QColor winnerBackground();
+
+// Follows the desktop's colour scheme at start: a dark Fusion palette when the desktop asks
+// for dark (the platform palette is dark, GTK_THEME ends in ":dark", or GNOME's color-scheme
+// says prefer-dark). Qt 6.4 has no colour-scheme API of its own.
+void followDesktopColourScheme(QApplication &app);
+// Fusion with a dark palette (what followDesktopColourScheme() applies when dark is wanted).
+void useDarkPalette(QApplication &app);
+
+// The application icon, every size of resources/icons (window and taskbar).
+QIcon applicationIcon();
+
+} // namespace idem
