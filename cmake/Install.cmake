@@ -22,21 +22,13 @@ endforeach()
 add_custom_target(idemdesk_gzipped ALL DEPENDS ${idem_gzipped})
 install(FILES ${PROJECT_BINARY_DIR}/idemdesk.1.gz DESTINATION ${CMAKE_INSTALL_MANDIR}/man1)
 
-# The icon: the SVG as it is, and PNGs rendered from it in the usual hicolor sizes.
+# The icon: the SVG and the PNGs rendered from it (resources/icons, the same files the window
+# uses), in the usual hicolor sizes.
 install(FILES ${IDEM_RESOURCES}/icons/idemdesk.svg DESTINATION ${CMAKE_INSTALL_DATADIR}/icons/hicolor/scalable/apps)
-find_program(RSVG_CONVERT rsvg-convert REQUIRED) # Debian: librsvg2-bin
-set(IDEM_ICON_SIZES 16 24 32 48 64 128 256)
-set(icon_pngs)
-foreach(size ${IDEM_ICON_SIZES})
-    set(png ${PROJECT_BINARY_DIR}/icons/${size}x${size}/idemdesk.png)
-    add_custom_command(OUTPUT ${png}
-        COMMAND ${CMAKE_COMMAND} -E make_directory ${PROJECT_BINARY_DIR}/icons/${size}x${size}
-        COMMAND ${RSVG_CONVERT} -w ${size} -h ${size} -o ${png} ${IDEM_RESOURCES}/icons/idemdesk.svg
-        DEPENDS ${IDEM_RESOURCES}/icons/idemdesk.svg VERBATIM)
-    list(APPEND icon_pngs ${png})
-    install(FILES ${png} DESTINATION ${CMAKE_INSTALL_DATADIR}/icons/hicolor/${size}x${size}/apps)
+foreach(size 16 22 24 32 48 64 128 256)
+    install(FILES ${IDEM_RESOURCES}/icons/idemdesk-${size}.png
+            DESTINATION ${CMAKE_INSTALL_DATADIR}/icons/hicolor/${size}x${size}/apps RENAME idemdesk.png)
 endforeach()
-add_custom_target(idemdesk_icons ALL DEPENDS ${icon_pngs})
 
 # systemd: the unit under the prefix where systemd looks (/usr/lib/systemd/system,
 # /usr/local/lib/systemd/system), written at install time so that its ExecStart names the
