@@ -1,5 +1,6 @@
 #include "store/redisstore.h"
 
+#include "store/rediscluster.h"
 #include "store/redisprotocol.h"
 
 #include <QRegularExpression>
@@ -33,6 +34,44 @@ const QList<QByteArray> kSummaryFields = {"key",     "endpoint", "provider",    
                                           "updated", "lease_until", "expires_at", "res_status",
                                           "error"};
 
+// On a cluster, every key of the desk shares the prefix's hash tag: one slot, so that the
+// scripts (which derive their keys from the prefix) and MULTI/EXEC stay on one master.
+QByteArray clusterPrefix(const QByteArray &prefix)
+{
+    const qsizetype open = prefix.indexOf('{');
+    if (open >= 0 && prefix.indexOf('}', open + 1) > open + 1)
+        return prefix;
+    return '{' + prefix + '}';
+}
+
+Result<void> authenticate(redisContext *c, const StoreUrl &url)
+{
+    if (url.password.isEmpty())
+        return {};
+    QList<QByteArray> auth{"AUTH"};
+    if (!url.user.isEmpty())
+        auth << url.user.toUtf8();
+    auth << url.password.toUtf8();
+    std::vector<const char *> argv;
+    std::vector<size_t> lengths;
+    for (const QByteArray &a : auth) {
+        argv.push_back(a.constData());
+        lengths.push_back(size_t(a.size()));
+    }
+    auto *raw = static_cast<redisReply *>(
+        redisCommandArgv(c, int(argv.size()), argv.data(), lengths.data()));
+    const QString why = !raw ? QString::fromUtf8(c->errstr)
+                        : raw->type == REDIS_REPLY_ERROR
+                            ? QString::fromUtf8(raw->str, int(raw->len))
+                            : QString();
+    if (raw)
+        freeReplyObject(raw);
+    if (!why.isEmpty())
+        return makeError(ErrorCode::Unavailable,
+                         u"Redis %1: authentication failed: %2"_qs.arg(url.display(), why));
+    return {};
+}
+
 } // namespace
 
 RedisStore::RedisStore(redisContext *context, StoreUrl url, RedisOptions options)
@@ -41,11 +80,14 @@ RedisStore::RedisStore(redisContext *context, StoreUrl url, RedisOptions options
 
 RedisStore::~RedisStore()
 {
-    redisFree(m_context);
+    if (m_context)
+        redisFree(m_context);
 }
 
 Result<std::unique_ptr<RedisStore>> RedisStore::connect(const StoreUrl &url, const RedisOptions &options)
 {
+    if (url.cluster)
+        return connectCluster(url, options);
     timeval connectTimeout{options.connectTimeoutMs / 1000, (options.connectTimeoutMs % 1000) * 1000};
     redisContext *context = redisConnectWithTimeout(url.host.toUtf8().constData(), url.port, connectTimeout);
     if (!context)
@@ -59,13 +101,20 @@ Result<std::unique_ptr<RedisStore>> RedisStore::connect(const StoreUrl &url, con
     timeval commandTimeout{options.commandTimeoutMs / 1000, (options.commandTimeoutMs % 1000) * 1000};
     redisSetTimeout(context, commandTimeout);
     std::unique_ptr<RedisStore> store(new RedisStore(context, url, options));
-    if (!url.password.isEmpty()) {
-        QList<QByteArray> auth{"AUTH"};
-        if (!url.user.isEmpty())
-            auth << url.user.toUtf8();
-        auth << url.password.toUtf8();
-        if (auto r = store->command(auth, false); !r)
-            return makeError(ErrorCode::Unavailable, u"Redis %1: authentication failed: %2"_qs.arg(url.display(), r.error().message));
+    if (auto r = authenticate(context, url); !r)
+        return r.error();
+    // A cluster node behind a plain redis:// URL is served as a cluster (it is one of the seeds).
+    if (auto info = store->command({"CLUSTER", "INFO"}, false);
+        info && text(info->get()).contains("cluster_state:")) {
+        StoreUrl clustered = url;
+        clustered.cluster = true;
+        clustered.clusterSeeds = {{url.host, url.port}};
+        if (url.database != u"0"_qs)
+            return makeError(
+                ErrorCode::Invalid,
+                u"Redis %1 is a cluster node: a Redis Cluster has database 0 only"_qs.arg(
+                    url.display()));
+        return connectCluster(clustered, options);
     }
     if (url.database != u"0"_qs) {
         if (auto r = store->command({"SELECT", url.database.toUtf8()}, false); !r)
@@ -74,6 +123,52 @@ Result<std::unique_ptr<RedisStore>> RedisStore::connect(const StoreUrl &url, con
     if (auto r = store->loadScripts(); !r)
         return r.error();
     return store;
+}
+
+Result<std::unique_ptr<RedisStore>> RedisStore::connectCluster(StoreUrl url,
+                                                               const RedisOptions &options)
+{
+    QList<redis::ClusterNode> seeds;
+    for (const auto &[host, port] : std::as_const(url.clusterSeeds))
+        seeds.append({host.toUtf8(), port});
+    auto links = std::make_unique<redis::ClusterLinks>(
+        seeds, options.connectTimeoutMs, options.commandTimeoutMs,
+        [url](redisContext *c) { return authenticate(c, url); });
+    if (auto r = links->refresh(); !r)
+        return makeError(ErrorCode::Unavailable,
+                         u"Redis Cluster %1: %2"_qs.arg(url.display(), r.error().message));
+    std::unique_ptr<RedisStore> store(new RedisStore(nullptr, url, options));
+    store->m_cluster = std::move(links);
+    store->m_prefix = clusterPrefix(store->m_prefix);
+    // The SHA1 of each script is known here; a master that lacks one answers NOSCRIPT and gets it
+    // then (script()), so no master needs to be up front.
+    auto scripts = redis::scripts();
+    if (!scripts)
+        return scripts.error();
+    for (auto it = scripts->cbegin(); it != scripts->cend(); ++it)
+        store->m_sha.insert(it.key(), it->sha);
+    return store;
+}
+
+Result<redisContext *> RedisStore::contextFor(const QByteArray &slotKey)
+{
+    if (!m_cluster) {
+        if (m_context->err)
+            return failure(u"connection lost: %1"_qs.arg(QString::fromUtf8(m_context->errstr)),
+                           false);
+        return m_context;
+    }
+    auto c = m_cluster->link(redis::keySlot(slotKey));
+    if (!c)
+        return makeError(c.error().code,
+                         u"Redis %1: %2"_qs.arg(m_url.display(), c.error().message));
+    return c;
+}
+
+void RedisStore::lost(redisContext *context)
+{
+    if (m_cluster)
+        m_cluster->broken(context);
 }
 
 Error RedisStore::failure(const QString &what, bool writes) const
@@ -85,6 +180,18 @@ Error RedisStore::failure(const QString &what, bool writes) const
 
 Result<RedisStore::Reply> RedisStore::command(const QList<QByteArray> &args, bool writes)
 {
+    if (m_cluster) {
+        auto r = m_cluster->command(args, writes);
+        if (!r)
+            return makeError(r.error().code,
+                             u"Redis %1: %2"_qs.arg(m_url.display(), r.error().message));
+        if (r->get()->type == REDIS_REPLY_ERROR)
+            return makeError(
+                ErrorCode::Unavailable,
+                u"Redis %1: %2"_qs.arg(m_url.display(),
+                                       QString::fromUtf8(r->get()->str, int(r->get()->len))));
+        return std::move(*r);
+    }
     std::vector<const char *> argv;
     std::vector<size_t> lengths;
     argv.reserve(size_t(args.size()));
@@ -174,7 +281,12 @@ Result<FinishVerdict> RedisStore::finish(const FinishRequest &req)
 
 Result<RedisStore::Reply> RedisStore::scriptsInTransaction(const char *name, const QList<QList<QByteArray>> &argsList)
 {
-    for (int round = 0; round < 2; ++round) {
+    // On a cluster, every script of the batch runs on its prefix's slot (one master).
+    for (int round = 0; round < 2 + redis::kMaxRedirects; ++round) {
+        auto context = contextFor(argsList.isEmpty() ? m_prefix : argsList.first().first());
+        if (!context)
+            return context.error();
+        redisContext *c = *context;
         QList<QList<QByteArray>> commands{{"MULTI"}};
         for (const auto &args : argsList)
             commands.append(QList<QByteArray>{"EVALSHA", m_sha.value(name), "0"} + args);
@@ -186,14 +298,27 @@ Result<RedisStore::Reply> RedisStore::scriptsInTransaction(const char *name, con
                 argv.push_back(a.constData());
                 lengths.push_back(size_t(a.size()));
             }
-            redisAppendCommandArgv(m_context, int(argv.size()), argv.data(), lengths.data());
+            redisAppendCommandArgv(c, int(argv.size()), argv.data(), lengths.data());
         }
         Reply exec(nullptr, freeReplyObject);
+        std::optional<redis::Redirect> redirect;
         for (qsizetype i = 0; i < commands.size(); ++i) {
             void *raw = nullptr;
-            if (redisGetReply(m_context, &raw) != REDIS_OK || !raw)
-                return failure(QString::fromUtf8(m_context->errstr), true);
+            if (redisGetReply(c, &raw) != REDIS_OK || !raw) {
+                const Error error = failure(QString::fromUtf8(c->errstr), true);
+                lost(c);
+                return error;
+            }
             exec.reset(static_cast<redisReply *>(raw)); // the last one kept is EXEC's
+            if (m_cluster && !redirect && exec->type == REDIS_REPLY_ERROR)
+                redirect = redis::redirectFrom(QByteArrayView(exec->str, qsizetype(exec->len)));
+        }
+        if (redirect && exec->type == REDIS_REPLY_ERROR) {
+            // A script refused at queueing (MOVED/ASK): EXEC aborted, nothing ran. The slot map is
+            // read again and the batch goes to the slot's master.
+            m_cluster->markStale();
+            if (round < 1 + redis::kMaxRedirects)
+                continue;
         }
         if (exec->type != REDIS_REPLY_ARRAY || exec->elements != size_t(argsList.size()))
             return makeError(ErrorCode::Unavailable, u"Redis %1: the batch's transaction was refused"_qs.arg(m_url.display()));
@@ -268,7 +393,10 @@ Result<QStringList> RedisStore::durabilityWarnings()
     for (const char *name : {"maxmemory-policy", "appendonly", "appendfsync", "save"}) {
         auto r = command({"CONFIG", "GET", name}, false);
         if (!r) {
-            if (m_context->err)
+            // A connection that failed is an error; a refusal of CONFIG (ACL, a managed service) is
+            // a warning.
+            if (m_cluster ? !r.error().message.contains(u"config"_qs, Qt::CaseInsensitive)
+                          : m_context->err != 0)
                 return r.error(); // the connection failed
             return QStringList{u"Redis refused CONFIG GET (%1): whether it may evict or lose acknowledged records is unknown"_qs
                                    .arg(r.error().message)};
@@ -359,6 +487,10 @@ Result<QList<KeyRecord>> RedisStore::listKeys(const KeyQuery &q)
     // One round trip for all the records.
     QList<QByteArray> hmget{"HMGET", QByteArray()};
     hmget += kSummaryFields;
+    auto context = contextFor(m_prefix + "k:");
+    if (!context)
+        return context.error();
+    redisContext *c = *context;
     for (const QByteArray &key : keys) {
         hmget[1] = m_prefix + "k:" + key;
         std::vector<const char *> argv;
@@ -367,14 +499,24 @@ Result<QList<KeyRecord>> RedisStore::listKeys(const KeyQuery &q)
             argv.push_back(a.constData());
             lengths.push_back(size_t(a.size()));
         }
-        redisAppendCommandArgv(m_context, int(argv.size()), argv.data(), lengths.data());
+        redisAppendCommandArgv(c, int(argv.size()), argv.data(), lengths.data());
     }
     QList<KeyRecord> records;
     for (qsizetype i = 0; i < keys.size(); ++i) {
         void *raw = nullptr;
-        if (redisGetReply(m_context, &raw) != REDIS_OK || !raw)
-            return failure(QString::fromUtf8(m_context->errstr), false);
+        if (redisGetReply(c, &raw) != REDIS_OK || !raw) {
+            const Error error = failure(QString::fromUtf8(c->errstr), false);
+            lost(c);
+            return error;
+        }
         Reply reply(static_cast<redisReply *>(raw), freeReplyObject);
+        if (reply->type == REDIS_REPLY_ERROR) {
+            if (m_cluster)
+                m_cluster->markStale(); // MOVED after a failover: the next page asks the new master
+            return makeError(ErrorCode::Unavailable,
+                             u"Redis %1: %2"_qs.arg(
+                                 m_url.display(), QString::fromUtf8(reply->str, int(reply->len))));
+        }
         QHash<QByteArray, QByteArray> fields;
         for (size_t f = 0; f < reply->elements && f < size_t(kSummaryFields.size()); ++f)
             if (reply->element[f]->type == REDIS_REPLY_STRING)
@@ -438,6 +580,10 @@ Result<void> RedisStore::appendDeliveries(const QList<DeliveryEvent> &events)
 {
     const QByteArray stream = m_prefix + "log";
     const QByteArray maxLen = num(m_options.logMaxLength);
+    auto context = contextFor(stream);
+    if (!context)
+        return context.error();
+    redisContext *c = *context;
     for (const DeliveryEvent &e : events) {
         const QList<QByteArray> args{"XADD", stream, "MAXLEN", "~", maxLen, "*",
                                      "at", num(e.atMs), "e", e.endpoint.toUtf8(), "k", e.key.toUtf8(),
@@ -450,13 +596,24 @@ Result<void> RedisStore::appendDeliveries(const QList<DeliveryEvent> &events)
             argv.push_back(a.constData());
             lengths.push_back(size_t(a.size()));
         }
-        redisAppendCommandArgv(m_context, int(argv.size()), argv.data(), lengths.data());
+        redisAppendCommandArgv(c, int(argv.size()), argv.data(), lengths.data());
     }
+    QString refused;
     for (qsizetype i = 0; i < events.size(); ++i) {
         void *raw = nullptr;
-        if (redisGetReply(m_context, &raw) != REDIS_OK || !raw)
-            return failure(QString::fromUtf8(m_context->errstr), true);
-        freeReplyObject(raw);
+        if (redisGetReply(c, &raw) != REDIS_OK || !raw) {
+            const Error error = failure(QString::fromUtf8(c->errstr), true);
+            lost(c);
+            return error;
+        }
+        Reply reply(static_cast<redisReply *>(raw), freeReplyObject);
+        if (reply->type == REDIS_REPLY_ERROR && refused.isEmpty())
+            refused = QString::fromUtf8(reply->str, int(reply->len));
+    }
+    if (!refused.isEmpty()) {
+        if (m_cluster)
+            m_cluster->markStale();
+        return makeError(ErrorCode::Unavailable, u"Redis %1: %2"_qs.arg(m_url.display(), refused));
     }
     return {};
 }

@@ -12,6 +12,10 @@ struct redisReply;
 
 namespace idem {
 
+namespace redis {
+class ClusterLinks;
+}
+
 struct RedisOptions
 {
     int connectTimeoutMs = 2000;
@@ -24,12 +28,17 @@ struct RedisOptions
 // since NOSCRIPT means it did not run. A broken connection during a write is InDoubt: it is
 // never retried here. Records expire natively (PEXPIREAT); sorted-set indexes serve the
 // dashboard without KEYS and are cleaned by purge.lua. NOT thread-safe (one per worker).
+// On a Redis Cluster (redis-cluster://, or a redis:// node that answers CLUSTER INFO) each
+// command goes to the master of its key's slot (redis/rediscluster.h); until the scripts
+// declare per-record keys, every key of the desk is hash-tagged to one slot ({prefix}), so
+// scripts, transactions and indexes stay on one master.
 class RedisStore final : public IdempotencyStore
 {
 public:
     static Result<std::unique_ptr<RedisStore>> connect(const StoreUrl &url,
                                                        const RedisOptions &options = {});
     ~RedisStore() override;
+    bool isCluster() const { return m_cluster != nullptr; }
 
     Result<ClaimResult> claim(const ClaimRequest &request) override;
     Result<FinishVerdict> finish(const FinishRequest &request) override;
@@ -50,7 +59,13 @@ public:
 private:
     using Reply = std::unique_ptr<redisReply, void (*)(void *)>;
     RedisStore(redisContext *context, StoreUrl url, RedisOptions options);
+    static Result<std::unique_ptr<RedisStore>> connectCluster(StoreUrl url,
+                                                              const RedisOptions &options);
     Result<Reply> command(const QList<QByteArray> &args, bool writes);
+    // The connection for a pipeline of commands on `slotKey`'s slot (the one connection on a
+    // single Redis); lost() after a failed pipeline.
+    Result<redisContext *> contextFor(const QByteArray &slotKey);
+    void lost(redisContext *context);
     Result<Reply> script(const char *name, const QList<QByteArray> &args, bool writes);
     Result<void> loadScripts();
     Result<qint64> purgeSlice();
@@ -60,7 +75,8 @@ private:
     Result<void> waitForReplicas();
     Error failure(const QString &what, bool writes) const;
 
-    redisContext *m_context;
+    redisContext *m_context; // single Redis; null on a cluster
+    std::unique_ptr<redis::ClusterLinks> m_cluster;
     StoreUrl m_url;
     RedisOptions m_options;
     QByteArray m_prefix;
