@@ -1,9 +1,12 @@
 #pragma once
 
 #include "store/idempotencystore.h"
+#include "store/redisprotocol.h"
 #include "store/storeurl.h"
 
 #include <QHash>
+
+#include <vector>
 
 #include <memory>
 
@@ -15,15 +18,18 @@ namespace idem {
 struct RedisOptions
 {
     int connectTimeoutMs = 2000;
-    int commandTimeoutMs = 3000; // every call; a timeout is an error (503), never a retry
+    int commandTimeoutMs = 3000;  // every call; a timeout is an error (503), never a retry
     qint64 logMaxLength = 100000; // the delivery log stream is capped (MAXLEN ~)
 };
 
-// Redis (hiredis 0.14). Each transition is one Lua script from resources/redis, loaded once
-// per connection (SCRIPT LOAD) and run with EVALSHA; on NOSCRIPT it is loaded again — safe,
-// since NOSCRIPT means it did not run. A broken connection during a write is InDoubt: it is
-// never retried here. Records expire natively (PEXPIREAT); sorted-set indexes serve the
-// dashboard without KEYS and are cleaned by purge.lua. NOT thread-safe (one per worker).
+// Redis (hiredis 0.14). Each transition is one Lua script from resources/redis on the record's
+// own keys (layout: the top of common.lua), loaded once per connection (SCRIPT LOAD) and run
+// with EVALSHA; on NOSCRIPT it is loaded again — safe, since NOSCRIPT means it did not run. A
+// broken connection during a write is InDoubt: it is never retried here. Records expire
+// natively (PEXPIREAT). The sorted-set indexes that serve the dashboard without KEYS are a
+// derived view written after the scripts (redis::IndexBatch); listing re-reads the records and
+// repairs what it finds stale, purge drops the entries of expired records and re-indexes a
+// slice of the records each time. NOT thread-safe (one per worker).
 class RedisStore final : public IdempotencyStore
 {
 public:
@@ -51,6 +57,11 @@ private:
     using Reply = std::unique_ptr<redisReply, void (*)(void *)>;
     RedisStore(redisContext *context, StoreUrl url, RedisOptions options);
     Result<Reply> command(const QList<QByteArray> &args, bool writes);
+    // Many commands in one write; every answer, in order (an error answer is an answer).
+    Result<std::vector<Reply>> pipeline(const QList<QList<QByteArray>> &commands, bool writes);
+    // The index writes of transitions that happened: failures are left to the repairs.
+    void writeIndexes(const redis::IndexBatch &batch);
+    Result<qint64> repairSlice();
     Result<Reply> script(const char *name, const QList<QByteArray> &args, bool writes);
     Result<void> loadScripts();
     Result<qint64> purgeSlice();
@@ -65,6 +76,7 @@ private:
     RedisOptions m_options;
     QByteArray m_prefix;
     QHash<QByteArray, QByteArray> m_sha; // script name → SHA1
+    QByteArray m_repairCursor = "0";     // where the next repair slice SCANs from
 };
 
 } // namespace idem
