@@ -89,9 +89,9 @@ int commandSlot(const QList<QByteArray> &args)
             return -1;
         return keySlot(args.at(3)); // KEYS[1], or the first argument when no key is declared
     }
-    static const QByteArray keyless[] = {"PING", "TIME",   "WAIT",    "SCRIPT",  "CONFIG",
-                                         "AUTH", "SELECT", "CLUSTER", "INFO",    "MULTI",
-                                         "EXEC", "ASKING", "DBSIZE",  "FLUSHDB", "FLUSHALL"};
+    static const QByteArray keyless[] = {
+        "PING", "TIME",  "WAIT", "SCRIPT", "CONFIG", "AUTH",    "SELECT",   "CLUSTER",
+        "INFO", "MULTI", "EXEC", "ASKING", "DBSIZE", "FLUSHDB", "FLUSHALL", "SCAN"};
     for (const QByteArray &k : keyless)
         if (name == k)
             return -1;
@@ -194,8 +194,20 @@ Result<redisContext *> ClusterLinks::connectTo(const ClusterNode &node)
     return c;
 }
 
+void ClusterLinks::markWritten(redisContext *context)
+{
+    if (!m_written.contains(context))
+        m_written.append(context);
+}
+
+QList<redisContext *> ClusterLinks::takeWritten()
+{
+    return std::exchange(m_written, {});
+}
+
 void ClusterLinks::broken(redisContext *context)
 {
+    m_written.removeAll(context);
     for (auto it = m_links.begin(); it != m_links.end(); ++it)
         if (it.value() == context) {
             m_links.erase(it);
@@ -322,6 +334,8 @@ Result<ClusterLinks::Reply> ClusterLinks::command(const QList<QByteArray> &args,
             return makeError(writes ? ErrorCode::InDoubt : ErrorCode::Unavailable, why);
         }
         Reply reply(static_cast<redisReply *>(raw), freeReplyObject);
+        if (writes)
+            markWritten(c);
         if (reply->type != REDIS_REPLY_ERROR)
             return reply;
         const QByteArray error = textOf(reply.get());

@@ -97,6 +97,11 @@ public:
     // CLUSTERDOWN and TRYAGAIN are Unavailable.
     using Reply = std::unique_ptr<redisReply, void (*)(void *)>;
     Result<Reply> command(const QList<QByteArray> &args, bool writes);
+    // The connection to one node (a master from map()), connected on first use.
+    Result<redisContext *> linkTo(const ClusterNode &node) { return connectTo(node); }
+    // The masters written to since the last takeWritten() (WAIT goes to each).
+    void markWritten(redisContext *context);
+    QList<redisContext *> takeWritten();
     // A lost connection: drop it, re-read the map before the next command.
     void broken(redisContext *context);
     void markStale() { m_stale = true; }
@@ -114,6 +119,7 @@ private:
     bool m_stale = true;
     QHash<QByteArray, redisContext *> m_links; // by address
     redisContext *m_current = nullptr;
+    QList<redisContext *> m_written;
 };
 
 } // namespace idem::redis

@@ -5,6 +5,8 @@
 
 #include <QRegularExpression>
 
+#include <algorithm>
+
 #include <hiredis.h>
 
 namespace idem {
@@ -17,7 +19,6 @@ QByteArray num(qint64 v)
 }
 
 using redis::text;
-using redis::recordFrom;
 
 QHash<QByteArray, QByteArray> fieldsFrom(const redisReply *array)
 {
@@ -29,21 +30,29 @@ QHash<QByteArray, QByteArray> fieldsFrom(const redisReply *array)
     return fields;
 }
 
-const QList<QByteArray> kSummaryFields = {"key",     "endpoint", "provider",    "state",
-                                          "fingerprint", "token", "attempts",   "created",
-                                          "updated", "lease_until", "expires_at", "res_status",
-                                          "error"};
+// What a listing shows of a record (HMGET, in this order).
+const QList<QByteArray> kSummaryFields = {"state",       "endpoint",   "provider",   "fingerprint",
+                                          "token",       "attempts",   "created",    "updated",
+                                          "lease_until", "expires_at", "res_status", "error"};
 
-// On a cluster, every key of the desk shares the prefix's hash tag: one slot, so that the
-// scripts (which derive their keys from the prefix) and MULTI/EXEC stay on one master.
-QByteArray clusterPrefix(const QByteArray &prefix)
+constexpr KeyState kStates[] = {KeyState::Processing, KeyState::Completed, KeyState::Failed,
+                                KeyState::Reset};
+
+// SCAN's MATCH takes a glob: the prefix's own glob characters are escaped.
+QByteArray globEscaped(const QByteArray &text)
 {
-    const qsizetype open = prefix.indexOf('{');
-    if (open >= 0 && prefix.indexOf('}', open + 1) > open + 1)
-        return prefix;
-    return '{' + prefix + '}';
+    QByteArray out;
+    for (char c : text) {
+        if (c == '*' || c == '?' || c == '[' || c == ']' || c == '\\')
+            out += '\\';
+        out += c;
+    }
+    return out;
 }
 
+} // namespace
+
+// AUTH on a new connection (the one of a single Redis, each cluster node's).
 Result<void> authenticate(redisContext *c, const StoreUrl &url)
 {
     if (url.password.isEmpty())
@@ -52,18 +61,11 @@ Result<void> authenticate(redisContext *c, const StoreUrl &url)
     if (!url.user.isEmpty())
         auth << url.user.toUtf8();
     auth << url.password.toUtf8();
-    std::vector<const char *> argv;
-    std::vector<size_t> lengths;
-    for (const QByteArray &a : auth) {
-        argv.push_back(a.constData());
-        lengths.push_back(size_t(a.size()));
-    }
-    auto *raw = static_cast<redisReply *>(
-        redisCommandArgv(c, int(argv.size()), argv.data(), lengths.data()));
-    const QString why = !raw ? QString::fromUtf8(c->errstr)
-                        : raw->type == REDIS_REPLY_ERROR
-                            ? QString::fromUtf8(raw->str, int(raw->len))
-                            : QString();
+    redis::Argv a(auth);
+    auto *raw = static_cast<redisReply *>(redisCommandArgv(c, a.count(), a.argv.data(), a.lengths.data()));
+    const QString why = !raw                             ? QString::fromUtf8(c->errstr)
+                        : raw->type == REDIS_REPLY_ERROR ? QString::fromUtf8(raw->str, int(raw->len))
+                                                         : QString();
     if (raw)
         freeReplyObject(raw);
     if (!why.isEmpty())
@@ -71,8 +73,6 @@ Result<void> authenticate(redisContext *c, const StoreUrl &url)
                          u"Redis %1: authentication failed: %2"_qs.arg(url.display(), why));
     return {};
 }
-
-} // namespace
 
 RedisStore::RedisStore(redisContext *context, StoreUrl url, RedisOptions options)
     : m_context(context), m_url(std::move(url)), m_options(options), m_prefix(m_url.prefix.toUtf8())
@@ -84,7 +84,8 @@ RedisStore::~RedisStore()
         redisFree(m_context);
 }
 
-Result<std::unique_ptr<RedisStore>> RedisStore::connect(const StoreUrl &url, const RedisOptions &options)
+Result<std::unique_ptr<RedisStore>> RedisStore::connect(const StoreUrl &url,
+                                                        const RedisOptions &options)
 {
     if (url.cluster)
         return connectCluster(url, options);
@@ -98,7 +99,8 @@ Result<std::unique_ptr<RedisStore>> RedisStore::connect(const StoreUrl &url, con
         return makeError(ErrorCode::Unavailable,
                          u"cannot connect to Redis at %1: %2"_qs.arg(url.display(), message));
     }
-    timeval commandTimeout{options.commandTimeoutMs / 1000, (options.commandTimeoutMs % 1000) * 1000};
+    timeval commandTimeout{options.commandTimeoutMs / 1000,
+                           (options.commandTimeoutMs % 1000) * 1000};
     redisSetTimeout(context, commandTimeout);
     std::unique_ptr<RedisStore> store(new RedisStore(context, url, options));
     if (auto r = authenticate(context, url); !r)
@@ -106,14 +108,12 @@ Result<std::unique_ptr<RedisStore>> RedisStore::connect(const StoreUrl &url, con
     // A cluster node behind a plain redis:// URL is served as a cluster (it is one of the seeds).
     if (auto info = store->command({"CLUSTER", "INFO"}, false);
         info && text(info->get()).contains("cluster_state:")) {
+        if (url.database != u"0"_qs)
+            return makeError(ErrorCode::Invalid,
+                             u"Redis %1 is a cluster node: a Redis Cluster has database 0 only"_qs.arg(url.display()));
         StoreUrl clustered = url;
         clustered.cluster = true;
         clustered.clusterSeeds = {{url.host, url.port}};
-        if (url.database != u"0"_qs)
-            return makeError(
-                ErrorCode::Invalid,
-                u"Redis %1 is a cluster node: a Redis Cluster has database 0 only"_qs.arg(
-                    url.display()));
         return connectCluster(clustered, options);
     }
     if (url.database != u"0"_qs) {
@@ -125,7 +125,7 @@ Result<std::unique_ptr<RedisStore>> RedisStore::connect(const StoreUrl &url, con
     return store;
 }
 
-Result<std::unique_ptr<RedisStore>> RedisStore::connectCluster(StoreUrl url,
+Result<std::unique_ptr<RedisStore>> RedisStore::connectCluster(const StoreUrl &url,
                                                                const RedisOptions &options)
 {
     QList<redis::ClusterNode> seeds;
@@ -139,36 +139,14 @@ Result<std::unique_ptr<RedisStore>> RedisStore::connectCluster(StoreUrl url,
                          u"Redis Cluster %1: %2"_qs.arg(url.display(), r.error().message));
     std::unique_ptr<RedisStore> store(new RedisStore(nullptr, url, options));
     store->m_cluster = std::move(links);
-    store->m_prefix = clusterPrefix(store->m_prefix);
-    // The SHA1 of each script is known here; a master that lacks one answers NOSCRIPT and gets it
-    // then (script()), so no master needs to be up front.
+    // The SHA1 of each script is known here; a master that lacks one answers NOSCRIPT and is sent
+    // it then (script()), so no master needs to be reachable up front.
     auto scripts = redis::scripts();
     if (!scripts)
         return scripts.error();
     for (auto it = scripts->cbegin(); it != scripts->cend(); ++it)
         store->m_sha.insert(it.key(), it->sha);
     return store;
-}
-
-Result<redisContext *> RedisStore::contextFor(const QByteArray &slotKey)
-{
-    if (!m_cluster) {
-        if (m_context->err)
-            return failure(u"connection lost: %1"_qs.arg(QString::fromUtf8(m_context->errstr)),
-                           false);
-        return m_context;
-    }
-    auto c = m_cluster->link(redis::keySlot(slotKey));
-    if (!c)
-        return makeError(c.error().code,
-                         u"Redis %1: %2"_qs.arg(m_url.display(), c.error().message));
-    return c;
-}
-
-void RedisStore::lost(redisContext *context)
-{
-    if (m_cluster)
-        m_cluster->broken(context);
 }
 
 Error RedisStore::failure(const QString &what, bool writes) const
@@ -192,22 +170,17 @@ Result<RedisStore::Reply> RedisStore::command(const QList<QByteArray> &args, boo
                                        QString::fromUtf8(r->get()->str, int(r->get()->len))));
         return std::move(*r);
     }
-    std::vector<const char *> argv;
-    std::vector<size_t> lengths;
-    argv.reserve(size_t(args.size()));
-    lengths.reserve(size_t(args.size()));
-    for (const QByteArray &a : args) {
-        argv.push_back(a.constData());
-        lengths.push_back(size_t(a.size()));
-    }
+    redis::Argv a(args);
     if (m_context->err)
         return failure(u"connection lost: %1"_qs.arg(QString::fromUtf8(m_context->errstr)), false);
-    void *raw = redisCommandArgv(m_context, int(argv.size()), argv.data(), lengths.data());
+    void *raw = redisCommandArgv(m_context, a.count(), a.argv.data(), a.lengths.data());
     if (!raw)
         return failure(QString::fromUtf8(m_context->errstr), writes);
     Reply reply(static_cast<redisReply *>(raw), freeReplyObject);
     if (reply->type == REDIS_REPLY_ERROR)
-        return makeError(ErrorCode::Unavailable, u"Redis %1: %2"_qs.arg(m_url.display(), QString::fromUtf8(reply->str, int(reply->len))));
+        return makeError(ErrorCode::Unavailable,
+                         u"Redis %1: %2"_qs.arg(m_url.display(),
+                                                QString::fromUtf8(reply->str, int(reply->len))));
     return reply;
 }
 
@@ -225,12 +198,98 @@ Result<void> RedisStore::loadScripts()
     return {};
 }
 
-Result<RedisStore::Reply> RedisStore::script(const char *name, const QList<QByteArray> &args, bool writes)
+Result<std::vector<RedisStore::Reply>>
+RedisStore::pipeline(const QList<QList<QByteArray>> &commands, bool writes)
 {
-    QList<QByteArray> call{"EVALSHA", m_sha.value(name), "0"};
+    if (m_cluster)
+        return clusterPipeline(commands, writes);
+    if (m_context->err)
+        return failure(u"connection lost: %1"_qs.arg(QString::fromUtf8(m_context->errstr)), false);
+    for (const auto &command : commands) {
+        redis::Argv a(command);
+        redisAppendCommandArgv(m_context, a.count(), a.argv.data(), a.lengths.data());
+    }
+    std::vector<Reply> replies;
+    replies.reserve(size_t(commands.size()));
+    for (qsizetype i = 0; i < commands.size(); ++i) {
+        void *raw = nullptr;
+        if (redisGetReply(m_context, &raw) != REDIS_OK || !raw)
+            return failure(QString::fromUtf8(m_context->errstr), writes);
+        replies.emplace_back(static_cast<redisReply *>(raw), freeReplyObject);
+    }
+    return replies;
+}
+
+Result<std::vector<RedisStore::Reply>> RedisStore::clusterPipeline(const QList<QList<QByteArray>> &commands,
+                                                                    bool writes)
+{
+    // One pipeline per master, each command to its slot's; the answers back in the given order.
+    std::vector<Reply> replies;
+    replies.reserve(size_t(commands.size()));
+    for (qsizetype i = 0; i < commands.size(); ++i)
+        replies.emplace_back(nullptr, freeReplyObject);
+    QHash<redisContext *, QList<qsizetype>> byNode;
+    QList<redisContext *> order;
+    for (qsizetype i = 0; i < commands.size(); ++i) {
+        auto c = m_cluster->link(redis::commandSlot(commands.at(i)));
+        if (!c)
+            return makeError(c.error().code, u"Redis %1: %2"_qs.arg(m_url.display(), c.error().message));
+        if (!byNode.contains(*c))
+            order.append(*c);
+        byNode[*c].append(i);
+    }
+    for (redisContext *c : std::as_const(order))
+        for (qsizetype i : byNode.value(c)) {
+            redis::Argv a(commands.at(i));
+            redisAppendCommandArgv(c, a.count(), a.argv.data(), a.lengths.data());
+        }
+    for (redisContext *c : std::as_const(order)) {
+        for (qsizetype i : byNode.value(c)) {
+            void *raw = nullptr;
+            if (redisGetReply(c, &raw) != REDIS_OK || !raw) {
+                const Error error = failure(QString::fromUtf8(c->errstr), writes);
+                m_cluster->broken(c); // the other nodes' answers are left unread with it: all dropped
+                for (redisContext *other : std::as_const(order))
+                    if (other != c)
+                        m_cluster->broken(other);
+                return error;
+            }
+            replies[size_t(i)].reset(static_cast<redisReply *>(raw));
+        }
+        if (writes)
+            m_cluster->markWritten(c);
+    }
+    // A slot that moved (MOVED/ASK): the node did not run the command; it goes again, alone,
+    // through the redirects.
+    for (qsizetype i = 0; i < commands.size(); ++i) {
+        const redisReply *r = replies[size_t(i)].get();
+        if (r->type != REDIS_REPLY_ERROR || !redis::redirectFrom(QByteArrayView(r->str, qsizetype(r->len))))
+            continue;
+        m_cluster->markStale();
+        auto again = m_cluster->command(commands.at(i), writes);
+        if (!again)
+            return makeError(again.error().code, u"Redis %1: %2"_qs.arg(m_url.display(), again.error().message));
+        replies[size_t(i)] = std::move(*again);
+    }
+    return replies;
+}
+
+void RedisStore::writeIndexes(const redis::IndexBatch &batch)
+{
+    if (!batch.isEmpty())
+        (void)pipeline(batch.commands(m_prefix), true); // lost: listing and purge repair it
+    if (m_cluster)
+        m_cluster->takeWritten(); // a derived view: never waited for (wait_replicas)
+}
+
+Result<RedisStore::Reply> RedisStore::script(const char *name, const QList<QByteArray> &args,
+                                             bool writes)
+{
+    QList<QByteArray> call{"EVALSHA", m_sha.value(name)};
     call += args;
     auto r = command(call, writes);
-    if (!r && r.error().code == ErrorCode::Unavailable && r.error().message.contains(u"NOSCRIPT"_qs)) {
+    if (!r && r.error().code == ErrorCode::Unavailable &&
+        r.error().message.contains(u"NOSCRIPT"_qs)) {
         // The server lost its script cache (restart, SCRIPT FLUSH): the script did not run.
         if (auto loaded = loadScripts(); !loaded)
             return loaded.error();
@@ -244,16 +303,40 @@ Result<void> RedisStore::waitForReplicas()
 {
     if (m_url.waitReplicas <= 0)
         return {};
+    if (m_cluster) {
+        // Each master the writes went to; the least acknowledged count decides.
+        long long least = m_url.waitReplicas;
+        for (redisContext *c : m_cluster->takeWritten()) {
+            auto *raw = static_cast<redisReply *>(
+                redisCommand(c, "WAIT %d %d", m_url.waitReplicas, m_url.waitTimeoutMs));
+            if (!raw) {
+                const Error error = failure(QString::fromUtf8(c->errstr), false);
+                m_cluster->broken(c);
+                return error;
+            }
+            Reply reply(raw, freeReplyObject);
+            least = std::min(least, reply->type == REDIS_REPLY_INTEGER ? reply->integer : -1);
+        }
+        if (least < m_url.waitReplicas)
+            return makeError(ErrorCode::Unavailable,
+                             u"Redis %1: only %2 of %3 replicas acknowledged the write within %4 ms (wait_replicas)"_qs
+                                 .arg(m_url.display())
+                                 .arg(least)
+                                 .arg(m_url.waitReplicas)
+                                 .arg(m_url.waitTimeoutMs));
+        return {};
+    }
     auto r = command({"WAIT", num(m_url.waitReplicas), num(m_url.waitTimeoutMs)}, false);
     if (!r)
         return r.error();
     if (r->get()->integer < m_url.waitReplicas)
-        return makeError(ErrorCode::Unavailable,
-                         u"Redis %1: only %2 of %3 replicas acknowledged the write within %4 ms (wait_replicas)"_qs
-                             .arg(m_url.display())
-                             .arg(r->get()->integer)
-                             .arg(m_url.waitReplicas)
-                             .arg(m_url.waitTimeoutMs));
+        return makeError(
+            ErrorCode::Unavailable,
+            u"Redis %1: only %2 of %3 replicas acknowledged the write within %4 ms (wait_replicas)"_qs
+                .arg(m_url.display())
+                .arg(r->get()->integer)
+                .arg(m_url.waitReplicas)
+                .arg(m_url.waitTimeoutMs));
     return {};
 }
 
@@ -263,8 +346,14 @@ Result<ClaimResult> RedisStore::claim(const ClaimRequest &req)
     if (!r)
         return r.error();
     auto result = redis::claimResult(r->get(), req);
-    if (auto waited = waitForReplicas(); result && !waited)
+    if (!result)
+        return result;
+    if (auto waited = waitForReplicas(); !waited)
         return waited.error(); // refused: the claim may be lost in a failover, so nothing runs
+    redis::IndexBatch batch;
+    if (auto move = redis::indexMoveOf(req, *result))
+        batch.add(*move);
+    writeIndexes(batch);
     return result;
 }
 
@@ -273,68 +362,85 @@ Result<FinishVerdict> RedisStore::finish(const FinishRequest &req)
     auto r = script("finish", redis::finishArgs(m_prefix, req), true);
     if (!r)
         return r.error();
-    auto verdict = redis::finishVerdict(r->get());
-    if (auto waited = waitForReplicas(); verdict && !waited)
+    redis::IndexMove move;
+    auto verdict = redis::finishVerdict(r->get(), req, &move);
+    if (!verdict)
+        return verdict;
+    if (auto waited = waitForReplicas(); !waited)
         return waited.error(); // retried by the engine: the same finish answers Repeated
+    if (*verdict == FinishVerdict::Accept) {
+        redis::IndexBatch batch;
+        batch.add(move);
+        writeIndexes(batch);
+    }
     return verdict;
 }
 
-Result<RedisStore::Reply> RedisStore::scriptsInTransaction(const char *name, const QList<QList<QByteArray>> &argsList)
+Result<RedisStore::ScriptAnswers> RedisStore::scriptsInTransaction(const char *name,
+                                                                   const QList<QList<QByteArray>> &argsList)
 {
-    // On a cluster, every script of the batch runs on its prefix's slot (one master).
-    for (int round = 0; round < 2 + redis::kMaxRedirects; ++round) {
-        auto context = contextFor(argsList.isEmpty() ? m_prefix : argsList.first().first());
-        if (!context)
-            return context.error();
-        redisContext *c = *context;
+    if (m_cluster) {
+        // The records are in many slots: no MULTI/EXEC across them. Each script is atomic on its
+        // own; a failure of any fails the batch (the engine answers 503 and runs nothing; a claim
+        // that did go through is a lease nobody holds, taken again when it ends).
+        QList<QList<QByteArray>> commands;
+        for (const auto &args : argsList)
+            commands.append(QList<QByteArray>{"EVALSHA", m_sha.value(name)} + args);
+        auto replies = pipeline(commands, true);
+        if (!replies)
+            return replies.error();
+        ScriptAnswers answers;
+        for (qsizetype i = 0; i < argsList.size(); ++i) {
+            Reply &r = (*replies)[size_t(i)];
+            if (r->type == REDIS_REPLY_ERROR && QByteArray(r->str, qsizetype(r->len)).startsWith("NOSCRIPT")) {
+                // That master lacks the script: it did not run; once more with it loaded there.
+                auto again = script(name, argsList.at(i), true);
+                if (!again)
+                    return again.error();
+                r = std::move(*again);
+            }
+            if (r->type == REDIS_REPLY_ERROR)
+                return makeError(ErrorCode::InDoubt,
+                                 u"Redis %1: %2"_qs.arg(m_url.display(), QString::fromUtf8(r->str, int(r->len))));
+            answers.at.push_back(r.get());
+        }
+        answers.held = std::move(*replies);
+        return answers;
+    }
+    for (int round = 0; round < 2; ++round) {
         QList<QList<QByteArray>> commands{{"MULTI"}};
         for (const auto &args : argsList)
-            commands.append(QList<QByteArray>{"EVALSHA", m_sha.value(name), "0"} + args);
+            commands.append(QList<QByteArray>{"EVALSHA", m_sha.value(name)} + args);
         commands.append({"EXEC"});
-        for (const auto &command : commands) {
-            std::vector<const char *> argv;
-            std::vector<size_t> lengths;
-            for (const QByteArray &a : command) {
-                argv.push_back(a.constData());
-                lengths.push_back(size_t(a.size()));
-            }
-            redisAppendCommandArgv(c, int(argv.size()), argv.data(), lengths.data());
-        }
-        Reply exec(nullptr, freeReplyObject);
-        std::optional<redis::Redirect> redirect;
-        for (qsizetype i = 0; i < commands.size(); ++i) {
-            void *raw = nullptr;
-            if (redisGetReply(c, &raw) != REDIS_OK || !raw) {
-                const Error error = failure(QString::fromUtf8(c->errstr), true);
-                lost(c);
-                return error;
-            }
-            exec.reset(static_cast<redisReply *>(raw)); // the last one kept is EXEC's
-            if (m_cluster && !redirect && exec->type == REDIS_REPLY_ERROR)
-                redirect = redis::redirectFrom(QByteArrayView(exec->str, qsizetype(exec->len)));
-        }
-        if (redirect && exec->type == REDIS_REPLY_ERROR) {
-            // A script refused at queueing (MOVED/ASK): EXEC aborted, nothing ran. The slot map is
-            // read again and the batch goes to the slot's master.
-            m_cluster->markStale();
-            if (round < 1 + redis::kMaxRedirects)
-                continue;
-        }
+        auto replies = pipeline(commands, true);
+        if (!replies)
+            return replies.error();
+        Reply exec = std::move(replies->back());
         if (exec->type != REDIS_REPLY_ARRAY || exec->elements != size_t(argsList.size()))
-            return makeError(ErrorCode::Unavailable, u"Redis %1: the batch's transaction was refused"_qs.arg(m_url.display()));
+            return makeError(
+                ErrorCode::Unavailable,
+                u"Redis %1: the batch's transaction was refused"_qs.arg(m_url.display()));
         // The server lost its script cache: every EVALSHA of the batch failed, none ran.
         const redisReply *first = exec->elements ? exec->element[0] : nullptr;
-        if (round == 0 && first && first->type == REDIS_REPLY_ERROR && QByteArray(first->str).startsWith("NOSCRIPT")) {
+        if (round == 0 && first && first->type == REDIS_REPLY_ERROR &&
+            QByteArray(first->str).startsWith("NOSCRIPT")) {
             if (auto loaded = loadScripts(); !loaded)
                 return loaded.error();
             continue;
         }
         for (size_t i = 0; i < exec->elements; ++i)
             if (exec->element[i]->type == REDIS_REPLY_ERROR)
-                return makeError(ErrorCode::InDoubt, u"Redis %1: %2"_qs.arg(m_url.display(), QString::fromUtf8(exec->element[i]->str)));
-        return exec;
+                return makeError(ErrorCode::InDoubt,
+                                 u"Redis %1: %2"_qs.arg(m_url.display(),
+                                                        QString::fromUtf8(exec->element[i]->str)));
+        ScriptAnswers answers;
+        for (size_t i = 0; i < exec->elements; ++i)
+            answers.at.push_back(exec->element[i]);
+        answers.held.push_back(std::move(exec));
+        return answers;
     }
-    return makeError(ErrorCode::Unavailable, u"Redis %1: the scripts could not be loaded"_qs.arg(m_url.display()));
+    return makeError(ErrorCode::Unavailable,
+                     u"Redis %1: the scripts could not be loaded"_qs.arg(m_url.display()));
 }
 
 Result<QList<ClaimResult>> RedisStore::claimBatch(const QList<ClaimRequest> &requests)
@@ -346,14 +452,18 @@ Result<QList<ClaimResult>> RedisStore::claimBatch(const QList<ClaimRequest> &req
     if (!exec)
         return exec.error();
     QList<ClaimResult> results;
+    redis::IndexBatch batch;
     for (qsizetype i = 0; i < requests.size(); ++i) {
-        auto result = redis::claimResult((*exec)->element[i], requests.at(i));
+        auto result = redis::claimResult(exec->at[size_t(i)], requests.at(i));
         if (!result)
             return result.error();
+        if (auto move = redis::indexMoveOf(requests.at(i), *result))
+            batch.add(*move);
         results.append(std::move(*result));
     }
     if (auto waited = waitForReplicas(); !waited)
         return waited.error();
+    writeIndexes(batch);
     return results;
 }
 
@@ -366,14 +476,19 @@ Result<QList<FinishVerdict>> RedisStore::finishBatch(const QList<FinishRequest> 
     if (!exec)
         return exec.error();
     QList<FinishVerdict> verdicts;
+    redis::IndexBatch batch;
     for (qsizetype i = 0; i < requests.size(); ++i) {
-        auto verdict = redis::finishVerdict((*exec)->element[i]);
+        redis::IndexMove move;
+        auto verdict = redis::finishVerdict(exec->at[size_t(i)], requests.at(i), &move);
         if (!verdict)
             return verdict.error();
+        if (*verdict == FinishVerdict::Accept)
+            batch.add(move);
         verdicts.append(*verdict);
     }
     if (auto waited = waitForReplicas(); !waited)
         return waited.error();
+    writeIndexes(batch);
     return verdicts;
 }
 
@@ -383,8 +498,10 @@ Result<qint64> RedisStore::clockMs()
     if (!r)
         return r.error();
     if (r->get()->type != REDIS_REPLY_ARRAY || r->get()->elements != 2)
-        return makeError(ErrorCode::Unavailable, u"Redis %1: unexpected answer to TIME"_qs.arg(m_url.display()));
-    return text(r->get()->element[0]).toLongLong() * 1000 + text(r->get()->element[1]).toLongLong() / 1000;
+        return makeError(ErrorCode::Unavailable,
+                         u"Redis %1: unexpected answer to TIME"_qs.arg(m_url.display()));
+    return text(r->get()->element[0]).toLongLong() * 1000 +
+           text(r->get()->element[1]).toLongLong() / 1000;
 }
 
 Result<QStringList> RedisStore::durabilityWarnings()
@@ -393,13 +510,12 @@ Result<QStringList> RedisStore::durabilityWarnings()
     for (const char *name : {"maxmemory-policy", "appendonly", "appendfsync", "save"}) {
         auto r = command({"CONFIG", "GET", name}, false);
         if (!r) {
-            // A connection that failed is an error; a refusal of CONFIG (ACL, a managed service) is
-            // a warning.
-            if (m_cluster ? !r.error().message.contains(u"config"_qs, Qt::CaseInsensitive)
-                          : m_context->err != 0)
-                return r.error(); // the connection failed
-            return QStringList{u"Redis refused CONFIG GET (%1): whether it may evict or lose acknowledged records is unknown"_qs
-                                   .arg(r.error().message)};
+            // A failed connection is an error; a refusal of CONFIG (ACL, a managed service) a warning.
+            if (m_cluster ? !r.error().message.contains(u"config"_qs, Qt::CaseInsensitive) : m_context->err != 0)
+                return r.error();
+            return QStringList{
+                u"Redis refused CONFIG GET (%1): whether it may evict or lose acknowledged records is unknown"_qs
+                    .arg(r.error().message)};
         }
         const auto fields = fieldsFrom(r->get());
         config.insert(name, fields.value(name));
@@ -407,124 +523,277 @@ Result<QStringList> RedisStore::durabilityWarnings()
     QStringList warnings;
     const QByteArray policy = config.value("maxmemory-policy");
     if (policy != "noeviction")
-        warnings << u"Redis maxmemory-policy is %1: under memory pressure it may evict idempotency records (an evicted key is processed again) and the fencing-token counter; set maxmemory-policy noeviction"_qs
-                        .arg(QString::fromUtf8(policy));
+        warnings
+            << u"Redis maxmemory-policy is %1: under memory pressure it may evict idempotency records (an evicted key is processed again) and the fencing-token counter; set maxmemory-policy noeviction"_qs
+                   .arg(QString::fromUtf8(policy));
     if (config.value("appendonly") != "yes") {
         if (config.value("save").isEmpty())
-            warnings << u"Redis persists nothing (appendonly no, no save points): a restart of Redis forgets every key (their duplicates are processed again) and restarts the fencing-token counter"_qs;
+            warnings
+                << u"Redis persists nothing (appendonly no, no save points): a restart of Redis forgets every key (their duplicates are processed again) and restarts the fencing-token counter"_qs;
         else
-            warnings << u"Redis persists by snapshots only (save %1): a crash of Redis loses the records written since the last one; use appendonly yes with appendfsync always"_qs
-                            .arg(QString::fromUtf8(config.value("save")));
+            warnings
+                << u"Redis persists by snapshots only (save %1): a crash of Redis loses the records written since the last one; use appendonly yes with appendfsync always"_qs
+                       .arg(QString::fromUtf8(config.value("save")));
     } else if (config.value("appendfsync") != "always") {
-        warnings << u"Redis appendfsync is %1: a crash of Redis may lose about a second of acknowledged records; use appendfsync always"_qs
-                        .arg(QString::fromUtf8(config.value("appendfsync")));
+        warnings
+            << u"Redis appendfsync is %1: a crash of Redis may lose about a second of acknowledged records; use appendfsync always"_qs
+                   .arg(QString::fromUtf8(config.value("appendfsync")));
     }
     return warnings;
 }
 
 Result<std::optional<KeyRecord>> RedisStore::key(const QString &key)
 {
-    auto r = command({"HGETALL", m_prefix + "k:" + key.toUtf8()}, false);
+    auto r = command({"HGETALL", redis::recordKey(m_prefix, key)}, false);
     if (!r)
         return r.error();
     const auto fields = fieldsFrom(r->get());
     if (fields.isEmpty())
         return std::optional<KeyRecord>();
     // Expiry is Redis's own (PEXPIREAT on its clock): an expired record is gone from HGETALL.
-    return std::optional<KeyRecord>(recordFrom(fields));
+    return std::optional<KeyRecord>(redis::recordFrom(key, fields));
 }
 
 Result<qint64> RedisStore::purgeSlice()
 {
-    auto r = script("purge", {m_prefix, "5000"}, true);
-    if (!r)
-        return r.error();
-    return qint64(r->get()->integer);
+    // The index entries of records past their expiry: the records go (native expiry may not
+    // have run yet), their entries too; a record claimed again since only gets its new expiry.
+    auto now = clockMs();
+    if (!now)
+        return now.error();
+    const QByteArray expiry = redis::expiryIndex(m_prefix);
+    auto due = command({"ZRANGEBYSCORE", expiry, "-inf", num(*now), "LIMIT", "0", "5000"}, false);
+    if (!due)
+        return due.error();
+    QStringList keys;
+    QList<QList<QByteArray>> reads;
+    for (size_t i = 0; i < (*due)->elements; ++i) {
+        keys << QString::fromUtf8(text((*due)->element[i]));
+        reads.append(
+            {"HMGET", redis::recordKey(m_prefix, keys.last()), "state", "expires_at", "endpoint"});
+    }
+    if (keys.isEmpty())
+        return 0;
+    auto records = pipeline(reads, false);
+    if (!records)
+        return records.error();
+    redis::IndexBatch gone;
+    QList<QList<QByteArray>> writes;
+    qint64 removed = 0;
+    for (qsizetype i = 0; i < keys.size(); ++i) {
+        const redisReply *r = (*records)[size_t(i)].get();
+        const qint64 expiresAt = text(r->element[1]).toLongLong();
+        if (r->element[0]->type == REDIS_REPLY_STRING && expiresAt > *now) {
+            writes.append({"ZADD", expiry, num(expiresAt), keys.at(i).toUtf8()});
+            continue;
+        }
+        if (r->element[0]->type == REDIS_REPLY_STRING)
+            writes.append({"DEL", redis::recordKey(m_prefix, keys.at(i))});
+        const QString endpoint = QString::fromUtf8(text(r->element[2]));
+        gone.add({keys.at(i), endpoint.isEmpty() ? redis::endpointOf(keys.at(i)) : endpoint,
+                  std::nullopt, redis::kAllStates, *now, 0});
+        ++removed;
+    }
+    writes += gone.commands(m_prefix);
+    if (auto written = pipeline(writes, true); !written)
+        return written.error();
+    return removed;
+}
+
+Result<qint64> RedisStore::repairSlice()
+{
+    // A slice of the records, re-indexed from what they say: an index write that was lost (a
+    // connection dropped after the script, a desk killed between the two) is made good here.
+    QList<QByteArray> names;
+    if (m_cluster) {
+        auto scanned = clusterScanSlice();
+        if (!scanned)
+            return scanned.error();
+        names = *scanned;
+    } else {
+        auto scanned = command(
+            {"SCAN", m_repairCursor, "MATCH", globEscaped(m_prefix) + "{*}:r", "COUNT", "1000"}, false);
+        if (!scanned)
+            return scanned.error();
+        const redisReply *answer = scanned->get();
+        if (answer->type != REDIS_REPLY_ARRAY || answer->elements != 2)
+            return makeError(ErrorCode::Unavailable,
+                             u"Redis %1: unexpected answer to SCAN"_qs.arg(m_url.display()));
+        m_repairCursor = text(answer->element[0]);
+        for (size_t i = 0; i < answer->element[1]->elements; ++i)
+            names << text(answer->element[1]->element[i]);
+    }
+    QStringList keys;
+    QList<QList<QByteArray>> reads;
+    for (const QByteArray &name : std::as_const(names)) {
+        keys << QString::fromUtf8(name.mid(m_prefix.size() + 1, name.size() - m_prefix.size() - 4));
+        reads.append({"HMGET", name, "state", "endpoint", "updated", "expires_at"});
+    }
+    if (keys.isEmpty())
+        return 0;
+    auto records = pipeline(reads, false);
+    if (!records)
+        return records.error();
+    redis::IndexBatch batch;
+    for (qsizetype i = 0; i < keys.size(); ++i) {
+        const redisReply *r = (*records)[size_t(i)].get();
+        const auto state = keyStateFromString(QString::fromLatin1(text(r->element[0])));
+        if (!state)
+            continue; // expired meanwhile: purge's
+        batch.add({keys.at(i), QString::fromUtf8(text(r->element[1])), *state, redis::kAllStates,
+                   text(r->element[2]).toLongLong(), text(r->element[3]).toLongLong()});
+    }
+    writeIndexes(batch);
+    return batch.size();
+}
+
+Result<QList<QByteArray>> RedisStore::clusterScanSlice()
+{
+    // SCAN walks one node's keys: a slice of every master's records, each master's cursor kept.
+    if (auto r = m_cluster->refresh(); !r)
+        return makeError(r.error().code, u"Redis %1: %2"_qs.arg(m_url.display(), r.error().message));
+    QList<QByteArray> names;
+    const QByteArray match = globEscaped(m_prefix) + "{*}:r";
+    for (const redis::ClusterNode &node : m_cluster->map().masters()) {
+        auto c = m_cluster->linkTo(node);
+        if (!c)
+            return makeError(c.error().code, u"Redis %1: %2"_qs.arg(m_url.display(), c.error().message));
+        redis::Argv a({"SCAN", m_clusterCursors.value(node.address(), "0"), "MATCH", match, "COUNT", "1000"});
+        auto *raw = static_cast<redisReply *>(redisCommandArgv(*c, a.count(), a.argv.data(), a.lengths.data()));
+        if (!raw) {
+            const Error error = failure(QString::fromUtf8((*c)->errstr), false);
+            m_cluster->broken(*c);
+            return error;
+        }
+        Reply answer(raw, freeReplyObject);
+        if (answer->type != REDIS_REPLY_ARRAY || answer->elements != 2)
+            return makeError(ErrorCode::Unavailable, u"Redis %1: unexpected answer to SCAN"_qs.arg(m_url.display()));
+        m_clusterCursors.insert(node.address(), text(answer->element[0]));
+        for (size_t i = 0; i < answer->element[1]->elements; ++i)
+            names << text(answer->element[1]->element[i]);
+    }
+    return names;
 }
 
 Result<QList<KeyRecord>> RedisStore::listKeys(const KeyQuery &q)
 {
     if (auto purged = purgeSlice(); !purged)
         return purged.error();
-    QByteArray index;
-    const QByteArray state = q.state ? toString(*q.state).toLatin1() : QByteArray();
-    if (q.state && !q.endpoint.isEmpty())
-        index = m_prefix + "i:es:" + q.endpoint.toUtf8() + ":" + state;
-    else if (!q.endpoint.isEmpty())
-        index = m_prefix + "i:e:" + q.endpoint.toUtf8();
-    else if (q.state)
-        index = m_prefix + "i:s:" + state;
-    else
-        index = m_prefix + "i:all";
+    // The keys newest first from the state indexes asked for (all four, merged by score, when
+    // no state is), each checked against its record: an entry whose record is gone or in
+    // another state is stale (index writes follow the scripts) and is skipped and repaired.
+    struct Source
+    {
+        QByteArray index;
+        KeyState state;
+        qint64 next = 0; // the rank of the next entry to read
+        QList<QPair<qint64, QByteArray>> entries;
+        bool done = false;
+    };
+    QList<Source> sources;
+    for (KeyState s : kStates)
+        if (!q.state || *q.state == s)
+            sources.append({q.endpoint.isEmpty()
+                                ? redis::stateIndex(m_prefix, s)
+                                : redis::endpointStateIndex(m_prefix, q.endpoint, s),
+                            s});
+    const QRegularExpression glob(
+        q.glob.isEmpty() ? QString()
+                         : QRegularExpression::wildcardToRegularExpression(
+                               q.glob, QRegularExpression::UnanchoredWildcardConversion));
+    const QRegularExpression anchored(
+        glob.pattern().isEmpty() ? QString() : u"\\A(?:"_qs + glob.pattern() + u")\\z"_qs);
+    const qint64 chunk = std::clamp<qint64>(qint64(q.offset) + q.limit, 100, 1000);
 
-    // Keys newest first; a glob filters as it goes (ZSCAN's MATCH would lose the order).
-    const QRegularExpression glob(q.glob.isEmpty() ? QString()
-                                                   : QRegularExpression::wildcardToRegularExpression(
-                                                         q.glob, QRegularExpression::UnanchoredWildcardConversion));
-    const QRegularExpression anchored(glob.pattern().isEmpty() ? QString() : u"\\A(?:"_qs + glob.pattern() + u")\\z"_qs);
-    QList<QByteArray> keys;
-    qint64 skipped = 0;
-    const qint64 chunk = q.glob.isEmpty() ? q.limit : 1000;
-    for (qint64 start = q.glob.isEmpty() ? q.offset : 0;; start += chunk) {
-        auto r = command({"ZREVRANGE", index, num(start), num(start + chunk - 1)}, false);
-        if (!r)
-            return r.error();
-        const redisReply *array = r->get();
-        for (size_t i = 0; i < array->elements && keys.size() < q.limit; ++i) {
-            const QByteArray key = text(array->element[i]);
-            if (!q.glob.isEmpty()) {
-                if (!anchored.match(QString::fromUtf8(key)).hasMatch())
-                    continue;
-                if (skipped++ < q.offset)
-                    continue;
-            }
-            keys.append(key);
-        }
-        if (q.glob.isEmpty() || keys.size() >= q.limit || qint64(array->elements) < chunk)
-            break;
-    }
-
-    // One round trip for all the records.
-    QList<QByteArray> hmget{"HMGET", QByteArray()};
-    hmget += kSummaryFields;
-    auto context = contextFor(m_prefix + "k:");
-    if (!context)
-        return context.error();
-    redisContext *c = *context;
-    for (const QByteArray &key : keys) {
-        hmget[1] = m_prefix + "k:" + key;
-        std::vector<const char *> argv;
-        std::vector<size_t> lengths;
-        for (const auto &a : hmget) {
-            argv.push_back(a.constData());
-            lengths.push_back(size_t(a.size()));
-        }
-        redisAppendCommandArgv(c, int(argv.size()), argv.data(), lengths.data());
-    }
     QList<KeyRecord> records;
-    for (qsizetype i = 0; i < keys.size(); ++i) {
-        void *raw = nullptr;
-        if (redisGetReply(c, &raw) != REDIS_OK || !raw) {
-            const Error error = failure(QString::fromUtf8(c->errstr), false);
-            lost(c);
-            return error;
+    qint64 skipped = 0;
+    redis::IndexBatch repairs;
+    while (records.size() < q.limit) {
+        // Refill what ran dry, in one round trip.
+        QList<QList<QByteArray>> reads;
+        QList<Source *> reading;
+        for (Source &s : sources)
+            if (s.entries.isEmpty() && !s.done) {
+                reads.append(
+                    {"ZREVRANGE", s.index, num(s.next), num(s.next + chunk - 1), "WITHSCORES"});
+                reading << &s;
+                s.next += chunk;
+            }
+        if (!reads.isEmpty()) {
+            auto ranges = pipeline(reads, false);
+            if (!ranges)
+                return ranges.error();
+            for (qsizetype i = 0; i < reading.size(); ++i) {
+                const redisReply *array = (*ranges)[size_t(i)].get();
+                if (array->type == REDIS_REPLY_ERROR)
+                    return makeError(
+                        ErrorCode::Unavailable,
+                        u"Redis %1: %2"_qs.arg(m_url.display(), QString::fromUtf8(array->str)));
+                for (size_t e = 0; e + 1 < array->elements; e += 2)
+                    reading[i]->entries.append(
+                        {text(array->element[e + 1]).toLongLong(), text(array->element[e])});
+                reading[i]->done = qint64(array->elements / 2) < chunk;
+            }
         }
-        Reply reply(static_cast<redisReply *>(raw), freeReplyObject);
-        if (reply->type == REDIS_REPLY_ERROR) {
-            if (m_cluster)
-                m_cluster->markStale(); // MOVED after a failover: the next page asks the new master
-            return makeError(ErrorCode::Unavailable,
-                             u"Redis %1: %2"_qs.arg(
-                                 m_url.display(), QString::fromUtf8(reply->str, int(reply->len))));
+        // The next candidates, newest first, up to what is still needed.
+        QList<QPair<QString, KeyState>> candidates;
+        const qint64 wanted = q.limit - records.size() + (q.offset - skipped);
+        while (qint64(candidates.size()) < std::max<qint64>(wanted, 1)) {
+            Source *best = nullptr;
+            for (Source &s : sources)
+                if (!s.entries.isEmpty() &&
+                    (!best || s.entries.first().first > best->entries.first().first))
+                    best = &s;
+            if (!best)
+                break;
+            const QString key = QString::fromUtf8(best->entries.takeFirst().second);
+            const bool refill = best->entries.isEmpty() && !best->done;
+            if (anchored.pattern().isEmpty() || anchored.match(key).hasMatch())
+                candidates.append({key, best->state});
+            if (refill)
+                break; // that source must be read further before anything older is taken
         }
-        QHash<QByteArray, QByteArray> fields;
-        for (size_t f = 0; f < reply->elements && f < size_t(kSummaryFields.size()); ++f)
-            if (reply->element[f]->type == REDIS_REPLY_STRING)
-                fields.insert(kSummaryFields.at(qsizetype(f)), text(reply->element[f]));
-        if (fields.isEmpty())
-            continue; // expired between the index read and now
-        records.append(recordFrom(fields));
+        if (candidates.isEmpty()) {
+            if (std::all_of(sources.begin(), sources.end(),
+                            [](const Source &s) { return s.done && s.entries.isEmpty(); }))
+                break;
+            continue;
+        }
+        QList<QList<QByteArray>> hmgets;
+        for (const auto &[key, state] : candidates)
+            hmgets.append(QList<QByteArray>{"HMGET", redis::recordKey(m_prefix, key)} +
+                          kSummaryFields);
+        auto replies = pipeline(hmgets, false);
+        if (!replies)
+            return replies.error();
+        for (qsizetype i = 0; i < candidates.size(); ++i) {
+            const auto &[key, listedAs] = candidates.at(i);
+            const redisReply *reply = (*replies)[size_t(i)].get();
+            QHash<QByteArray, QByteArray> fields;
+            for (size_t f = 0; f < reply->elements && f < size_t(kSummaryFields.size()); ++f)
+                if (reply->element[f]->type == REDIS_REPLY_STRING)
+                    fields.insert(kSummaryFields.at(qsizetype(f)), text(reply->element[f]));
+            const auto state = keyStateFromString(QString::fromLatin1(fields.value("state")));
+            if (!state) {
+                // Gone (expired, deleted): its entries go, purge would have.
+                repairs.add({key, q.endpoint.isEmpty() ? redis::endpointOf(key) : q.endpoint,
+                             std::nullopt, redis::kAllStates, 0, 0});
+                continue;
+            }
+            if (*state != listedAs) {
+                repairs.add({key, QString::fromUtf8(fields.value("endpoint")), *state,
+                             redis::bit(listedAs), fields.value("updated").toLongLong(), 0});
+                continue; // listed where its state is, if that index is read
+            }
+            if (skipped < q.offset) {
+                ++skipped;
+                continue;
+            }
+            if (records.size() < q.limit)
+                records.append(redis::recordFrom(key, fields));
+        }
     }
+    writeIndexes(repairs);
     return records;
 }
 
@@ -534,33 +803,33 @@ Result<StateCounts> RedisStore::countKeys(const QString &endpoint)
         return purged.error();
     StateCounts counts;
     qint64 *slots[] = {&counts.processing, &counts.completed, &counts.failed, &counts.reset};
-    for (int s = 0; s < 4; ++s) {
-        const QByteArray state = toString(KeyState(s)).toLatin1();
-        const QByteArray index = endpoint.isEmpty() ? m_prefix + "i:s:" + state
-                                                    : m_prefix + "i:es:" + endpoint.toUtf8() + ":" + state;
-        auto r = command({"ZCARD", index}, false);
-        if (!r)
-            return r.error();
-        *slots[s] = r->get()->integer;
-    }
+    QList<QList<QByteArray>> cards;
+    for (KeyState s : kStates)
+        cards.append({"ZCARD", endpoint.isEmpty()
+                                   ? redis::stateIndex(m_prefix, s)
+                                   : redis::endpointStateIndex(m_prefix, endpoint, s)});
+    auto r = pipeline(cards, false);
+    if (!r)
+        return r.error();
+    for (int s = 0; s < 4; ++s)
+        *slots[s] = (*r)[size_t(s)]->integer;
     return counts;
 }
 
-Result<OperatorVerdict> RedisStore::applyOperator(const QString &key, OperatorAction action, bool force,
-                                                  const QString &detail)
+Result<OperatorVerdict> RedisStore::applyOperator(const QString &key, OperatorAction action,
+                                                  bool force, const QString &detail)
 {
-    const QByteArray name = action == OperatorAction::Reset       ? "reset"
-                            : action == OperatorAction::ForceFail ? "force-fail"
-                                                                  : "delete";
-    auto r = script("operator", {m_prefix, key.toUtf8(), name, force ? "1" : "0", detail.toUtf8(),
-                                 num(kHistoryCap)},
-                    true);
+    auto r = script("operator", redis::operatorArgs(m_prefix, key, action, force, detail), true);
     if (!r)
         return r.error();
-    const QByteArray verdict = text(r->get());
-    if (verdict == "accept") return OperatorVerdict::Accept;
-    if (verdict == "wrong-state") return OperatorVerdict::WrongState;
-    return OperatorVerdict::Missing;
+    redis::IndexMove move;
+    auto verdict = redis::operatorVerdict(r->get(), key, &move);
+    if (verdict && *verdict == OperatorVerdict::Accept) {
+        redis::IndexBatch batch;
+        batch.add(move);
+        writeIndexes(batch);
+    }
+    return verdict;
 }
 
 Result<qint64> RedisStore::purgeExpired()
@@ -572,49 +841,35 @@ Result<qint64> RedisStore::purgeExpired()
             return n.error();
         total += *n;
         if (*n < 5000)
-            return total;
+            break;
     }
+    if (auto repaired = repairSlice(); !repaired)
+        return repaired.error();
+    return total;
 }
 
 Result<void> RedisStore::appendDeliveries(const QList<DeliveryEvent> &events)
 {
     const QByteArray stream = m_prefix + "log";
     const QByteArray maxLen = num(m_options.logMaxLength);
-    auto context = contextFor(stream);
-    if (!context)
-        return context.error();
-    redisContext *c = *context;
-    for (const DeliveryEvent &e : events) {
-        const QList<QByteArray> args{"XADD", stream, "MAXLEN", "~", maxLen, "*",
-                                     "at", num(e.atMs), "e", e.endpoint.toUtf8(), "k", e.key.toUtf8(),
-                                     "o", toString(e.outcome).toLatin1(), "s", num(e.status),
-                                     "l", num(e.latencyUs), "t", num(e.token), "i", e.instance.toUtf8(),
-                                     "d", e.detail.toUtf8(), "b", e.payload};
-        std::vector<const char *> argv;
-        std::vector<size_t> lengths;
-        for (const auto &a : args) {
-            argv.push_back(a.constData());
-            lengths.push_back(size_t(a.size()));
-        }
-        redisAppendCommandArgv(c, int(argv.size()), argv.data(), lengths.data());
-    }
-    QString refused;
-    for (qsizetype i = 0; i < events.size(); ++i) {
-        void *raw = nullptr;
-        if (redisGetReply(c, &raw) != REDIS_OK || !raw) {
-            const Error error = failure(QString::fromUtf8(c->errstr), true);
-            lost(c);
-            return error;
-        }
-        Reply reply(static_cast<redisReply *>(raw), freeReplyObject);
-        if (reply->type == REDIS_REPLY_ERROR && refused.isEmpty())
-            refused = QString::fromUtf8(reply->str, int(reply->len));
-    }
-    if (!refused.isEmpty()) {
-        if (m_cluster)
-            m_cluster->markStale();
-        return makeError(ErrorCode::Unavailable, u"Redis %1: %2"_qs.arg(m_url.display(), refused));
-    }
+    QList<QList<QByteArray>> commands;
+    commands.reserve(events.size());
+    for (const DeliveryEvent &e : events)
+        commands.append({"XADD",   stream,
+                         "MAXLEN", "~",
+                         maxLen,   "*",
+                         "at",     num(e.atMs),
+                         "e",      e.endpoint.toUtf8(),
+                         "k",      e.key.toUtf8(),
+                         "o",      toString(e.outcome).toLatin1(),
+                         "s",      num(e.status),
+                         "l",      num(e.latencyUs),
+                         "t",      num(e.token),
+                         "i",      e.instance.toUtf8(),
+                         "d",      e.detail.toUtf8(),
+                         "b",      e.payload});
+    if (auto r = pipeline(commands, true); !r)
+        return r.error();
     return {};
 }
 
@@ -643,9 +898,11 @@ Result<QList<DeliveryEvent>> RedisStore::deliveries(const DeliveryQuery &q)
             }
             e.endpoint = QString::fromUtf8(f.value("e"));
             e.key = QString::fromUtf8(f.value("k"));
-            if ((!q.key.isEmpty() && e.key != q.key) || (!q.endpoint.isEmpty() && e.endpoint != q.endpoint))
+            if ((!q.key.isEmpty() && e.key != q.key) ||
+                (!q.endpoint.isEmpty() && e.endpoint != q.endpoint))
                 continue;
-            e.outcome = outcomeFromString(QString::fromLatin1(f.value("o"))).value_or(Outcome::Rejected);
+            e.outcome =
+                outcomeFromString(QString::fromLatin1(f.value("o"))).value_or(Outcome::Rejected);
             e.status = f.value("s").toInt();
             e.latencyUs = f.value("l").toLongLong();
             e.token = f.value("t").toLongLong();

@@ -1,9 +1,12 @@
 #pragma once
 
 #include "store/idempotencystore.h"
+#include "store/redisprotocol.h"
 #include "store/storeurl.h"
 
 #include <QHash>
+
+#include <vector>
 
 #include <memory>
 
@@ -19,19 +22,22 @@ class ClusterLinks;
 struct RedisOptions
 {
     int connectTimeoutMs = 2000;
-    int commandTimeoutMs = 3000; // every call; a timeout is an error (503), never a retry
+    int commandTimeoutMs = 3000;  // every call; a timeout is an error (503), never a retry
     qint64 logMaxLength = 100000; // the delivery log stream is capped (MAXLEN ~)
 };
 
-// Redis (hiredis 0.14). Each transition is one Lua script from resources/redis, loaded once
-// per connection (SCRIPT LOAD) and run with EVALSHA; on NOSCRIPT it is loaded again — safe,
-// since NOSCRIPT means it did not run. A broken connection during a write is InDoubt: it is
-// never retried here. Records expire natively (PEXPIREAT); sorted-set indexes serve the
-// dashboard without KEYS and are cleaned by purge.lua. NOT thread-safe (one per worker).
-// On a Redis Cluster (redis-cluster://, or a redis:// node that answers CLUSTER INFO) each
-// command goes to the master of its key's slot (redis/rediscluster.h); until the scripts
-// declare per-record keys, every key of the desk is hash-tagged to one slot ({prefix}), so
-// scripts, transactions and indexes stay on one master.
+// Redis (hiredis 0.14). Each transition is one Lua script from resources/redis on the record's
+// own keys (layout: the top of common.lua), loaded once per connection (SCRIPT LOAD) and run
+// with EVALSHA; on NOSCRIPT it is loaded again — safe, since NOSCRIPT means it did not run. A
+// broken connection during a write is InDoubt: it is never retried here. Records expire
+// natively (PEXPIREAT). The sorted-set indexes that serve the dashboard without KEYS are a
+// derived view written after the scripts (redis::IndexBatch); listing re-reads the records and
+// repairs what it finds stale, purge drops the entries of expired records and re-indexes a
+// slice of the records each time. NOT thread-safe (one per worker).
+// On a Redis Cluster (redis-cluster://, or a redis:// node that answers CLUSTER INFO) every
+// command goes to the master of its key's slot (store/rediscluster.h): a record's script to its
+// slot, each index and the log to theirs; pipelines are split per master; SCAN runs on every
+// master. A batch's scripts are then no longer one transaction (its records are in many slots).
 class RedisStore final : public IdempotencyStore
 {
 public:
@@ -59,28 +65,39 @@ public:
 private:
     using Reply = std::unique_ptr<redisReply, void (*)(void *)>;
     RedisStore(redisContext *context, StoreUrl url, RedisOptions options);
-    static Result<std::unique_ptr<RedisStore>> connectCluster(StoreUrl url,
+    static Result<std::unique_ptr<RedisStore>> connectCluster(const StoreUrl &url,
                                                               const RedisOptions &options);
     Result<Reply> command(const QList<QByteArray> &args, bool writes);
-    // The connection for a pipeline of commands on `slotKey`'s slot (the one connection on a
-    // single Redis); lost() after a failed pipeline.
-    Result<redisContext *> contextFor(const QByteArray &slotKey);
-    void lost(redisContext *context);
+    Result<std::vector<Reply>> clusterPipeline(const QList<QList<QByteArray>> &commands, bool writes);
+    Result<QList<QByteArray>> clusterScanSlice(); // record names, a SCAN slice of every master
+    // Many commands in one write; every answer, in order (an error answer is an answer).
+    Result<std::vector<Reply>> pipeline(const QList<QList<QByteArray>> &commands, bool writes);
+    // The index writes of transitions that happened: failures are left to the repairs.
+    void writeIndexes(const redis::IndexBatch &batch);
+    Result<qint64> repairSlice();
     Result<Reply> script(const char *name, const QList<QByteArray> &args, bool writes);
     Result<void> loadScripts();
     Result<qint64> purgeSlice();
-    // One script per request, all in one MULTI/EXEC: atomic together. The answers, in order.
-    Result<Reply> scriptsInTransaction(const char *name, const QList<QList<QByteArray>> &argsList);
+    // One script per request, all in one MULTI/EXEC: atomic together (on a cluster: pipelined,
+    // each atomic alone). The answers, in order.
+    struct ScriptAnswers
+    {
+        std::vector<Reply> held;
+        std::vector<const redisReply *> at;
+    };
+    Result<ScriptAnswers> scriptsInTransaction(const char *name, const QList<QList<QByteArray>> &argsList);
     // With ?wait_replicas=N: WAIT for N replicas to have the writes so far; refused if fewer did.
     Result<void> waitForReplicas();
     Error failure(const QString &what, bool writes) const;
 
     redisContext *m_context; // single Redis; null on a cluster
     std::unique_ptr<redis::ClusterLinks> m_cluster;
+    QHash<QByteArray, QByteArray> m_clusterCursors; // cluster: repair SCAN cursor per master
     StoreUrl m_url;
     RedisOptions m_options;
     QByteArray m_prefix;
     QHash<QByteArray, QByteArray> m_sha; // script name → SHA1
+    QByteArray m_repairCursor = "0";     // where the next repair slice SCANs from
 };
 
 } // namespace idem
