@@ -142,7 +142,7 @@ Result<QHash<QByteArray, Script>> scripts()
                          u"the Redis scripts are missing from the resources"_qs);
     const QByteArray common = "local CAP = " + num(kHistoryCap) + "\n" + commonFile.readAll();
     QHash<QByteArray, Script> loaded;
-    for (const char *name : {"claim", "finish", "operator"}) {
+    for (const char *name : {"claim", "finish", "operator", "migrate"}) {
         QFile file(u":/redis/%1.lua"_qs.arg(QLatin1String(name)));
         if (!file.open(QIODevice::ReadOnly))
             return makeError(ErrorCode::Internal,
