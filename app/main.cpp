@@ -18,6 +18,7 @@ const char kUsage[] =
     "  keys    list | show | reset | retry | delete | purge-expired\n"
     "  stats   counts by state and outcome, duplicate ratio, store health\n"
     "  storm   fire identical signed deliveries at a running receiver\n"
+    "  migrate convert a store's records from an earlier layout (also done at every start)\n"
     "\n"
     "Common options: --config FILE, --store URL, --listen HOST:PORT. `idemdesk COMMAND --help`\n"
     "describes a command.\n";
@@ -54,6 +55,8 @@ int main(int argc, char **argv)
         return idem::cli::stats(arguments);
     if (command == u"storm")
         return idem::cli::storm(arguments);
+    if (command == u"migrate")
+        return idem::cli::migrate(arguments);
     idem::cli::printError(QStringLiteral("unknown command '%1'").arg(command));
     std::fputs(kUsage, stderr);
     return 2;

@@ -30,7 +30,10 @@ int parseOrExit(QCommandLineParser &parser, const QStringList &arguments, int ma
 // Loads --config (or the built-in config) and applies --store / --listen; errors are usage
 // errors (exit 2).
 Result<CommonOptions> loadCommon(const QCommandLineParser &parser);
-// Connects to the store of the options (exit 1 when it cannot be reached).
+// Records kept in an earlier version's store layout are converted before anything reads them
+// (never ignored), saying so on stderr. Every command that opens a store does it first.
+Result<void> migrateLayout(StorePool &pool);
+// Connects to the store of the options and migrates it (exit 1 when it cannot be reached).
 Result<std::shared_ptr<StorePool>> openStore(const CommonOptions &options, int workers = 2);
 QString storeDisplay(const QString &url);
 
@@ -48,5 +51,6 @@ int gui(int argc, char **argv, const QStringList &arguments);
 int keys(const QStringList &arguments);
 int stats(const QStringList &arguments);
 int storm(const QStringList &arguments);
+int migrate(const QStringList &arguments);
 
 } // namespace idem::cli

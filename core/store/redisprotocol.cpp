@@ -3,6 +3,8 @@
 #include <QCryptographicHash>
 #include <QFile>
 
+#include <array>
+
 #include <hiredis.h>
 
 namespace idem::redis {
@@ -142,7 +144,7 @@ Result<QHash<QByteArray, Script>> scripts()
                          u"the Redis scripts are missing from the resources"_qs);
     const QByteArray common = "local CAP = " + num(kHistoryCap) + "\n" + commonFile.readAll();
     QHash<QByteArray, Script> loaded;
-    for (const char *name : {"claim", "finish", "operator"}) {
+    for (const char *name : {"claim", "finish", "operator", "migrate"}) {
         QFile file(u":/redis/%1.lua"_qs.arg(QLatin1String(name)));
         if (!file.open(QIODevice::ReadOnly))
             return makeError(ErrorCode::Internal,
@@ -319,34 +321,46 @@ void IndexBatch::add(const IndexMove &move)
 
 QList<QList<QByteArray>> IndexBatch::commands(const QByteArray &prefix) const
 {
-    // index name → members to add (score, member) and to remove.
-    std::map<QByteArray, QList<QByteArray>> adds, removes;
-    auto zadd = [&](const QByteArray &index, qint64 score, const QByteArray &member) {
-        QList<QByteArray> &args = adds[index];
-        args << num(score) << member;
+    // Per index, the command being built: ZADD with (score, member) pairs, ZREM with members.
+    // The index names are made once per endpoint, not per key (this runs on every delivery).
+    struct Commands
+    {
+        QList<QByteArray> add, remove;
     };
+    std::array<Commands, 4> byState;
+    QHash<QString, std::array<Commands, 4>> byEndpoint;
+    Commands expiry;
     for (const auto &[key, m] : m_moves) {
         const QByteArray member = key.toUtf8();
-        const QString endpoint = m.endpoint.isEmpty() ? endpointOf(key) : m.endpoint;
+        auto &endpoint = byEndpoint[m.endpoint.isEmpty() ? endpointOf(key) : m.endpoint];
+        const QByteArray score = num(m.updatedMs);
         for (KeyState s : kStates) {
             if (m.to && *m.to == s) {
-                zadd(stateIndex(prefix, s), m.updatedMs, member);
-                zadd(endpointStateIndex(prefix, endpoint, s), m.updatedMs, member);
+                byState[size_t(s)].add << score << member;
+                endpoint[size_t(s)].add << score << member;
             } else if (m.from & bit(s)) {
-                removes[stateIndex(prefix, s)] << member;
-                removes[endpointStateIndex(prefix, endpoint, s)] << member;
+                byState[size_t(s)].remove << member;
+                endpoint[size_t(s)].remove << member;
             }
         }
         if (!m.to)
-            removes[expiryIndex(prefix)] << member;
+            expiry.remove << member;
         else if (m.expiresAtMs)
-            zadd(expiryIndex(prefix), m.expiresAtMs, member);
+            expiry.add << num(m.expiresAtMs) << member;
     }
     QList<QList<QByteArray>> commands;
-    for (const auto &[index, members] : removes)
-        commands.append(QList<QByteArray>{"ZREM", index} + members);
-    for (const auto &[index, members] : adds)
-        commands.append(QList<QByteArray>{"ZADD", index} + members);
+    auto append = [&](const Commands &c, const QByteArray &index) {
+        if (!c.remove.isEmpty())
+            commands.append(QList<QByteArray>{"ZREM", index} + c.remove);
+        if (!c.add.isEmpty())
+            commands.append(QList<QByteArray>{"ZADD", index} + c.add);
+    };
+    for (KeyState s : kStates)
+        append(byState[size_t(s)], stateIndex(prefix, s));
+    for (auto it = byEndpoint.cbegin(); it != byEndpoint.cend(); ++it)
+        for (KeyState s : kStates)
+            append(it.value()[size_t(s)], endpointStateIndex(prefix, it.key(), s));
+    append(expiry, expiryIndex(prefix));
     return commands;
 }
 

@@ -848,6 +848,77 @@ Result<qint64> RedisStore::purgeExpired()
     return total;
 }
 
+Result<qint64> RedisStore::migrateLayout()
+{
+    const QByteArray tokens = m_prefix + "tokens", all = m_prefix + "i:all";
+    if (m_cluster) {
+        // Layout v1's scripts touched keys of many slots: they never ran on a cluster, so none of
+        // its records can be there — unless a prefix with a hash tag kept them all in one slot.
+        // Their move would cross slots (one script per record), so it is refused, not skipped.
+        for (const QByteArray &v1Key : {tokens, all}) {
+            auto found = command({"EXISTS", v1Key}, false);
+            if (!found)
+                return found.error();
+            if ((*found)->integer != 0)
+                return makeError(ErrorCode::Unavailable,
+                                 u"Redis Cluster %1 holds records of layout v1 (%2): migrate them on a single Redis "
+                                 u"(idemdesk migrate), then move them to the cluster"_qs
+                                     .arg(m_url.display(), QString::fromUtf8(v1Key)));
+        }
+        return 0;
+    }
+    auto v1 = command({"EXISTS", tokens, all}, false);
+    if (!v1)
+        return v1.error();
+    if ((*v1)->integer == 0)
+        return 0;
+    auto floor = command({"GET", tokens}, false);
+    if (!floor)
+        return floor.error();
+    const QByteArray lastToken = text(floor->get()).isEmpty() ? "0" : text(floor->get());
+    qint64 migrated = 0;
+    // Every v1 record, and the v1-only endpoint indexes, whatever their number.
+    for (const QByteArray &pattern : {QByteArray("k:*"), QByteArray("i:e:*")}) {
+        QByteArray cursor = "0";
+        do {
+            auto scanned = command(
+                {"SCAN", cursor, "MATCH", globEscaped(m_prefix) + pattern, "COUNT", "1000"}, false);
+            if (!scanned)
+                return scanned.error();
+            cursor = text((*scanned)->element[0]);
+            const redisReply *names = (*scanned)->element[1];
+            QList<QList<QByteArray>> commands;
+            for (size_t i = 0; i < names->elements; ++i) {
+                const QByteArray name = text(names->element[i]);
+                if (pattern.startsWith("i:")) {
+                    commands.append({"DEL", name});
+                    continue;
+                }
+                const QString key = QString::fromUtf8(name.mid(m_prefix.size() + 2));
+                commands.append({"EVALSHA", m_sha.value("migrate"), "3",
+                                 redis::recordKey(m_prefix, key), redis::tokenKey(m_prefix, key),
+                                 name, lastToken});
+            }
+            auto replies = pipeline(commands, true);
+            if (!replies)
+                return replies.error();
+            for (const Reply &r : *replies) {
+                if (r->type == REDIS_REPLY_ERROR)
+                    return makeError(ErrorCode::Unavailable,
+                                     u"Redis %1: migrating a record: %2"_qs.arg(
+                                         m_url.display(), QString::fromUtf8(r->str)));
+                if (r->type == REDIS_REPLY_INTEGER && !pattern.startsWith("i:"))
+                    migrated += r->integer;
+            }
+        } while (cursor != "0");
+    }
+    // Last, so that a migration cut short is found and finished by the next one.
+    if (auto done = pipeline({{"DEL", all, tokens}, {"SET", m_prefix + "layout", "2"}}, true);
+        !done)
+        return done.error();
+    return migrated;
+}
+
 Result<void> RedisStore::appendDeliveries(const QList<DeliveryEvent> &events)
 {
     const QByteArray stream = m_prefix + "log";

@@ -56,6 +56,9 @@ public:
     Result<OperatorVerdict> applyOperator(const QString &key, OperatorAction action, bool force,
                                           const QString &detail) override;
     Result<qint64> purgeExpired() override;
+    // Layout v1 (P k:<key>, one token counter P tokens, P i:all, P i:e:*) to v2: each record by
+    // migrate.lua, then the v1-only keys go. v1 is recognised by P tokens or P i:all.
+    Result<qint64> migrateLayout() override;
     Result<qint64> clockMs() override;
     Result<QStringList> durabilityWarnings() override;
     Result<void> appendDeliveries(const QList<DeliveryEvent> &events) override;

@@ -41,6 +41,7 @@ struct StoreWatch final : IdempotencyStore
         return seen(inner.applyOperator(k, a, f, d));
     }
     Result<qint64> purgeExpired() override { return seen(inner.purgeExpired()); }
+    Result<qint64> migrateLayout() override { return seen(inner.migrateLayout()); }
     Result<qint64> clockMs() override { return seen(inner.clockMs()); }
     Result<QStringList> durabilityWarnings() override { return seen(inner.durabilityWarnings()); }
     Result<void> appendDeliveries(const QList<DeliveryEvent> &e) override { return seen(inner.appendDeliveries(e)); }

@@ -1,7 +1,7 @@
 -- claim: read the record, decide (the Redis twin of decideClaim() in core/model/statemachine.cpp,
 -- held to it by the store contract suite), apply; all atomic, on the record's own keys only.
 -- On every delivery's path, so it does the least it can: TIME, one HMGET, and for a new claim
--- GET + SET of the token counter and one HSET + PEXPIREAT of the record. No index, no JSON decode.
+-- one SET ... GET of the token counter and one HSET + PEXPIREAT of the record. No index, no JSON decode.
 -- KEYS: P{key}:r (the record)  P{key}:t (its token counter)
 -- ARGV: endpoint provider fingerprint lease_ms ttl_ms policy req_head req_body
 --   policy: two letters, on a failed key R(eprocess)|X (reject), on a changed payload M (mismatch)|I (ignore)
@@ -60,16 +60,18 @@ if action == 'replay' or action == 'in-progress' then
   return summary()
 end
 
--- A new fencing token: above the last one handed out for this key (the counter outlives the
--- record) and above the record's own, and at least the store clock in µs (so it still climbs
--- after the counter too has expired, or was lost in a failover).
-local last = tonumber(redis.call('GET', tk) or '0')
+-- A new fencing token: the store clock in µs, unless the last one handed out for this key (the
+-- counter outlives the record) or the record's own is not below it: then one above those. So it
+-- climbs after the counter too has expired or was lost in a failover. One SET ... GET.
+local expiresAt = now + ttlMs
+local token = nowUs
+local last = tonumber(redis.call('SET', tk, fmt(token), 'GET', 'PXAT', fmt(expiresAt + TOKEN_GRACE_MS)) or '0')
 local before = tonumber(cur[5] or '0')
 if before > last then last = before end
-local token = last + 1
-if nowUs > token then token = nowUs end
-local expiresAt = now + ttlMs
-redis.call('SET', tk, fmt(token), 'PXAT', fmt(expiresAt + TOKEN_GRACE_MS))
+if last >= token then
+  token = last + 1
+  redis.call('SET', tk, fmt(token), 'PXAT', fmt(expiresAt + TOKEN_GRACE_MS))
+end
 
 local attempts, created, history
 if state then
