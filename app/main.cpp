@@ -20,6 +20,7 @@ const char kUsage[] =
     "  stats   counts by state and outcome, duplicate ratio, store health\n"
     "  storm   fire identical signed deliveries at a running receiver\n"
     "  send    one test event from a provider's template, signed as the provider signs\n"
+    "  migrate convert a store's records from an earlier layout (also done at every start)\n"
     "\n"
     "Common options: --config FILE, --store URL, --listen HOST:PORT. `idemdesk COMMAND --help`\n"
     "describes a command. `idemdesk --version` prints the version and the libraries in use.\n"
@@ -65,6 +66,8 @@ int main(int argc, char **argv)
         return idem::cli::storm(arguments);
     if (command == u"send")
         return idem::cli::send(arguments);
+    if (command == u"migrate")
+        return idem::cli::migrate(arguments);
     idem::cli::printError(QStringLiteral("unknown command '%1'").arg(command));
     std::fputs(kUsage, stderr);
     return 2;

@@ -28,8 +28,12 @@ void printOut(const QString &text)
 void addCommonOptions(QCommandLineParser &parser, bool withListen)
 {
     parser.addHelpOption();
-    parser.addOption({u"config"_qs, u"JSON config file (endpoints, store, listen)."_qs, u"FILE"_qs});
-    parser.addOption({u"store"_qs, u"Store URL: sqlite:PATH, redis://host:port[/db], postgresql://user@host:port/db."_qs, u"URL"_qs});
+    parser.addOption(
+        {u"config"_qs, u"JSON config file (endpoints, store, listen)."_qs, u"FILE"_qs});
+    parser.addOption(
+        {u"store"_qs,
+         u"Store URL: sqlite:PATH, redis://host:port[/db], redis-cluster://host:port[,host:port...], postgresql://user@host:port/db."_qs,
+         u"URL"_qs});
     if (withListen) {
         parser.addOption({u"listen"_qs, u"Address to receive webhooks on (default 127.0.0.1:8787)."_qs, u"HOST:PORT"_qs});
         parser.addOption(
@@ -54,7 +58,8 @@ int parseOrExit(QCommandLineParser &parser, const QStringList &arguments, int ma
         return ExitOk;
     }
     if (maxPositional >= 0 && parser.positionalArguments().size() > maxPositional) {
-        printError(u"unexpected argument '%1' (see --help)"_qs.arg(parser.positionalArguments().at(maxPositional)));
+        printError(u"unexpected argument '%1' (see --help)"_qs.arg(
+            parser.positionalArguments().at(maxPositional)));
         return ExitUsage;
     }
     return -1;
@@ -130,9 +135,29 @@ Result<CommonOptions> loadCommon(const QCommandLineParser &parser)
     return options;
 }
 
+Result<void> migrateLayout(StorePool &pool)
+{
+    auto migrated = pool.run<qint64>([](IdempotencyStore &store) { return store.migrateLayout(); });
+    if (!migrated)
+        return makeError(
+            migrated.error().code,
+            u"the store holds records of an earlier layout that could not be migrated: %1"_qs.arg(
+                migrated.error().message));
+    if (*migrated > 0)
+        printError(
+            u"the store held %1 records in the previous layout (Redis layout v1): migrated to the current one (v2)"_qs
+                .arg(*migrated));
+    return {};
+}
+
 Result<std::shared_ptr<StorePool>> openStore(const CommonOptions &options, int workers)
 {
-    return openStorePool(options.storeUrl, workers);
+    auto pool = openStorePool(options.storeUrl, workers);
+    if (!pool)
+        return pool;
+    if (auto migrated = migrateLayout(**pool); !migrated)
+        return migrated.error();
+    return pool;
 }
 
 int openSession(const QCommandLineParser &parser, StoreSession &session)

@@ -35,7 +35,10 @@ int parseOrExit(QCommandLineParser &parser, const QStringList &arguments, int ma
 // Loads --config (or the built-in config) and applies --store / --listen; errors are usage
 // errors (exit 2).
 Result<CommonOptions> loadCommon(const QCommandLineParser &parser);
-// Connects to the store of the options (exit 1 when it cannot be reached).
+// Records kept in an earlier version's store layout are converted before anything reads them
+// (never ignored), saying so on stderr. Every command that opens a store does it first.
+Result<void> migrateLayout(StorePool &pool);
+// Connects to the store of the options and migrates it (exit 1 when it cannot be reached).
 Result<std::shared_ptr<StorePool>> openStore(const CommonOptions &options, int workers = 2);
 QString storeDisplay(const QString &url);
 // metrics_listen / --metrics-listen: /metrics on a listener of its own, started before
@@ -68,5 +71,6 @@ int storm(const QStringList &arguments);
 int send(const QStringList &arguments);
 int keysExport(const QStringList &arguments);
 int keysImport(const QStringList &arguments);
+int migrate(const QStringList &arguments);
 
 } // namespace idem::cli

@@ -78,6 +78,10 @@ int serve(const QStringList &arguments)
         printError(pool.error().message);
         return 1;
     }
+    if (auto migrated = migrateLayout(**pool); !migrated) {
+        printError(migrated.error().message);
+        return 1;
+    }
     const QString storeDisplay = StoreUrl::parse(options->storeUrl)->display();
     qint64 graceMs = 5000;
     for (const auto &e : options->config.endpoints)
@@ -218,6 +222,11 @@ int gui(int argc, char **argv, const QStringList &arguments)
         QMessageBox::critical(nullptr, u"Idempotency Desk"_qs,
                               u"The store cannot be reached:\n%1\n\nStart the store, or choose another with --store (or the settings)."_qs
                                   .arg(pool.error().message));
+        return ExitRuntime;
+    }
+    if (auto migrated = migrateLayout(**pool); !migrated) {
+        printError(migrated.error().message);
+        QMessageBox::critical(nullptr, u"Idempotency Desk"_qs, migrated.error().message);
         return ExitRuntime;
     }
     std::unique_ptr<Receiver> receiver;

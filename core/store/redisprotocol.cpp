@@ -3,6 +3,8 @@
 #include <QCryptographicHash>
 #include <QFile>
 
+#include <array>
+
 #include <hiredis.h>
 
 namespace idem::redis {
@@ -14,27 +16,57 @@ QByteArray num(qint64 v)
     return QByteArray::number(v);
 }
 
-// The order of SUMMARY in claim.lua.
-const QByteArray kSummary[] = {"key",     "endpoint",    "provider",   "state",      "fingerprint",
-                               "token",   "attempts",    "created",    "updated",    "lease_until",
-                               "expires_at", "res_status", "res_headers", "res_body", "error"};
+// The SUMMARY of claim.lua's answer, in its order (FIELDS without the history).
+const QByteArray kSummary[] = {"endpoint",   "provider",    "state",    "fingerprint", "token",
+                               "attempts",   "created",     "updated",  "lease_until", "expires_at",
+                               "res_status", "res_headers", "res_body", "error"};
 constexpr size_t kSummarySize = std::size(kSummary);
 
 ClaimAction actionFrom(const QByteArray &text)
 {
-    if (text == "create") return ClaimAction::Create;
-    if (text == "reclaim") return ClaimAction::Reclaim;
-    if (text == "replay") return ClaimAction::Replay;
-    if (text == "in-progress") return ClaimAction::InProgress;
+    if (text == "create")
+        return ClaimAction::Create;
+    if (text == "reclaim")
+        return ClaimAction::Reclaim;
+    if (text == "replay")
+        return ClaimAction::Replay;
+    if (text == "in-progress")
+        return ClaimAction::InProgress;
     return ClaimAction::Mismatch;
 }
 
 Error unexpected(const char *script)
 {
-    return makeError(ErrorCode::Unavailable, u"Redis: unexpected answer from %1.lua"_qs.arg(QLatin1String(script)));
+    return makeError(ErrorCode::Unavailable,
+                     u"Redis: unexpected answer from %1.lua"_qs.arg(QLatin1String(script)));
+}
+
+const QByteArray &stateName(KeyState s)
+{
+    static const QByteArray names[] = {"processing", "completed", "failed", "reset"};
+    return names[int(s)];
+}
+
+constexpr KeyState kStates[] = {KeyState::Processing, KeyState::Completed, KeyState::Failed,
+                                KeyState::Reset};
+
+// "METHOD path\n" + the headers' JSON: the request's head in one field.
+QByteArray requestHead(const StoredRequest &r)
+{
+    return r.method + ' ' + r.path + '\n' + compactJson(headersToJson(r.headers));
 }
 
 } // namespace
+
+Argv::Argv(const QList<QByteArray> &args)
+{
+    argv.reserve(size_t(args.size()));
+    lengths.reserve(size_t(args.size()));
+    for (const QByteArray &a : args) {
+        argv.push_back(a.constData());
+        lengths.push_back(size_t(a.size()));
+    }
+}
 
 QByteArray text(const redisReply *r)
 {
@@ -43,10 +75,40 @@ QByteArray text(const redisReply *r)
                : QByteArray();
 }
 
-KeyRecord recordFrom(const QHash<QByteArray, QByteArray> &f)
+QByteArray recordKey(const QByteArray &prefix, const QString &key)
+{
+    return prefix + '{' + key.toUtf8() + "}:r";
+}
+
+QByteArray tokenKey(const QByteArray &prefix, const QString &key)
+{
+    return prefix + '{' + key.toUtf8() + "}:t";
+}
+
+QByteArray stateIndex(const QByteArray &prefix, KeyState state)
+{
+    return prefix + "i:s:" + stateName(state);
+}
+
+QByteArray endpointStateIndex(const QByteArray &prefix, const QString &endpoint, KeyState state)
+{
+    return prefix + "i:es:" + endpoint.toUtf8() + ':' + stateName(state);
+}
+
+QByteArray expiryIndex(const QByteArray &prefix)
+{
+    return prefix + "i:exp";
+}
+
+QString endpointOf(const QString &key)
+{
+    return key.section(u':', 0, 0);
+}
+
+KeyRecord recordFrom(const QString &key, const QHash<QByteArray, QByteArray> &f)
 {
     KeyRecord r;
-    r.key = QString::fromUtf8(f.value("key"));
+    r.key = key;
     r.endpoint = QString::fromUtf8(f.value("endpoint"));
     r.provider = QString::fromUtf8(f.value("provider"));
     r.state = keyStateFromString(QString::fromLatin1(f.value("state"))).value_or(KeyState::Failed);
@@ -57,9 +119,14 @@ KeyRecord recordFrom(const QHash<QByteArray, QByteArray> &f)
     r.updatedMs = f.value("updated").toLongLong();
     r.leaseUntilMs = f.value("lease_until").toLongLong();
     r.expiresAtMs = f.value("expires_at").toLongLong();
-    r.request.method = f.value("req_method");
-    r.request.path = f.value("req_path");
-    r.request.headers = headersFromJson(parseJsonArray(f.value("req_headers")));
+    const QByteArray head = f.value("req_head");
+    if (const qsizetype eol = head.indexOf('\n'); eol >= 0) {
+        const QByteArray line = head.left(eol);
+        const qsizetype space = line.indexOf(' ');
+        r.request.method = line.left(space);
+        r.request.path = space < 0 ? QByteArray() : line.mid(space + 1);
+        r.request.headers = headersFromJson(parseJsonArray(head.mid(eol + 1)));
+    }
     r.request.body = f.value("req_body");
     r.result.status = f.value("res_status").toInt();
     r.result.headers = headersFromJson(parseJsonArray(f.value("res_headers")));
@@ -73,13 +140,15 @@ Result<QHash<QByteArray, Script>> scripts()
 {
     QFile commonFile(u":/redis/common.lua"_qs);
     if (!commonFile.open(QIODevice::ReadOnly))
-        return makeError(ErrorCode::Internal, u"the Redis scripts are missing from the resources"_qs);
-    const QByteArray common = commonFile.readAll();
+        return makeError(ErrorCode::Internal,
+                         u"the Redis scripts are missing from the resources"_qs);
+    const QByteArray common = "local CAP = " + num(kHistoryCap) + "\n" + commonFile.readAll();
     QHash<QByteArray, Script> loaded;
-    for (const char *name : {"claim", "finish", "operator", "purge", "import"}) {
+    for (const char *name : {"claim", "finish", "operator", "import", "migrate"}) {
         QFile file(u":/redis/%1.lua"_qs.arg(QLatin1String(name)));
         if (!file.open(QIODevice::ReadOnly))
-            return makeError(ErrorCode::Internal, u"the Redis script %1.lua is missing"_qs.arg(QLatin1String(name)));
+            return makeError(ErrorCode::Internal,
+                             u"the Redis script %1.lua is missing"_qs.arg(QLatin1String(name)));
         Script script;
         script.source = common + "\n" + file.readAll();
         script.sha = QCryptographicHash::hash(script.source, QCryptographicHash::Sha1).toHex();
@@ -90,12 +159,21 @@ Result<QHash<QByteArray, Script>> scripts()
 
 QList<QByteArray> claimArgs(const QByteArray &prefix, const ClaimRequest &req)
 {
-    return {prefix, req.key.toUtf8(), req.endpoint.toUtf8(), req.provider.toUtf8(),
-            req.fingerprint, num(req.policy.leaseMs), num(req.policy.ttlMs),
-            req.policy.onFailed == OnFailed::Reprocess ? "reprocess" : "reject",
-            req.policy.onMismatch == OnMismatch::Reject ? "reject" : "ignore",
-            req.request.method, req.request.path, compactJson(headersToJson(req.request.headers)),
-            req.request.body, num(kHistoryCap)};
+    QByteArray policy(2, 'X');
+    if (req.policy.onFailed == OnFailed::Reprocess)
+        policy[0] = 'R';
+    policy[1] = req.policy.onMismatch == OnMismatch::Reject ? 'M' : 'I';
+    return {"2",
+            recordKey(prefix, req.key),
+            tokenKey(prefix, req.key),
+            req.endpoint.toUtf8(),
+            req.provider.toUtf8(),
+            req.fingerprint,
+            num(req.policy.leaseMs),
+            num(req.policy.ttlMs),
+            policy,
+            requestHead(req.request),
+            req.request.body};
 }
 
 Result<ClaimResult> claimResult(const redisReply *reply, const ClaimRequest &req)
@@ -104,23 +182,28 @@ Result<ClaimResult> claimResult(const redisReply *reply, const ClaimRequest &req
         return unexpected("claim");
     ClaimResult result;
     result.decision.action = actionFrom(text(reply->element[0]));
-    result.decision.outcome = outcomeFromString(QString::fromLatin1(text(reply->element[1]))).value_or(Outcome::Mismatch);
-    // Every answer ends with Redis's clock at the decision.
-    result.storeNowMs = text(reply->element[reply->elements - 1]).toLongLong();
+    result.decision.outcome =
+        outcomeFromString(QString::fromLatin1(text(reply->element[1]))).value_or(Outcome::Mismatch);
     switch (result.decision.action) {
     case ClaimAction::Create:
         if (reply->elements != 4 || reply->element[2]->type != REDIS_REPLY_INTEGER)
             return unexpected("claim");
-        result.record = claimedRecord(nullptr, req, result.decision, reply->element[2]->integer, result.storeNowMs);
+        result.storeNowMs = text(reply->element[3]).toLongLong();
+        result.record = claimedRecord(nullptr, req, result.decision, reply->element[2]->integer,
+                                      result.storeNowMs);
         return result;
     case ClaimAction::Reclaim: {
-        if (reply->elements != 7 || reply->element[2]->type != REDIS_REPLY_INTEGER)
+        if (reply->elements != 8 || reply->element[2]->type != REDIS_REPLY_INTEGER)
             return unexpected("claim");
+        result.storeNowMs = text(reply->element[6]).toLongLong();
         KeyRecord before;
         before.attempts = text(reply->element[3]).toInt();
         before.createdMs = text(reply->element[4]).toLongLong();
         before.history = historyFromJson(parseJsonArray(text(reply->element[5])));
-        result.record = claimedRecord(&before, req, result.decision, reply->element[2]->integer, result.storeNowMs);
+        before.state = keyStateFromString(QString::fromLatin1(text(reply->element[7])))
+                           .value_or(KeyState::Failed);
+        result.record = claimedRecord(&before, req, result.decision, reply->element[2]->integer,
+                                      result.storeNowMs);
         return result;
     }
     case ClaimAction::Replay:
@@ -130,29 +213,192 @@ Result<ClaimResult> claimResult(const redisReply *reply, const ClaimRequest &req
     }
     if (reply->elements != 3 + kSummarySize)
         return unexpected("claim");
+    result.storeNowMs = text(reply->element[reply->elements - 1]).toLongLong();
     QHash<QByteArray, QByteArray> fields;
     for (size_t i = 0; i < kSummarySize; ++i)
         fields.insert(kSummary[i], text(reply->element[i + 2]));
-    result.record = recordFrom(fields);
+    result.record = recordFrom(req.key, fields);
     return result;
+}
+
+std::optional<IndexMove> indexMoveOf(const ClaimRequest &req, const ClaimResult &result)
+{
+    if (result.decision.action != ClaimAction::Create &&
+        result.decision.action != ClaimAction::Reclaim)
+        return std::nullopt;
+    // A new claim may replace a record that expired under index entries of any state.
+    return IndexMove{req.key,    req.endpoint,      KeyState::Processing,
+                     kAllStates, result.storeNowMs, result.record.expiresAtMs};
 }
 
 QList<QByteArray> finishArgs(const QByteArray &prefix, const FinishRequest &req)
 {
-    return {prefix, req.key.toUtf8(), num(req.token), toString(req.state).toLatin1(),
-            num(req.result.status), compactJson(headersToJson(req.result.headers)),
-            req.result.body, req.error.toUtf8(), num(kHistoryCap)};
+    return {"1",
+            recordKey(prefix, req.key),
+            num(req.token),
+            stateName(req.state),
+            num(req.result.status),
+            compactJson(headersToJson(req.result.headers)),
+            req.result.body,
+            req.error.toUtf8()};
 }
 
-Result<FinishVerdict> finishVerdict(const redisReply *reply)
+Result<FinishVerdict> finishVerdict(const redisReply *reply, const FinishRequest &req,
+                                    IndexMove *move)
 {
+    if (reply && reply->type == REDIS_REPLY_ARRAY) {
+        if (reply->elements != 3 || text(reply->element[0]) != "accept")
+            return unexpected("finish");
+        if (move)
+            *move = IndexMove{req.key,
+                              QString::fromUtf8(text(reply->element[2])),
+                              req.state,
+                              bit(KeyState::Processing),
+                              text(reply->element[1]).toLongLong(),
+                              0};
+        return FinishVerdict::Accept;
+    }
     const QByteArray verdict = text(reply);
-    if (verdict == "accept") return FinishVerdict::Accept;
-    if (verdict == "repeated") return FinishVerdict::Repeated;
-    if (verdict == "stale-token") return FinishVerdict::StaleToken;
-    if (verdict == "not-processing") return FinishVerdict::NotProcessing;
-    if (verdict == "missing") return FinishVerdict::Missing;
+    if (verdict == "repeated")
+        return FinishVerdict::Repeated;
+    if (verdict == "stale-token")
+        return FinishVerdict::StaleToken;
+    if (verdict == "not-processing")
+        return FinishVerdict::NotProcessing;
+    if (verdict == "missing")
+        return FinishVerdict::Missing;
     return unexpected("finish");
+}
+
+QList<QByteArray> operatorArgs(const QByteArray &prefix, const QString &key, OperatorAction action,
+                               bool force, const QString &detail)
+{
+    const QByteArray name = action == OperatorAction::Reset       ? "reset"
+                            : action == OperatorAction::ForceFail ? "force-fail"
+                                                                  : "delete";
+    return {"1", recordKey(prefix, key), name, force ? "1" : "0", detail.toUtf8()};
+}
+
+QList<QByteArray> importArgs(const QByteArray &prefix, const KeyRecord &r, qint64 ttlMs,
+                             qint64 leaseMs)
+{
+    return {"2",
+            recordKey(prefix, r.key),
+            tokenKey(prefix, r.key),
+            r.endpoint.toUtf8(),
+            r.provider.toUtf8(),
+            stateName(r.state),
+            r.fingerprint,
+            num(r.attempts),
+            num(r.createdMs),
+            num(r.updatedMs),
+            num(leaseMs),
+            num(ttlMs),
+            requestHead(r.request),
+            r.request.body,
+            num(r.result.status),
+            compactJson(headersToJson(r.result.headers)),
+            r.result.body,
+            r.error.toUtf8(),
+            compactJson(historyToJson(r.history))};
+}
+
+Result<ImportVerdict> importVerdict(const redisReply *reply, const KeyRecord &r, IndexMove *move)
+{
+    if (reply && reply->type == REDIS_REPLY_INTEGER && reply->integer == 0)
+        return ImportVerdict::Exists;
+    if (!reply || reply->type != REDIS_REPLY_ARRAY || reply->elements != 2)
+        return unexpected("import");
+    if (move)
+        // It may replace an expired record still indexed under any state.
+        *move = IndexMove{r.key,       r.endpoint,  r.state,
+                          kAllStates, r.updatedMs, text(reply->element[1]).toLongLong()};
+    return ImportVerdict::Imported;
+}
+
+Result<OperatorVerdict> operatorVerdict(const redisReply *reply, const QString &key,
+                                        IndexMove *move)
+{
+    if (reply && reply->type == REDIS_REPLY_ARRAY) {
+        if (reply->elements != 5 || text(reply->element[0]) != "accept")
+            return unexpected("operator");
+        if (move) {
+            *move = IndexMove{key,        QString::fromUtf8(text(reply->element[2])), std::nullopt,
+                              kAllStates, text(reply->element[1]).toLongLong(),       0};
+            if (auto to = keyStateFromString(QString::fromLatin1(text(reply->element[4])))) {
+                move->to = *to;
+                move->from = bit(
+                    keyStateFromString(QString::fromLatin1(text(reply->element[3]))).value_or(*to));
+            }
+        }
+        return OperatorVerdict::Accept;
+    }
+    const QByteArray verdict = text(reply);
+    if (verdict == "wrong-state")
+        return OperatorVerdict::WrongState;
+    if (verdict == "missing")
+        return OperatorVerdict::Missing;
+    return unexpected("operator");
+}
+
+void IndexBatch::add(const IndexMove &move)
+{
+    auto [it, added] = m_moves.try_emplace(move.key, move);
+    if (added)
+        return;
+    IndexMove &m = it->second;
+    m.from |= move.from;
+    m.to = move.to;
+    m.updatedMs = move.updatedMs;
+    if (move.expiresAtMs)
+        m.expiresAtMs = move.expiresAtMs;
+    if (!move.endpoint.isEmpty())
+        m.endpoint = move.endpoint;
+}
+
+QList<QList<QByteArray>> IndexBatch::commands(const QByteArray &prefix) const
+{
+    // Per index, the command being built: ZADD with (score, member) pairs, ZREM with members.
+    // The index names are made once per endpoint, not per key (this runs on every delivery).
+    struct Commands
+    {
+        QList<QByteArray> add, remove;
+    };
+    std::array<Commands, 4> byState;
+    QHash<QString, std::array<Commands, 4>> byEndpoint;
+    Commands expiry;
+    for (const auto &[key, m] : m_moves) {
+        const QByteArray member = key.toUtf8();
+        auto &endpoint = byEndpoint[m.endpoint.isEmpty() ? endpointOf(key) : m.endpoint];
+        const QByteArray score = num(m.updatedMs);
+        for (KeyState s : kStates) {
+            if (m.to && *m.to == s) {
+                byState[size_t(s)].add << score << member;
+                endpoint[size_t(s)].add << score << member;
+            } else if (m.from & bit(s)) {
+                byState[size_t(s)].remove << member;
+                endpoint[size_t(s)].remove << member;
+            }
+        }
+        if (!m.to)
+            expiry.remove << member;
+        else if (m.expiresAtMs)
+            expiry.add << num(m.expiresAtMs) << member;
+    }
+    QList<QList<QByteArray>> commands;
+    auto append = [&](const Commands &c, const QByteArray &index) {
+        if (!c.remove.isEmpty())
+            commands.append(QList<QByteArray>{"ZREM", index} + c.remove);
+        if (!c.add.isEmpty())
+            commands.append(QList<QByteArray>{"ZADD", index} + c.add);
+    };
+    for (KeyState s : kStates)
+        append(byState[size_t(s)], stateIndex(prefix, s));
+    for (auto it = byEndpoint.cbegin(); it != byEndpoint.cend(); ++it)
+        for (KeyState s : kStates)
+            append(it.value()[size_t(s)], endpointStateIndex(prefix, it.key(), s));
+    append(expiry, expiryIndex(prefix));
+    return commands;
 }
 
 } // namespace idem::redis

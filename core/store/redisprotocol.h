@@ -6,6 +6,9 @@
 #include <QHash>
 #include <QList>
 
+#include <map>
+#include <vector>
+
 struct redisReply;
 
 namespace idem::redis {
@@ -17,16 +20,82 @@ struct Script
     QByteArray source;
     QByteArray sha;
 };
-Result<QHash<QByteArray, Script>> scripts(); // by name: claim, finish, operator, purge
+Result<QHash<QByteArray, Script>> scripts(); // by name: claim, finish, operator, import, migrate
 
-// The arguments of claim.lua and finish.lua, and what their answers mean. Shared by the
-// blocking RedisStore and the receiver thread's RedisLane, so that both speak the same protocol.
+// The key layout (described at the top of resources/redis/common.lua): a record's own keys
+// carry its hash tag, the indexes are the desk's.
+QByteArray recordKey(const QByteArray &prefix, const QString &key); // P{key}:r
+QByteArray tokenKey(const QByteArray &prefix, const QString &key);  // P{key}:t
+QByteArray stateIndex(const QByteArray &prefix, KeyState state);    // P i:s:<state>
+QByteArray endpointStateIndex(const QByteArray &prefix, const QString &endpoint, KeyState state);
+QByteArray expiryIndex(const QByteArray &prefix); // P i:exp
+QString endpointOf(const QString &key);           // "<endpoint>:<id>"
+
+// What follows EVALSHA <sha> for claim.lua, finish.lua and operator.lua (numkeys, KEYS, ARGV),
+// and what their answers mean. Shared by the blocking RedisStore and the receiver thread's
+// RedisLane, so that both speak the same protocol.
 QList<QByteArray> claimArgs(const QByteArray &prefix, const ClaimRequest &request);
 Result<ClaimResult> claimResult(const redisReply *reply, const ClaimRequest &request);
 QList<QByteArray> finishArgs(const QByteArray &prefix, const FinishRequest &request);
-Result<FinishVerdict> finishVerdict(const redisReply *reply);
+QList<QByteArray> operatorArgs(const QByteArray &prefix, const QString &key, OperatorAction action,
+                               bool force, const QString &detail);
+
+// A transition the indexes must follow: the key now in `to` (none: deleted), no longer in
+// `from` (a bit per KeyState), with `updatedMs` as its score and, when known, its new expiry.
+struct IndexMove
+{
+    QString key;
+    QString endpoint;
+    std::optional<KeyState> to;
+    unsigned from = 0;
+    qint64 updatedMs = 0;
+    qint64 expiresAtMs = 0; // 0: unchanged
+};
+constexpr unsigned kAllStates = 0xf;
+constexpr unsigned bit(KeyState s)
+{
+    return 1u << unsigned(s);
+}
+
+// What a claim's answer means for the indexes (nothing for a replay or a mismatch).
+std::optional<IndexMove> indexMoveOf(const ClaimRequest &request, const ClaimResult &result);
+// A finish's verdict; on accept, `move` (if given) gets the index move.
+Result<FinishVerdict> finishVerdict(const redisReply *reply, const FinishRequest &request,
+                                    IndexMove *move = nullptr);
+Result<OperatorVerdict> operatorVerdict(const redisReply *reply, const QString &key,
+                                        IndexMove *move = nullptr);
+// import.lua (`keys import`): a record from another store, its expiry and lease from now on.
+QList<QByteArray> importArgs(const QByteArray &prefix, const KeyRecord &record, qint64 ttlMs,
+                             qint64 leaseMs);
+Result<ImportVerdict> importVerdict(const redisReply *reply, const KeyRecord &record,
+                                    IndexMove *move = nullptr);
+
+// The index writes of many transitions, coalesced per key (the last move wins, the states it
+// left add up) and grouped into one ZADD / ZREM per index: what the desk sends after the
+// scripts, once per event-loop turn. Order-free within a batch, so it can be pipelined.
+class IndexBatch
+{
+public:
+    void add(const IndexMove &move);
+    bool isEmpty() const { return m_moves.empty(); }
+    qsizetype size() const { return qsizetype(m_moves.size()); }
+    QList<QList<QByteArray>> commands(const QByteArray &prefix) const;
+    void clear() { m_moves.clear(); }
+
+private:
+    std::map<QString, IndexMove> m_moves;
+};
+
+// A command's arguments as hiredis takes them (pointers into `args`, which must outlive it).
+struct Argv
+{
+    explicit Argv(const QList<QByteArray> &args);
+    int count() const { return int(argv.size()); }
+    std::vector<const char *> argv;
+    std::vector<size_t> lengths;
+};
 
 QByteArray text(const redisReply *reply);
-KeyRecord recordFrom(const QHash<QByteArray, QByteArray> &fields);
-
+// A record from its hash's fields (HGETALL / HMGET by name); `key` is the desk's key.
+KeyRecord recordFrom(const QString &key, const QHash<QByteArray, QByteArray> &fields);
 } // namespace idem::redis

@@ -1,8 +1,11 @@
 #include "store/redisstore.h"
 
+#include "store/rediscluster.h"
 #include "store/redisprotocol.h"
 
 #include <QRegularExpression>
+
+#include <algorithm>
 
 #include <hiredis.h>
 
@@ -15,7 +18,6 @@ QByteArray num(qint64 v)
     return QByteArray::number(v);
 }
 
-using redis::recordFrom;
 using redis::text;
 
 QHash<QByteArray, QByteArray> fieldsFrom(const redisReply *array)
@@ -28,12 +30,49 @@ QHash<QByteArray, QByteArray> fieldsFrom(const redisReply *array)
     return fields;
 }
 
-const QList<QByteArray> kSummaryFields = {"key",     "endpoint", "provider",    "state",
-                                          "fingerprint", "token", "attempts",   "created",
-                                          "updated", "lease_until", "expires_at", "res_status",
-                                          "error"};
+// What a listing shows of a record (HMGET, in this order).
+const QList<QByteArray> kSummaryFields = {"state",       "endpoint",   "provider",   "fingerprint",
+                                          "token",       "attempts",   "created",    "updated",
+                                          "lease_until", "expires_at", "res_status", "error"};
+
+constexpr KeyState kStates[] = {KeyState::Processing, KeyState::Completed, KeyState::Failed,
+                                KeyState::Reset};
+
+// SCAN's MATCH takes a glob: the prefix's own glob characters are escaped.
+QByteArray globEscaped(const QByteArray &text)
+{
+    QByteArray out;
+    for (char c : text) {
+        if (c == '*' || c == '?' || c == '[' || c == ']' || c == '\\')
+            out += '\\';
+        out += c;
+    }
+    return out;
+}
 
 } // namespace
+
+// AUTH on a new connection (the one of a single Redis, each cluster node's).
+Result<void> authenticate(redisContext *c, const StoreUrl &url)
+{
+    if (url.password.isEmpty())
+        return {};
+    QList<QByteArray> auth{"AUTH"};
+    if (!url.user.isEmpty())
+        auth << url.user.toUtf8();
+    auth << url.password.toUtf8();
+    redis::Argv a(auth);
+    auto *raw = static_cast<redisReply *>(redisCommandArgv(c, a.count(), a.argv.data(), a.lengths.data()));
+    const QString why = !raw                             ? QString::fromUtf8(c->errstr)
+                        : raw->type == REDIS_REPLY_ERROR ? QString::fromUtf8(raw->str, int(raw->len))
+                                                         : QString();
+    if (raw)
+        freeReplyObject(raw);
+    if (!why.isEmpty())
+        return makeError(ErrorCode::Unavailable,
+                         u"Redis %1: authentication failed: %2"_qs.arg(url.display(), why));
+    return {};
+}
 
 RedisStore::RedisStore(redisContext *context, StoreUrl url, RedisOptions options)
     : m_context(context), m_url(std::move(url)), m_options(options), m_prefix(m_url.prefix.toUtf8())
@@ -41,11 +80,15 @@ RedisStore::RedisStore(redisContext *context, StoreUrl url, RedisOptions options
 
 RedisStore::~RedisStore()
 {
-    redisFree(m_context);
+    if (m_context)
+        redisFree(m_context);
 }
 
-Result<std::unique_ptr<RedisStore>> RedisStore::connect(const StoreUrl &url, const RedisOptions &options)
+Result<std::unique_ptr<RedisStore>> RedisStore::connect(const StoreUrl &url,
+                                                        const RedisOptions &options)
 {
+    if (url.cluster)
+        return connectCluster(url, options);
     timeval connectTimeout{options.connectTimeoutMs / 1000, (options.connectTimeoutMs % 1000) * 1000};
     redisContext *context = redisConnectWithTimeout(url.host.toUtf8().constData(), url.port, connectTimeout);
     if (!context)
@@ -56,16 +99,22 @@ Result<std::unique_ptr<RedisStore>> RedisStore::connect(const StoreUrl &url, con
         return makeError(ErrorCode::Unavailable,
                          u"cannot connect to Redis at %1: %2"_qs.arg(url.display(), message));
     }
-    timeval commandTimeout{options.commandTimeoutMs / 1000, (options.commandTimeoutMs % 1000) * 1000};
+    timeval commandTimeout{options.commandTimeoutMs / 1000,
+                           (options.commandTimeoutMs % 1000) * 1000};
     redisSetTimeout(context, commandTimeout);
     std::unique_ptr<RedisStore> store(new RedisStore(context, url, options));
-    if (!url.password.isEmpty()) {
-        QList<QByteArray> auth{"AUTH"};
-        if (!url.user.isEmpty())
-            auth << url.user.toUtf8();
-        auth << url.password.toUtf8();
-        if (auto r = store->command(auth, false); !r)
-            return makeError(ErrorCode::Unavailable, u"Redis %1: authentication failed: %2"_qs.arg(url.display(), r.error().message));
+    if (auto r = authenticate(context, url); !r)
+        return r.error();
+    // A cluster node behind a plain redis:// URL is served as a cluster (it is one of the seeds).
+    if (auto info = store->command({"CLUSTER", "INFO"}, false);
+        info && text(info->get()).contains("cluster_state:")) {
+        if (url.database != u"0"_qs)
+            return makeError(ErrorCode::Invalid,
+                             u"Redis %1 is a cluster node: a Redis Cluster has database 0 only"_qs.arg(url.display()));
+        StoreUrl clustered = url;
+        clustered.cluster = true;
+        clustered.clusterSeeds = {{url.host, url.port}};
+        return connectCluster(clustered, options);
     }
     if (url.database != u"0"_qs) {
         if (auto r = store->command({"SELECT", url.database.toUtf8()}, false); !r)
@@ -73,6 +122,30 @@ Result<std::unique_ptr<RedisStore>> RedisStore::connect(const StoreUrl &url, con
     }
     if (auto r = store->loadScripts(); !r)
         return r.error();
+    return store;
+}
+
+Result<std::unique_ptr<RedisStore>> RedisStore::connectCluster(const StoreUrl &url,
+                                                               const RedisOptions &options)
+{
+    QList<redis::ClusterNode> seeds;
+    for (const auto &[host, port] : std::as_const(url.clusterSeeds))
+        seeds.append({host.toUtf8(), port});
+    auto links = std::make_unique<redis::ClusterLinks>(
+        seeds, options.connectTimeoutMs, options.commandTimeoutMs,
+        [url](redisContext *c) { return authenticate(c, url); });
+    if (auto r = links->refresh(); !r)
+        return makeError(ErrorCode::Unavailable,
+                         u"Redis Cluster %1: %2"_qs.arg(url.display(), r.error().message));
+    std::unique_ptr<RedisStore> store(new RedisStore(nullptr, url, options));
+    store->m_cluster = std::move(links);
+    // The SHA1 of each script is known here; a master that lacks one answers NOSCRIPT and is sent
+    // it then (script()), so no master needs to be reachable up front.
+    auto scripts = redis::scripts();
+    if (!scripts)
+        return scripts.error();
+    for (auto it = scripts->cbegin(); it != scripts->cend(); ++it)
+        store->m_sha.insert(it.key(), it->sha);
     return store;
 }
 
@@ -85,22 +158,29 @@ Error RedisStore::failure(const QString &what, bool writes) const
 
 Result<RedisStore::Reply> RedisStore::command(const QList<QByteArray> &args, bool writes)
 {
-    std::vector<const char *> argv;
-    std::vector<size_t> lengths;
-    argv.reserve(size_t(args.size()));
-    lengths.reserve(size_t(args.size()));
-    for (const QByteArray &a : args) {
-        argv.push_back(a.constData());
-        lengths.push_back(size_t(a.size()));
+    if (m_cluster) {
+        auto r = m_cluster->command(args, writes);
+        if (!r)
+            return makeError(r.error().code,
+                             u"Redis %1: %2"_qs.arg(m_url.display(), r.error().message));
+        if (r->get()->type == REDIS_REPLY_ERROR)
+            return makeError(
+                ErrorCode::Unavailable,
+                u"Redis %1: %2"_qs.arg(m_url.display(),
+                                       QString::fromUtf8(r->get()->str, int(r->get()->len))));
+        return std::move(*r);
     }
+    redis::Argv a(args);
     if (m_context->err)
         return failure(u"connection lost: %1"_qs.arg(QString::fromUtf8(m_context->errstr)), false);
-    void *raw = redisCommandArgv(m_context, int(argv.size()), argv.data(), lengths.data());
+    void *raw = redisCommandArgv(m_context, a.count(), a.argv.data(), a.lengths.data());
     if (!raw)
         return failure(QString::fromUtf8(m_context->errstr), writes);
     Reply reply(static_cast<redisReply *>(raw), freeReplyObject);
     if (reply->type == REDIS_REPLY_ERROR)
-        return makeError(ErrorCode::Unavailable, u"Redis %1: %2"_qs.arg(m_url.display(), QString::fromUtf8(reply->str, int(reply->len))));
+        return makeError(ErrorCode::Unavailable,
+                         u"Redis %1: %2"_qs.arg(m_url.display(),
+                                                QString::fromUtf8(reply->str, int(reply->len))));
     return reply;
 }
 
@@ -118,12 +198,98 @@ Result<void> RedisStore::loadScripts()
     return {};
 }
 
-Result<RedisStore::Reply> RedisStore::script(const char *name, const QList<QByteArray> &args, bool writes)
+Result<std::vector<RedisStore::Reply>>
+RedisStore::pipeline(const QList<QList<QByteArray>> &commands, bool writes)
 {
-    QList<QByteArray> call{"EVALSHA", m_sha.value(name), "0"};
+    if (m_cluster)
+        return clusterPipeline(commands, writes);
+    if (m_context->err)
+        return failure(u"connection lost: %1"_qs.arg(QString::fromUtf8(m_context->errstr)), false);
+    for (const auto &command : commands) {
+        redis::Argv a(command);
+        redisAppendCommandArgv(m_context, a.count(), a.argv.data(), a.lengths.data());
+    }
+    std::vector<Reply> replies;
+    replies.reserve(size_t(commands.size()));
+    for (qsizetype i = 0; i < commands.size(); ++i) {
+        void *raw = nullptr;
+        if (redisGetReply(m_context, &raw) != REDIS_OK || !raw)
+            return failure(QString::fromUtf8(m_context->errstr), writes);
+        replies.emplace_back(static_cast<redisReply *>(raw), freeReplyObject);
+    }
+    return replies;
+}
+
+Result<std::vector<RedisStore::Reply>> RedisStore::clusterPipeline(const QList<QList<QByteArray>> &commands,
+                                                                    bool writes)
+{
+    // One pipeline per master, each command to its slot's; the answers back in the given order.
+    std::vector<Reply> replies;
+    replies.reserve(size_t(commands.size()));
+    for (qsizetype i = 0; i < commands.size(); ++i)
+        replies.emplace_back(nullptr, freeReplyObject);
+    QHash<redisContext *, QList<qsizetype>> byNode;
+    QList<redisContext *> order;
+    for (qsizetype i = 0; i < commands.size(); ++i) {
+        auto c = m_cluster->link(redis::commandSlot(commands.at(i)));
+        if (!c)
+            return makeError(c.error().code, u"Redis %1: %2"_qs.arg(m_url.display(), c.error().message));
+        if (!byNode.contains(*c))
+            order.append(*c);
+        byNode[*c].append(i);
+    }
+    for (redisContext *c : std::as_const(order))
+        for (qsizetype i : byNode.value(c)) {
+            redis::Argv a(commands.at(i));
+            redisAppendCommandArgv(c, a.count(), a.argv.data(), a.lengths.data());
+        }
+    for (redisContext *c : std::as_const(order)) {
+        for (qsizetype i : byNode.value(c)) {
+            void *raw = nullptr;
+            if (redisGetReply(c, &raw) != REDIS_OK || !raw) {
+                const Error error = failure(QString::fromUtf8(c->errstr), writes);
+                m_cluster->broken(c); // the other nodes' answers are left unread with it: all dropped
+                for (redisContext *other : std::as_const(order))
+                    if (other != c)
+                        m_cluster->broken(other);
+                return error;
+            }
+            replies[size_t(i)].reset(static_cast<redisReply *>(raw));
+        }
+        if (writes)
+            m_cluster->markWritten(c);
+    }
+    // A slot that moved (MOVED/ASK): the node did not run the command; it goes again, alone,
+    // through the redirects.
+    for (qsizetype i = 0; i < commands.size(); ++i) {
+        const redisReply *r = replies[size_t(i)].get();
+        if (r->type != REDIS_REPLY_ERROR || !redis::redirectFrom(QByteArrayView(r->str, qsizetype(r->len))))
+            continue;
+        m_cluster->markStale();
+        auto again = m_cluster->command(commands.at(i), writes);
+        if (!again)
+            return makeError(again.error().code, u"Redis %1: %2"_qs.arg(m_url.display(), again.error().message));
+        replies[size_t(i)] = std::move(*again);
+    }
+    return replies;
+}
+
+void RedisStore::writeIndexes(const redis::IndexBatch &batch)
+{
+    if (!batch.isEmpty())
+        (void)pipeline(batch.commands(m_prefix), true); // lost: listing and purge repair it
+    if (m_cluster)
+        m_cluster->takeWritten(); // a derived view: never waited for (wait_replicas)
+}
+
+Result<RedisStore::Reply> RedisStore::script(const char *name, const QList<QByteArray> &args,
+                                             bool writes)
+{
+    QList<QByteArray> call{"EVALSHA", m_sha.value(name)};
     call += args;
     auto r = command(call, writes);
-    if (!r && r.error().code == ErrorCode::Unavailable && r.error().message.contains(u"NOSCRIPT"_qs)) {
+    if (!r && r.error().code == ErrorCode::Unavailable &&
+        r.error().message.contains(u"NOSCRIPT"_qs)) {
         // The server lost its script cache (restart, SCRIPT FLUSH): the script did not run.
         if (auto loaded = loadScripts(); !loaded)
             return loaded.error();
@@ -137,16 +303,40 @@ Result<void> RedisStore::waitForReplicas()
 {
     if (m_url.waitReplicas <= 0)
         return {};
+    if (m_cluster) {
+        // Each master the writes went to; the least acknowledged count decides.
+        long long least = m_url.waitReplicas;
+        for (redisContext *c : m_cluster->takeWritten()) {
+            auto *raw = static_cast<redisReply *>(
+                redisCommand(c, "WAIT %d %d", m_url.waitReplicas, m_url.waitTimeoutMs));
+            if (!raw) {
+                const Error error = failure(QString::fromUtf8(c->errstr), false);
+                m_cluster->broken(c);
+                return error;
+            }
+            Reply reply(raw, freeReplyObject);
+            least = std::min(least, reply->type == REDIS_REPLY_INTEGER ? reply->integer : -1);
+        }
+        if (least < m_url.waitReplicas)
+            return makeError(ErrorCode::Unavailable,
+                             u"Redis %1: only %2 of %3 replicas acknowledged the write within %4 ms (wait_replicas)"_qs
+                                 .arg(m_url.display())
+                                 .arg(least)
+                                 .arg(m_url.waitReplicas)
+                                 .arg(m_url.waitTimeoutMs));
+        return {};
+    }
     auto r = command({"WAIT", num(m_url.waitReplicas), num(m_url.waitTimeoutMs)}, false);
     if (!r)
         return r.error();
     if (r->get()->integer < m_url.waitReplicas)
-        return makeError(ErrorCode::Unavailable,
-                         u"Redis %1: only %2 of %3 replicas acknowledged the write within %4 ms (wait_replicas)"_qs
-                             .arg(m_url.display())
-                             .arg(r->get()->integer)
-                             .arg(m_url.waitReplicas)
-                             .arg(m_url.waitTimeoutMs));
+        return makeError(
+            ErrorCode::Unavailable,
+            u"Redis %1: only %2 of %3 replicas acknowledged the write within %4 ms (wait_replicas)"_qs
+                .arg(m_url.display())
+                .arg(r->get()->integer)
+                .arg(m_url.waitReplicas)
+                .arg(m_url.waitTimeoutMs));
     return {};
 }
 
@@ -156,8 +346,14 @@ Result<ClaimResult> RedisStore::claim(const ClaimRequest &req)
     if (!r)
         return r.error();
     auto result = redis::claimResult(r->get(), req);
-    if (auto waited = waitForReplicas(); result && !waited)
+    if (!result)
+        return result;
+    if (auto waited = waitForReplicas(); !waited)
         return waited.error(); // refused: the claim may be lost in a failover, so nothing runs
+    redis::IndexBatch batch;
+    if (auto move = redis::indexMoveOf(req, *result))
+        batch.add(*move);
+    writeIndexes(batch);
     return result;
 }
 
@@ -166,50 +362,85 @@ Result<FinishVerdict> RedisStore::finish(const FinishRequest &req)
     auto r = script("finish", redis::finishArgs(m_prefix, req), true);
     if (!r)
         return r.error();
-    auto verdict = redis::finishVerdict(r->get());
-    if (auto waited = waitForReplicas(); verdict && !waited)
+    redis::IndexMove move;
+    auto verdict = redis::finishVerdict(r->get(), req, &move);
+    if (!verdict)
+        return verdict;
+    if (auto waited = waitForReplicas(); !waited)
         return waited.error(); // retried by the engine: the same finish answers Repeated
+    if (*verdict == FinishVerdict::Accept) {
+        redis::IndexBatch batch;
+        batch.add(move);
+        writeIndexes(batch);
+    }
     return verdict;
 }
 
-Result<RedisStore::Reply> RedisStore::scriptsInTransaction(const char *name, const QList<QList<QByteArray>> &argsList)
+Result<RedisStore::ScriptAnswers> RedisStore::scriptsInTransaction(const char *name,
+                                                                   const QList<QList<QByteArray>> &argsList)
 {
+    if (m_cluster) {
+        // The records are in many slots: no MULTI/EXEC across them. Each script is atomic on its
+        // own; a failure of any fails the batch (the engine answers 503 and runs nothing; a claim
+        // that did go through is a lease nobody holds, taken again when it ends).
+        QList<QList<QByteArray>> commands;
+        for (const auto &args : argsList)
+            commands.append(QList<QByteArray>{"EVALSHA", m_sha.value(name)} + args);
+        auto replies = pipeline(commands, true);
+        if (!replies)
+            return replies.error();
+        ScriptAnswers answers;
+        for (qsizetype i = 0; i < argsList.size(); ++i) {
+            Reply &r = (*replies)[size_t(i)];
+            if (r->type == REDIS_REPLY_ERROR && QByteArray(r->str, qsizetype(r->len)).startsWith("NOSCRIPT")) {
+                // That master lacks the script: it did not run; once more with it loaded there.
+                auto again = script(name, argsList.at(i), true);
+                if (!again)
+                    return again.error();
+                r = std::move(*again);
+            }
+            if (r->type == REDIS_REPLY_ERROR)
+                return makeError(ErrorCode::InDoubt,
+                                 u"Redis %1: %2"_qs.arg(m_url.display(), QString::fromUtf8(r->str, int(r->len))));
+            answers.at.push_back(r.get());
+        }
+        answers.held = std::move(*replies);
+        return answers;
+    }
     for (int round = 0; round < 2; ++round) {
         QList<QList<QByteArray>> commands{{"MULTI"}};
         for (const auto &args : argsList)
-            commands.append(QList<QByteArray>{"EVALSHA", m_sha.value(name), "0"} + args);
+            commands.append(QList<QByteArray>{"EVALSHA", m_sha.value(name)} + args);
         commands.append({"EXEC"});
-        for (const auto &command : commands) {
-            std::vector<const char *> argv;
-            std::vector<size_t> lengths;
-            for (const QByteArray &a : command) {
-                argv.push_back(a.constData());
-                lengths.push_back(size_t(a.size()));
-            }
-            redisAppendCommandArgv(m_context, int(argv.size()), argv.data(), lengths.data());
-        }
-        Reply exec(nullptr, freeReplyObject);
-        for (qsizetype i = 0; i < commands.size(); ++i) {
-            void *raw = nullptr;
-            if (redisGetReply(m_context, &raw) != REDIS_OK || !raw)
-                return failure(QString::fromUtf8(m_context->errstr), true);
-            exec.reset(static_cast<redisReply *>(raw)); // the last one kept is EXEC's
-        }
+        auto replies = pipeline(commands, true);
+        if (!replies)
+            return replies.error();
+        Reply exec = std::move(replies->back());
         if (exec->type != REDIS_REPLY_ARRAY || exec->elements != size_t(argsList.size()))
-            return makeError(ErrorCode::Unavailable, u"Redis %1: the batch's transaction was refused"_qs.arg(m_url.display()));
+            return makeError(
+                ErrorCode::Unavailable,
+                u"Redis %1: the batch's transaction was refused"_qs.arg(m_url.display()));
         // The server lost its script cache: every EVALSHA of the batch failed, none ran.
         const redisReply *first = exec->elements ? exec->element[0] : nullptr;
-        if (round == 0 && first && first->type == REDIS_REPLY_ERROR && QByteArray(first->str).startsWith("NOSCRIPT")) {
+        if (round == 0 && first && first->type == REDIS_REPLY_ERROR &&
+            QByteArray(first->str).startsWith("NOSCRIPT")) {
             if (auto loaded = loadScripts(); !loaded)
                 return loaded.error();
             continue;
         }
         for (size_t i = 0; i < exec->elements; ++i)
             if (exec->element[i]->type == REDIS_REPLY_ERROR)
-                return makeError(ErrorCode::InDoubt, u"Redis %1: %2"_qs.arg(m_url.display(), QString::fromUtf8(exec->element[i]->str)));
-        return exec;
+                return makeError(ErrorCode::InDoubt,
+                                 u"Redis %1: %2"_qs.arg(m_url.display(),
+                                                        QString::fromUtf8(exec->element[i]->str)));
+        ScriptAnswers answers;
+        for (size_t i = 0; i < exec->elements; ++i)
+            answers.at.push_back(exec->element[i]);
+        answers.held.push_back(std::move(exec));
+        return answers;
     }
-    return makeError(ErrorCode::Unavailable, u"Redis %1: the scripts could not be loaded"_qs.arg(m_url.display()));
+    return makeError(ErrorCode::Unavailable,
+                     u"Redis %1: the scripts could not be loaded"_qs.arg(m_url.display()));
 }
 
 Result<QList<ClaimResult>> RedisStore::claimBatch(const QList<ClaimRequest> &requests)
@@ -221,14 +452,18 @@ Result<QList<ClaimResult>> RedisStore::claimBatch(const QList<ClaimRequest> &req
     if (!exec)
         return exec.error();
     QList<ClaimResult> results;
+    redis::IndexBatch batch;
     for (qsizetype i = 0; i < requests.size(); ++i) {
-        auto result = redis::claimResult((*exec)->element[i], requests.at(i));
+        auto result = redis::claimResult(exec->at[size_t(i)], requests.at(i));
         if (!result)
             return result.error();
+        if (auto move = redis::indexMoveOf(requests.at(i), *result))
+            batch.add(*move);
         results.append(std::move(*result));
     }
     if (auto waited = waitForReplicas(); !waited)
         return waited.error();
+    writeIndexes(batch);
     return results;
 }
 
@@ -241,14 +476,19 @@ Result<QList<FinishVerdict>> RedisStore::finishBatch(const QList<FinishRequest> 
     if (!exec)
         return exec.error();
     QList<FinishVerdict> verdicts;
+    redis::IndexBatch batch;
     for (qsizetype i = 0; i < requests.size(); ++i) {
-        auto verdict = redis::finishVerdict((*exec)->element[i]);
+        redis::IndexMove move;
+        auto verdict = redis::finishVerdict(exec->at[size_t(i)], requests.at(i), &move);
         if (!verdict)
             return verdict.error();
+        if (*verdict == FinishVerdict::Accept)
+            batch.add(move);
         verdicts.append(*verdict);
     }
     if (auto waited = waitForReplicas(); !waited)
         return waited.error();
+    writeIndexes(batch);
     return verdicts;
 }
 
@@ -258,8 +498,10 @@ Result<qint64> RedisStore::clockMs()
     if (!r)
         return r.error();
     if (r->get()->type != REDIS_REPLY_ARRAY || r->get()->elements != 2)
-        return makeError(ErrorCode::Unavailable, u"Redis %1: unexpected answer to TIME"_qs.arg(m_url.display()));
-    return text(r->get()->element[0]).toLongLong() * 1000 + text(r->get()->element[1]).toLongLong() / 1000;
+        return makeError(ErrorCode::Unavailable,
+                         u"Redis %1: unexpected answer to TIME"_qs.arg(m_url.display()));
+    return text(r->get()->element[0]).toLongLong() * 1000 +
+           text(r->get()->element[1]).toLongLong() / 1000;
 }
 
 Result<QStringList> RedisStore::durabilityWarnings()
@@ -268,10 +510,12 @@ Result<QStringList> RedisStore::durabilityWarnings()
     for (const char *name : {"maxmemory-policy", "appendonly", "appendfsync", "save"}) {
         auto r = command({"CONFIG", "GET", name}, false);
         if (!r) {
-            if (m_context->err)
-                return r.error(); // the connection failed
-            return QStringList{u"Redis refused CONFIG GET (%1): whether it may evict or lose acknowledged records is unknown"_qs
-                                   .arg(r.error().message)};
+            // A failed connection is an error; a refusal of CONFIG (ACL, a managed service) a warning.
+            if (m_cluster ? !r.error().message.contains(u"config"_qs, Qt::CaseInsensitive) : m_context->err != 0)
+                return r.error();
+            return QStringList{
+                u"Redis refused CONFIG GET (%1): whether it may evict or lose acknowledged records is unknown"_qs
+                    .arg(r.error().message)};
         }
         const auto fields = fieldsFrom(r->get());
         config.insert(name, fields.value(name));
@@ -279,110 +523,277 @@ Result<QStringList> RedisStore::durabilityWarnings()
     QStringList warnings;
     const QByteArray policy = config.value("maxmemory-policy");
     if (policy != "noeviction")
-        warnings << u"Redis maxmemory-policy is %1: under memory pressure it may evict idempotency records (an evicted key is processed again) and the fencing-token counter; set maxmemory-policy noeviction"_qs
-                        .arg(QString::fromUtf8(policy));
+        warnings
+            << u"Redis maxmemory-policy is %1: under memory pressure it may evict idempotency records (an evicted key is processed again) and the fencing-token counter; set maxmemory-policy noeviction"_qs
+                   .arg(QString::fromUtf8(policy));
     if (config.value("appendonly") != "yes") {
         if (config.value("save").isEmpty())
-            warnings << u"Redis persists nothing (appendonly no, no save points): a restart of Redis forgets every key (their duplicates are processed again) and restarts the fencing-token counter"_qs;
+            warnings
+                << u"Redis persists nothing (appendonly no, no save points): a restart of Redis forgets every key (their duplicates are processed again) and restarts the fencing-token counter"_qs;
         else
-            warnings << u"Redis persists by snapshots only (save %1): a crash of Redis loses the records written since the last one; use appendonly yes with appendfsync always"_qs
-                            .arg(QString::fromUtf8(config.value("save")));
+            warnings
+                << u"Redis persists by snapshots only (save %1): a crash of Redis loses the records written since the last one; use appendonly yes with appendfsync always"_qs
+                       .arg(QString::fromUtf8(config.value("save")));
     } else if (config.value("appendfsync") != "always") {
-        warnings << u"Redis appendfsync is %1: a crash of Redis may lose about a second of acknowledged records; use appendfsync always"_qs
-                        .arg(QString::fromUtf8(config.value("appendfsync")));
+        warnings
+            << u"Redis appendfsync is %1: a crash of Redis may lose about a second of acknowledged records; use appendfsync always"_qs
+                   .arg(QString::fromUtf8(config.value("appendfsync")));
     }
     return warnings;
 }
 
 Result<std::optional<KeyRecord>> RedisStore::key(const QString &key)
 {
-    auto r = command({"HGETALL", m_prefix + "k:" + key.toUtf8()}, false);
+    auto r = command({"HGETALL", redis::recordKey(m_prefix, key)}, false);
     if (!r)
         return r.error();
     const auto fields = fieldsFrom(r->get());
     if (fields.isEmpty())
         return std::optional<KeyRecord>();
     // Expiry is Redis's own (PEXPIREAT on its clock): an expired record is gone from HGETALL.
-    return std::optional<KeyRecord>(recordFrom(fields));
+    return std::optional<KeyRecord>(redis::recordFrom(key, fields));
 }
 
 Result<qint64> RedisStore::purgeSlice()
 {
-    auto r = script("purge", {m_prefix, "5000"}, true);
-    if (!r)
-        return r.error();
-    return qint64(r->get()->integer);
+    // The index entries of records past their expiry: the records go (native expiry may not
+    // have run yet), their entries too; a record claimed again since only gets its new expiry.
+    auto now = clockMs();
+    if (!now)
+        return now.error();
+    const QByteArray expiry = redis::expiryIndex(m_prefix);
+    auto due = command({"ZRANGEBYSCORE", expiry, "-inf", num(*now), "LIMIT", "0", "5000"}, false);
+    if (!due)
+        return due.error();
+    QStringList keys;
+    QList<QList<QByteArray>> reads;
+    for (size_t i = 0; i < (*due)->elements; ++i) {
+        keys << QString::fromUtf8(text((*due)->element[i]));
+        reads.append(
+            {"HMGET", redis::recordKey(m_prefix, keys.last()), "state", "expires_at", "endpoint"});
+    }
+    if (keys.isEmpty())
+        return 0;
+    auto records = pipeline(reads, false);
+    if (!records)
+        return records.error();
+    redis::IndexBatch gone;
+    QList<QList<QByteArray>> writes;
+    qint64 removed = 0;
+    for (qsizetype i = 0; i < keys.size(); ++i) {
+        const redisReply *r = (*records)[size_t(i)].get();
+        const qint64 expiresAt = text(r->element[1]).toLongLong();
+        if (r->element[0]->type == REDIS_REPLY_STRING && expiresAt > *now) {
+            writes.append({"ZADD", expiry, num(expiresAt), keys.at(i).toUtf8()});
+            continue;
+        }
+        if (r->element[0]->type == REDIS_REPLY_STRING)
+            writes.append({"DEL", redis::recordKey(m_prefix, keys.at(i))});
+        const QString endpoint = QString::fromUtf8(text(r->element[2]));
+        gone.add({keys.at(i), endpoint.isEmpty() ? redis::endpointOf(keys.at(i)) : endpoint,
+                  std::nullopt, redis::kAllStates, *now, 0});
+        ++removed;
+    }
+    writes += gone.commands(m_prefix);
+    if (auto written = pipeline(writes, true); !written)
+        return written.error();
+    return removed;
+}
+
+Result<qint64> RedisStore::repairSlice()
+{
+    // A slice of the records, re-indexed from what they say: an index write that was lost (a
+    // connection dropped after the script, a desk killed between the two) is made good here.
+    QList<QByteArray> names;
+    if (m_cluster) {
+        auto scanned = clusterScanSlice();
+        if (!scanned)
+            return scanned.error();
+        names = *scanned;
+    } else {
+        auto scanned = command(
+            {"SCAN", m_repairCursor, "MATCH", globEscaped(m_prefix) + "{*}:r", "COUNT", "1000"}, false);
+        if (!scanned)
+            return scanned.error();
+        const redisReply *answer = scanned->get();
+        if (answer->type != REDIS_REPLY_ARRAY || answer->elements != 2)
+            return makeError(ErrorCode::Unavailable,
+                             u"Redis %1: unexpected answer to SCAN"_qs.arg(m_url.display()));
+        m_repairCursor = text(answer->element[0]);
+        for (size_t i = 0; i < answer->element[1]->elements; ++i)
+            names << text(answer->element[1]->element[i]);
+    }
+    QStringList keys;
+    QList<QList<QByteArray>> reads;
+    for (const QByteArray &name : std::as_const(names)) {
+        keys << QString::fromUtf8(name.mid(m_prefix.size() + 1, name.size() - m_prefix.size() - 4));
+        reads.append({"HMGET", name, "state", "endpoint", "updated", "expires_at"});
+    }
+    if (keys.isEmpty())
+        return 0;
+    auto records = pipeline(reads, false);
+    if (!records)
+        return records.error();
+    redis::IndexBatch batch;
+    for (qsizetype i = 0; i < keys.size(); ++i) {
+        const redisReply *r = (*records)[size_t(i)].get();
+        const auto state = keyStateFromString(QString::fromLatin1(text(r->element[0])));
+        if (!state)
+            continue; // expired meanwhile: purge's
+        batch.add({keys.at(i), QString::fromUtf8(text(r->element[1])), *state, redis::kAllStates,
+                   text(r->element[2]).toLongLong(), text(r->element[3]).toLongLong()});
+    }
+    writeIndexes(batch);
+    return batch.size();
+}
+
+Result<QList<QByteArray>> RedisStore::clusterScanSlice()
+{
+    // SCAN walks one node's keys: a slice of every master's records, each master's cursor kept.
+    if (auto r = m_cluster->refresh(); !r)
+        return makeError(r.error().code, u"Redis %1: %2"_qs.arg(m_url.display(), r.error().message));
+    QList<QByteArray> names;
+    const QByteArray match = globEscaped(m_prefix) + "{*}:r";
+    for (const redis::ClusterNode &node : m_cluster->map().masters()) {
+        auto c = m_cluster->linkTo(node);
+        if (!c)
+            return makeError(c.error().code, u"Redis %1: %2"_qs.arg(m_url.display(), c.error().message));
+        redis::Argv a({"SCAN", m_clusterCursors.value(node.address(), "0"), "MATCH", match, "COUNT", "1000"});
+        auto *raw = static_cast<redisReply *>(redisCommandArgv(*c, a.count(), a.argv.data(), a.lengths.data()));
+        if (!raw) {
+            const Error error = failure(QString::fromUtf8((*c)->errstr), false);
+            m_cluster->broken(*c);
+            return error;
+        }
+        Reply answer(raw, freeReplyObject);
+        if (answer->type != REDIS_REPLY_ARRAY || answer->elements != 2)
+            return makeError(ErrorCode::Unavailable, u"Redis %1: unexpected answer to SCAN"_qs.arg(m_url.display()));
+        m_clusterCursors.insert(node.address(), text(answer->element[0]));
+        for (size_t i = 0; i < answer->element[1]->elements; ++i)
+            names << text(answer->element[1]->element[i]);
+    }
+    return names;
 }
 
 Result<QList<KeyRecord>> RedisStore::listKeys(const KeyQuery &q)
 {
     if (auto purged = purgeSlice(); !purged)
         return purged.error();
-    QByteArray index;
-    const QByteArray state = q.state ? toString(*q.state).toLatin1() : QByteArray();
-    if (q.state && !q.endpoint.isEmpty())
-        index = m_prefix + "i:es:" + q.endpoint.toUtf8() + ":" + state;
-    else if (!q.endpoint.isEmpty())
-        index = m_prefix + "i:e:" + q.endpoint.toUtf8();
-    else if (q.state)
-        index = m_prefix + "i:s:" + state;
-    else
-        index = m_prefix + "i:all";
+    // The keys newest first from the state indexes asked for (all four, merged by score, when
+    // no state is), each checked against its record: an entry whose record is gone or in
+    // another state is stale (index writes follow the scripts) and is skipped and repaired.
+    struct Source
+    {
+        QByteArray index;
+        KeyState state;
+        qint64 next = 0; // the rank of the next entry to read
+        QList<QPair<qint64, QByteArray>> entries;
+        bool done = false;
+    };
+    QList<Source> sources;
+    for (KeyState s : kStates)
+        if (!q.state || *q.state == s)
+            sources.append({q.endpoint.isEmpty()
+                                ? redis::stateIndex(m_prefix, s)
+                                : redis::endpointStateIndex(m_prefix, q.endpoint, s),
+                            s});
+    const QRegularExpression glob(
+        q.glob.isEmpty() ? QString()
+                         : QRegularExpression::wildcardToRegularExpression(
+                               q.glob, QRegularExpression::UnanchoredWildcardConversion));
+    const QRegularExpression anchored(
+        glob.pattern().isEmpty() ? QString() : u"\\A(?:"_qs + glob.pattern() + u")\\z"_qs);
+    const qint64 chunk = std::clamp<qint64>(qint64(q.offset) + q.limit, 100, 1000);
 
-    // Keys newest first; a glob filters as it goes (ZSCAN's MATCH would lose the order).
-    const QRegularExpression glob(q.glob.isEmpty() ? QString()
-                                                   : QRegularExpression::wildcardToRegularExpression(
-                                                         q.glob, QRegularExpression::UnanchoredWildcardConversion));
-    const QRegularExpression anchored(glob.pattern().isEmpty() ? QString() : u"\\A(?:"_qs + glob.pattern() + u")\\z"_qs);
-    QList<QByteArray> keys;
-    qint64 skipped = 0;
-    const qint64 chunk = q.glob.isEmpty() ? q.limit : 1000;
-    for (qint64 start = q.glob.isEmpty() ? q.offset : 0;; start += chunk) {
-        auto r = command({"ZREVRANGE", index, num(start), num(start + chunk - 1)}, false);
-        if (!r)
-            return r.error();
-        const redisReply *array = r->get();
-        for (size_t i = 0; i < array->elements && keys.size() < q.limit; ++i) {
-            const QByteArray key = text(array->element[i]);
-            if (!q.glob.isEmpty()) {
-                if (!anchored.match(QString::fromUtf8(key)).hasMatch())
-                    continue;
-                if (skipped++ < q.offset)
-                    continue;
-            }
-            keys.append(key);
-        }
-        if (q.glob.isEmpty() || keys.size() >= q.limit || qint64(array->elements) < chunk)
-            break;
-    }
-
-    // One round trip for all the records.
-    QList<QByteArray> hmget{"HMGET", QByteArray()};
-    hmget += kSummaryFields;
-    for (const QByteArray &key : keys) {
-        hmget[1] = m_prefix + "k:" + key;
-        std::vector<const char *> argv;
-        std::vector<size_t> lengths;
-        for (const auto &a : hmget) {
-            argv.push_back(a.constData());
-            lengths.push_back(size_t(a.size()));
-        }
-        redisAppendCommandArgv(m_context, int(argv.size()), argv.data(), lengths.data());
-    }
     QList<KeyRecord> records;
-    for (qsizetype i = 0; i < keys.size(); ++i) {
-        void *raw = nullptr;
-        if (redisGetReply(m_context, &raw) != REDIS_OK || !raw)
-            return failure(QString::fromUtf8(m_context->errstr), false);
-        Reply reply(static_cast<redisReply *>(raw), freeReplyObject);
-        QHash<QByteArray, QByteArray> fields;
-        for (size_t f = 0; f < reply->elements && f < size_t(kSummaryFields.size()); ++f)
-            if (reply->element[f]->type == REDIS_REPLY_STRING)
-                fields.insert(kSummaryFields.at(qsizetype(f)), text(reply->element[f]));
-        if (fields.isEmpty())
-            continue; // expired between the index read and now
-        records.append(recordFrom(fields));
+    qint64 skipped = 0;
+    redis::IndexBatch repairs;
+    while (records.size() < q.limit) {
+        // Refill what ran dry, in one round trip.
+        QList<QList<QByteArray>> reads;
+        QList<Source *> reading;
+        for (Source &s : sources)
+            if (s.entries.isEmpty() && !s.done) {
+                reads.append(
+                    {"ZREVRANGE", s.index, num(s.next), num(s.next + chunk - 1), "WITHSCORES"});
+                reading << &s;
+                s.next += chunk;
+            }
+        if (!reads.isEmpty()) {
+            auto ranges = pipeline(reads, false);
+            if (!ranges)
+                return ranges.error();
+            for (qsizetype i = 0; i < reading.size(); ++i) {
+                const redisReply *array = (*ranges)[size_t(i)].get();
+                if (array->type == REDIS_REPLY_ERROR)
+                    return makeError(
+                        ErrorCode::Unavailable,
+                        u"Redis %1: %2"_qs.arg(m_url.display(), QString::fromUtf8(array->str)));
+                for (size_t e = 0; e + 1 < array->elements; e += 2)
+                    reading[i]->entries.append(
+                        {text(array->element[e + 1]).toLongLong(), text(array->element[e])});
+                reading[i]->done = qint64(array->elements / 2) < chunk;
+            }
+        }
+        // The next candidates, newest first, up to what is still needed.
+        QList<QPair<QString, KeyState>> candidates;
+        const qint64 wanted = q.limit - records.size() + (q.offset - skipped);
+        while (qint64(candidates.size()) < std::max<qint64>(wanted, 1)) {
+            Source *best = nullptr;
+            for (Source &s : sources)
+                if (!s.entries.isEmpty() &&
+                    (!best || s.entries.first().first > best->entries.first().first))
+                    best = &s;
+            if (!best)
+                break;
+            const QString key = QString::fromUtf8(best->entries.takeFirst().second);
+            const bool refill = best->entries.isEmpty() && !best->done;
+            if (anchored.pattern().isEmpty() || anchored.match(key).hasMatch())
+                candidates.append({key, best->state});
+            if (refill)
+                break; // that source must be read further before anything older is taken
+        }
+        if (candidates.isEmpty()) {
+            if (std::all_of(sources.begin(), sources.end(),
+                            [](const Source &s) { return s.done && s.entries.isEmpty(); }))
+                break;
+            continue;
+        }
+        QList<QList<QByteArray>> hmgets;
+        for (const auto &[key, state] : candidates)
+            hmgets.append(QList<QByteArray>{"HMGET", redis::recordKey(m_prefix, key)} +
+                          kSummaryFields);
+        auto replies = pipeline(hmgets, false);
+        if (!replies)
+            return replies.error();
+        for (qsizetype i = 0; i < candidates.size(); ++i) {
+            const auto &[key, listedAs] = candidates.at(i);
+            const redisReply *reply = (*replies)[size_t(i)].get();
+            QHash<QByteArray, QByteArray> fields;
+            for (size_t f = 0; f < reply->elements && f < size_t(kSummaryFields.size()); ++f)
+                if (reply->element[f]->type == REDIS_REPLY_STRING)
+                    fields.insert(kSummaryFields.at(qsizetype(f)), text(reply->element[f]));
+            const auto state = keyStateFromString(QString::fromLatin1(fields.value("state")));
+            if (!state) {
+                // Gone (expired, deleted): its entries go, purge would have.
+                repairs.add({key, q.endpoint.isEmpty() ? redis::endpointOf(key) : q.endpoint,
+                             std::nullopt, redis::kAllStates, 0, 0});
+                continue;
+            }
+            if (*state != listedAs) {
+                repairs.add({key, QString::fromUtf8(fields.value("endpoint")), *state,
+                             redis::bit(listedAs), fields.value("updated").toLongLong(), 0});
+                continue; // listed where its state is, if that index is read
+            }
+            if (skipped < q.offset) {
+                ++skipped;
+                continue;
+            }
+            if (records.size() < q.limit)
+                records.append(redis::recordFrom(key, fields));
+        }
     }
+    writeIndexes(repairs);
     return records;
 }
 
@@ -392,64 +803,48 @@ Result<StateCounts> RedisStore::countKeys(const QString &endpoint)
         return purged.error();
     StateCounts counts;
     qint64 *slots[] = {&counts.processing, &counts.completed, &counts.failed, &counts.reset};
-    for (int s = 0; s < 4; ++s) {
-        const QByteArray state = toString(KeyState(s)).toLatin1();
-        const QByteArray index = endpoint.isEmpty() ? m_prefix + "i:s:" + state
-                                                    : m_prefix + "i:es:" + endpoint.toUtf8() + ":" + state;
-        auto r = command({"ZCARD", index}, false);
-        if (!r)
-            return r.error();
-        *slots[s] = r->get()->integer;
-    }
+    QList<QList<QByteArray>> cards;
+    for (KeyState s : kStates)
+        cards.append({"ZCARD", endpoint.isEmpty()
+                                   ? redis::stateIndex(m_prefix, s)
+                                   : redis::endpointStateIndex(m_prefix, endpoint, s)});
+    auto r = pipeline(cards, false);
+    if (!r)
+        return r.error();
+    for (int s = 0; s < 4; ++s)
+        *slots[s] = (*r)[size_t(s)]->integer;
     return counts;
 }
 
-Result<OperatorVerdict> RedisStore::applyOperator(const QString &key, OperatorAction action, bool force,
-                                                  const QString &detail)
+Result<OperatorVerdict> RedisStore::applyOperator(const QString &key, OperatorAction action,
+                                                  bool force, const QString &detail)
 {
-    const QByteArray name = action == OperatorAction::Reset       ? "reset"
-                            : action == OperatorAction::ForceFail ? "force-fail"
-                                                                  : "delete";
-    auto r = script("operator", {m_prefix, key.toUtf8(), name, force ? "1" : "0", detail.toUtf8(),
-                                 num(kHistoryCap)},
-                    true);
+    auto r = script("operator", redis::operatorArgs(m_prefix, key, action, force, detail), true);
     if (!r)
         return r.error();
-    const QByteArray verdict = text(r->get());
-    if (verdict == "accept") return OperatorVerdict::Accept;
-    if (verdict == "wrong-state") return OperatorVerdict::WrongState;
-    return OperatorVerdict::Missing;
+    redis::IndexMove move;
+    auto verdict = redis::operatorVerdict(r->get(), key, &move);
+    if (verdict && *verdict == OperatorVerdict::Accept) {
+        redis::IndexBatch batch;
+        batch.add(move);
+        writeIndexes(batch);
+    }
+    return verdict;
 }
 
 Result<ImportVerdict> RedisStore::importRecord(const KeyRecord &r, qint64 ttlMs, qint64 leaseMs)
 {
-    auto reply = script("import",
-                        {m_prefix,
-                         r.key.toUtf8(),
-                         r.endpoint.toUtf8(),
-                         r.provider.toUtf8(),
-                         toString(r.state).toLatin1(),
-                         r.fingerprint,
-                         num(r.attempts),
-                         num(r.createdMs),
-                         num(r.updatedMs),
-                         num(leaseMs),
-                         num(ttlMs),
-                         r.request.method,
-                         r.request.path,
-                         compactJson(headersToJson(r.request.headers)),
-                         r.request.body,
-                         num(r.result.status),
-                         compactJson(headersToJson(r.result.headers)),
-                         r.result.body,
-                         r.error.toUtf8(),
-                         compactJson(historyToJson(r.history))},
-                        true);
+    auto reply = script("import", redis::importArgs(m_prefix, r, ttlMs, leaseMs), true);
     if (!reply)
         return reply.error();
-    if (reply->get()->type != REDIS_REPLY_INTEGER)
-        return makeError(ErrorCode::Unavailable, u"Redis: unexpected answer from import.lua"_qs);
-    return reply->get()->integer ? ImportVerdict::Imported : ImportVerdict::Exists;
+    redis::IndexMove move;
+    auto verdict = redis::importVerdict(reply->get(), r, &move);
+    if (verdict && *verdict == ImportVerdict::Imported) {
+        redis::IndexBatch batch;
+        batch.add(move);
+        writeIndexes(batch);
+    }
+    return verdict;
 }
 
 Result<QString> RedisStore::serverVersion()
@@ -472,34 +867,106 @@ Result<qint64> RedisStore::purgeExpired()
             return n.error();
         total += *n;
         if (*n < 5000)
-            return total;
+            break;
     }
+    if (auto repaired = repairSlice(); !repaired)
+        return repaired.error();
+    return total;
+}
+
+Result<qint64> RedisStore::migrateLayout()
+{
+    const QByteArray tokens = m_prefix + "tokens", all = m_prefix + "i:all";
+    if (m_cluster) {
+        // Layout v1's scripts touched keys of many slots: they never ran on a cluster, so none of
+        // its records can be there — unless a prefix with a hash tag kept them all in one slot.
+        // Their move would cross slots (one script per record), so it is refused, not skipped.
+        for (const QByteArray &v1Key : {tokens, all}) {
+            auto found = command({"EXISTS", v1Key}, false);
+            if (!found)
+                return found.error();
+            if ((*found)->integer != 0)
+                return makeError(ErrorCode::Unavailable,
+                                 u"Redis Cluster %1 holds records of layout v1 (%2): migrate them on a single Redis "
+                                 u"(idemdesk migrate), then move them to the cluster"_qs
+                                     .arg(m_url.display(), QString::fromUtf8(v1Key)));
+        }
+        return 0;
+    }
+    auto v1 = command({"EXISTS", tokens, all}, false);
+    if (!v1)
+        return v1.error();
+    if ((*v1)->integer == 0)
+        return 0;
+    auto floor = command({"GET", tokens}, false);
+    if (!floor)
+        return floor.error();
+    const QByteArray lastToken = text(floor->get()).isEmpty() ? "0" : text(floor->get());
+    qint64 migrated = 0;
+    // Every v1 record, and the v1-only endpoint indexes, whatever their number.
+    for (const QByteArray &pattern : {QByteArray("k:*"), QByteArray("i:e:*")}) {
+        QByteArray cursor = "0";
+        do {
+            auto scanned = command(
+                {"SCAN", cursor, "MATCH", globEscaped(m_prefix) + pattern, "COUNT", "1000"}, false);
+            if (!scanned)
+                return scanned.error();
+            cursor = text((*scanned)->element[0]);
+            const redisReply *names = (*scanned)->element[1];
+            QList<QList<QByteArray>> commands;
+            for (size_t i = 0; i < names->elements; ++i) {
+                const QByteArray name = text(names->element[i]);
+                if (pattern.startsWith("i:")) {
+                    commands.append({"DEL", name});
+                    continue;
+                }
+                const QString key = QString::fromUtf8(name.mid(m_prefix.size() + 2));
+                commands.append({"EVALSHA", m_sha.value("migrate"), "3",
+                                 redis::recordKey(m_prefix, key), redis::tokenKey(m_prefix, key),
+                                 name, lastToken});
+            }
+            auto replies = pipeline(commands, true);
+            if (!replies)
+                return replies.error();
+            for (const Reply &r : *replies) {
+                if (r->type == REDIS_REPLY_ERROR)
+                    return makeError(ErrorCode::Unavailable,
+                                     u"Redis %1: migrating a record: %2"_qs.arg(
+                                         m_url.display(), QString::fromUtf8(r->str)));
+                if (r->type == REDIS_REPLY_INTEGER && !pattern.startsWith("i:"))
+                    migrated += r->integer;
+            }
+        } while (cursor != "0");
+    }
+    // Last, so that a migration cut short is found and finished by the next one.
+    if (auto done = pipeline({{"DEL", all, tokens}, {"SET", m_prefix + "layout", "2"}}, true);
+        !done)
+        return done.error();
+    return migrated;
 }
 
 Result<void> RedisStore::appendDeliveries(const QList<DeliveryEvent> &events)
 {
     const QByteArray stream = m_prefix + "log";
     const QByteArray maxLen = num(m_options.logMaxLength);
-    for (const DeliveryEvent &e : events) {
-        const QList<QByteArray> args{"XADD", stream, "MAXLEN", "~", maxLen, "*",
-                                     "at", num(e.atMs), "e", e.endpoint.toUtf8(), "k", e.key.toUtf8(),
-                                     "o", toString(e.outcome).toLatin1(), "s", num(e.status),
-                                     "l", num(e.latencyUs), "t", num(e.token), "i", e.instance.toUtf8(),
-                                     "d", e.detail.toUtf8(), "b", e.payload};
-        std::vector<const char *> argv;
-        std::vector<size_t> lengths;
-        for (const auto &a : args) {
-            argv.push_back(a.constData());
-            lengths.push_back(size_t(a.size()));
-        }
-        redisAppendCommandArgv(m_context, int(argv.size()), argv.data(), lengths.data());
-    }
-    for (qsizetype i = 0; i < events.size(); ++i) {
-        void *raw = nullptr;
-        if (redisGetReply(m_context, &raw) != REDIS_OK || !raw)
-            return failure(QString::fromUtf8(m_context->errstr), true);
-        freeReplyObject(raw);
-    }
+    QList<QList<QByteArray>> commands;
+    commands.reserve(events.size());
+    for (const DeliveryEvent &e : events)
+        commands.append({"XADD",   stream,
+                         "MAXLEN", "~",
+                         maxLen,   "*",
+                         "at",     num(e.atMs),
+                         "e",      e.endpoint.toUtf8(),
+                         "k",      e.key.toUtf8(),
+                         "o",      toString(e.outcome).toLatin1(),
+                         "s",      num(e.status),
+                         "l",      num(e.latencyUs),
+                         "t",      num(e.token),
+                         "i",      e.instance.toUtf8(),
+                         "d",      e.detail.toUtf8(),
+                         "b",      e.payload});
+    if (auto r = pipeline(commands, true); !r)
+        return r.error();
     return {};
 }
 
@@ -528,9 +995,11 @@ Result<QList<DeliveryEvent>> RedisStore::deliveries(const DeliveryQuery &q)
             }
             e.endpoint = QString::fromUtf8(f.value("e"));
             e.key = QString::fromUtf8(f.value("k"));
-            if ((!q.key.isEmpty() && e.key != q.key) || (!q.endpoint.isEmpty() && e.endpoint != q.endpoint))
+            if ((!q.key.isEmpty() && e.key != q.key) ||
+                (!q.endpoint.isEmpty() && e.endpoint != q.endpoint))
                 continue;
-            e.outcome = outcomeFromString(QString::fromLatin1(f.value("o"))).value_or(Outcome::Rejected);
+            e.outcome =
+                outcomeFromString(QString::fromLatin1(f.value("o"))).value_or(Outcome::Rejected);
             e.status = f.value("s").toInt();
             e.latencyUs = f.value("l").toLongLong();
             e.token = f.value("t").toLongLong();

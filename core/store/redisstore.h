@@ -1,9 +1,12 @@
 #pragma once
 
 #include "store/idempotencystore.h"
+#include "store/redisprotocol.h"
 #include "store/storeurl.h"
 
 #include <QHash>
+
+#include <vector>
 
 #include <memory>
 
@@ -12,24 +15,36 @@ struct redisReply;
 
 namespace idem {
 
+namespace redis {
+class ClusterLinks;
+}
+
 struct RedisOptions
 {
     int connectTimeoutMs = 2000;
-    int commandTimeoutMs = 3000; // every call; a timeout is an error (503), never a retry
+    int commandTimeoutMs = 3000;  // every call; a timeout is an error (503), never a retry
     qint64 logMaxLength = 100000; // the delivery log stream is capped (MAXLEN ~)
 };
 
-// Redis (hiredis 0.14). Each transition is one Lua script from resources/redis, loaded once
-// per connection (SCRIPT LOAD) and run with EVALSHA; on NOSCRIPT it is loaded again — safe,
-// since NOSCRIPT means it did not run. A broken connection during a write is InDoubt: it is
-// never retried here. Records expire natively (PEXPIREAT); sorted-set indexes serve the
-// dashboard without KEYS and are cleaned by purge.lua. NOT thread-safe (one per worker).
+// Redis (hiredis 0.14). Each transition is one Lua script from resources/redis on the record's
+// own keys (layout: the top of common.lua), loaded once per connection (SCRIPT LOAD) and run
+// with EVALSHA; on NOSCRIPT it is loaded again — safe, since NOSCRIPT means it did not run. A
+// broken connection during a write is InDoubt: it is never retried here. Records expire
+// natively (PEXPIREAT). The sorted-set indexes that serve the dashboard without KEYS are a
+// derived view written after the scripts (redis::IndexBatch); listing re-reads the records and
+// repairs what it finds stale, purge drops the entries of expired records and re-indexes a
+// slice of the records each time. NOT thread-safe (one per worker).
+// On a Redis Cluster (redis-cluster://, or a redis:// node that answers CLUSTER INFO) every
+// command goes to the master of its key's slot (store/rediscluster.h): a record's script to its
+// slot, each index and the log to theirs; pipelines are split per master; SCAN runs on every
+// master. A batch's scripts are then no longer one transaction (its records are in many slots).
 class RedisStore final : public IdempotencyStore
 {
 public:
     static Result<std::unique_ptr<RedisStore>> connect(const StoreUrl &url,
                                                        const RedisOptions &options = {});
     ~RedisStore() override;
+    bool isCluster() const { return m_cluster != nullptr; }
 
     Result<ClaimResult> claim(const ClaimRequest &request) override;
     Result<FinishVerdict> finish(const FinishRequest &request) override;
@@ -44,6 +59,9 @@ public:
     Result<ImportVerdict> importRecord(const KeyRecord &record, qint64 ttlMs,
                                        qint64 leaseMs) override;
     Result<QString> serverVersion() override;
+    // Layout v1 (P k:<key>, one token counter P tokens, P i:all, P i:e:*) to v2: each record by
+    // migrate.lua, then the v1-only keys go. v1 is recognised by P tokens or P i:all.
+    Result<qint64> migrateLayout() override;
     Result<qint64> clockMs() override;
     Result<QStringList> durabilityWarnings() override;
     Result<void> appendDeliveries(const QList<DeliveryEvent> &events) override;
@@ -53,21 +71,39 @@ public:
 private:
     using Reply = std::unique_ptr<redisReply, void (*)(void *)>;
     RedisStore(redisContext *context, StoreUrl url, RedisOptions options);
+    static Result<std::unique_ptr<RedisStore>> connectCluster(const StoreUrl &url,
+                                                              const RedisOptions &options);
     Result<Reply> command(const QList<QByteArray> &args, bool writes);
+    Result<std::vector<Reply>> clusterPipeline(const QList<QList<QByteArray>> &commands, bool writes);
+    Result<QList<QByteArray>> clusterScanSlice(); // record names, a SCAN slice of every master
+    // Many commands in one write; every answer, in order (an error answer is an answer).
+    Result<std::vector<Reply>> pipeline(const QList<QList<QByteArray>> &commands, bool writes);
+    // The index writes of transitions that happened: failures are left to the repairs.
+    void writeIndexes(const redis::IndexBatch &batch);
+    Result<qint64> repairSlice();
     Result<Reply> script(const char *name, const QList<QByteArray> &args, bool writes);
     Result<void> loadScripts();
     Result<qint64> purgeSlice();
-    // One script per request, all in one MULTI/EXEC: atomic together. The answers, in order.
-    Result<Reply> scriptsInTransaction(const char *name, const QList<QList<QByteArray>> &argsList);
+    // One script per request, all in one MULTI/EXEC: atomic together (on a cluster: pipelined,
+    // each atomic alone). The answers, in order.
+    struct ScriptAnswers
+    {
+        std::vector<Reply> held;
+        std::vector<const redisReply *> at;
+    };
+    Result<ScriptAnswers> scriptsInTransaction(const char *name, const QList<QList<QByteArray>> &argsList);
     // With ?wait_replicas=N: WAIT for N replicas to have the writes so far; refused if fewer did.
     Result<void> waitForReplicas();
     Error failure(const QString &what, bool writes) const;
 
-    redisContext *m_context;
+    redisContext *m_context; // single Redis; null on a cluster
+    std::unique_ptr<redis::ClusterLinks> m_cluster;
+    QHash<QByteArray, QByteArray> m_clusterCursors; // cluster: repair SCAN cursor per master
     StoreUrl m_url;
     RedisOptions m_options;
     QByteArray m_prefix;
     QHash<QByteArray, QByteArray> m_sha; // script name → SHA1
+    QByteArray m_repairCursor = "0";     // where the next repair slice SCANs from
 };
 
 } // namespace idem

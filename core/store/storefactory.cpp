@@ -5,6 +5,8 @@
 #include "store/redisstore.h"
 #include "store/sqlitestore.h"
 
+#include <cstdio>
+
 namespace idem {
 
 StoreFactory storeFactory(const StoreUrl &url)
@@ -64,11 +66,20 @@ Result<std::shared_ptr<StorePool>> openStorePool(const QString &text, int worker
         return probe.error();
     if (auto ping = (*probe)->ping(); !ping)
         return ping.error();
-    auto pool = std::make_shared<StorePool>(factory, workers > 0 ? workers : defaultWorkers(*url, use));
+    // A redis:// URL may point at a node of a Redis Cluster: it is then served as one.
+    const auto *redis = dynamic_cast<const RedisStore *>(probe->get());
+    const bool cluster = redis && redis->isCluster();
+    if (cluster && !url->cluster)
+        std::fprintf(
+            stderr,
+            "idemdesk: %s is a Redis Cluster node: serving the store as a cluster (slot routing)\n",
+            qPrintable(url->display()));
+    auto pool =
+        std::make_shared<StorePool>(factory, workers > 0 ? workers : defaultWorkers(*url, use));
     // The Redis lane pipelines claims and finishes from the receiver thread; with wait_replicas
     // every write waits for its replicas (WAIT blocks the connection), so the pool's workers
-    // make those calls instead.
-    if (url->kind == StoreUrl::Kind::Redis && url->waitReplicas == 0)
+    // make those calls instead, as they do on a cluster (the lane speaks to one node).
+    if (url->kind == StoreUrl::Kind::Redis && url->waitReplicas == 0 && !cluster)
         pool->setLaneFactory([url = *url](StorePool &health) -> std::unique_ptr<StoreLane> {
             return std::make_unique<RedisLane>(url, RedisOptions{}, health);
         });

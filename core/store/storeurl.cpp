@@ -9,6 +9,90 @@
 
 namespace idem {
 
+namespace {
+
+// The options redis:// and redis-cluster:// share.
+Result<void> redisOptions(StoreUrl &url, const QUrlQuery &query, const QString &text)
+{
+    for (const auto &[name, value] : query.queryItems(QUrl::FullyDecoded)) {
+        bool number = true;
+        if (name == u"prefix"_qs)
+            url.prefix = value;
+        else if (name == u"wait_replicas"_qs)
+            url.waitReplicas = value.toInt(&number);
+        else if (name == u"wait_timeout_ms"_qs)
+            url.waitTimeoutMs = value.toInt(&number);
+        else
+            return makeError(
+                ErrorCode::Invalid,
+                u"store URL %1: unknown option %2 (redis takes prefix, wait_replicas, wait_timeout_ms)"_qs
+                    .arg(displayUrl(text), name));
+        if (!number || url.waitReplicas < 0 || url.waitTimeoutMs < 1)
+            return makeError(
+                ErrorCode::Invalid,
+                u"store URL %1: %2 must be a positive number"_qs.arg(displayUrl(text), name));
+        if (url.waitTimeoutMs >=
+            2000) // under the 3 s command timeout, or every slow WAIT drops the connection
+            return makeError(
+                ErrorCode::Invalid,
+                u"store URL %1: wait_timeout_ms must be under 2000"_qs.arg(displayUrl(text)));
+    }
+    if (url.prefix.isEmpty())
+        url.prefix = u"idem:"_qs;
+    return {};
+}
+
+// redis-cluster://[user[:pass]@]host:port[,host:port…][/0][?options]: QUrl takes one host only.
+Result<StoreUrl> parseCluster(const QString &text)
+{
+    StoreUrl url;
+    url.original = text;
+    url.kind = StoreUrl::Kind::Redis;
+    url.cluster = true;
+    url.database = u"0"_qs;
+    QString rest = text.mid(int(std::char_traits<char16_t>::length(u"redis-cluster://")));
+    QString query;
+    if (const qsizetype q = rest.indexOf(u'?'); q >= 0) {
+        query = rest.mid(q + 1);
+        rest.truncate(q);
+    }
+    if (const qsizetype at = rest.lastIndexOf(u'@'); at >= 0) {
+        const QString userInfo = rest.left(at);
+        rest = rest.mid(at + 1);
+        const qsizetype colon = userInfo.indexOf(u':');
+        url.user = QUrl::fromPercentEncoding(userInfo.left(colon).toUtf8());
+        if (colon >= 0)
+            url.password = QUrl::fromPercentEncoding(userInfo.mid(colon + 1).toUtf8());
+    }
+    if (const qsizetype slash = rest.indexOf(u'/'); slash >= 0) {
+        const QString db = rest.mid(slash + 1);
+        rest.truncate(slash);
+        if (!db.isEmpty() && db != u"0"_qs)
+            return makeError(
+                ErrorCode::Invalid,
+                u"store URL %1: a Redis Cluster has database 0 only"_qs.arg(displayUrl(text)));
+    }
+    for (const QString &node : rest.split(u',')) {
+        const qsizetype colon = node.lastIndexOf(u':');
+        bool numeric = false;
+        const int port = colon > 0 ? node.mid(colon + 1).toInt(&numeric) : 0;
+        const QString host = colon > 0 ? node.left(colon) : node;
+        if (host.isEmpty() || !numeric || port <= 0 || port > 65535 || host.contains(u' '))
+            return makeError(
+                ErrorCode::Invalid,
+                u"store URL %1: '%2' is not host:port (redis-cluster://host:port[,host:port…])"_qs
+                    .arg(displayUrl(text), node));
+        url.clusterSeeds.append({host, port});
+    }
+    url.host = url.clusterSeeds.first().first;
+    url.port = url.clusterSeeds.first().second;
+    if (auto options = redisOptions(url, QUrlQuery(query), text); !options)
+        return options.error();
+    return url;
+}
+
+} // namespace
+
 QString StoreUrl::defaultSqlitePath()
 {
     QString dir = QStandardPaths::writableLocation(QStandardPaths::AppDataLocation);
@@ -44,6 +128,8 @@ Result<StoreUrl> StoreUrl::parse(const QString &text)
             url.path = defaultSqlitePath();
         return url;
     }
+    if (text.startsWith(u"redis-cluster://"_qs))
+        return parseCluster(text);
     const QUrl parsed(text, QUrl::StrictMode);
     const QString scheme = parsed.scheme();
     if (scheme == u"redis"_qs) {
@@ -58,27 +144,8 @@ Result<StoreUrl> StoreUrl::parse(const QString &text)
             return makeError(
                 ErrorCode::Invalid,
                 u"store URL %1: the Redis database must be a number"_qs.arg(displayUrl(text)));
-        for (const auto &[name, value] : QUrlQuery(parsed).queryItems(QUrl::FullyDecoded)) {
-            bool number = true;
-            if (name == u"prefix"_qs)
-                url.prefix = value;
-            else if (name == u"wait_replicas"_qs)
-                url.waitReplicas = value.toInt(&number);
-            else if (name == u"wait_timeout_ms"_qs)
-                url.waitTimeoutMs = value.toInt(&number);
-            else
-                return makeError(ErrorCode::Invalid,
-                                 u"store URL %1: unknown option %2 (redis takes prefix, wait_replicas, wait_timeout_ms)"_qs
-                                     .arg(displayUrl(text), name));
-            if (!number || url.waitReplicas < 0 || url.waitTimeoutMs < 1)
-                return makeError(ErrorCode::Invalid,
-                                 u"store URL %1: %2 must be a positive number"_qs.arg(displayUrl(text), name));
-            if (url.waitTimeoutMs >= 2000) // under the 3 s command timeout, or every slow WAIT drops the connection
-                return makeError(ErrorCode::Invalid,
-                                 u"store URL %1: wait_timeout_ms must be under 2000"_qs.arg(displayUrl(text)));
-        }
-        if (url.prefix.isEmpty())
-            url.prefix = u"idem:"_qs;
+        if (auto options = redisOptions(url, QUrlQuery(parsed), text); !options)
+            return options.error();
     } else if (scheme == u"postgresql"_qs || scheme == u"postgres"_qs) {
         url.kind = Kind::Postgres;
         url.port = parsed.port(5432);
@@ -106,7 +173,7 @@ Result<StoreUrl> StoreUrl::parse(const QString &text)
     } else {
         return makeError(
             ErrorCode::Invalid,
-            u"store URL '%1': unknown scheme; use sqlite:PATH, redis://host:port[/db] or postgresql://user@host:port/dbname"_qs
+            u"store URL '%1': unknown scheme; use sqlite:PATH, redis://host:port[/db], redis-cluster://host:port[,host:port…] or postgresql://user@host:port/dbname"_qs
                 .arg(displayUrl(text)));
     }
     if (!parsed.isValid() || parsed.host().isEmpty())
@@ -125,9 +192,16 @@ QString StoreUrl::display() const
         return u"sqlite:"_qs + path;
     case Kind::Redis:
     case Kind::Postgres: {
-        QString s = kind == Kind::Redis ? u"redis://"_qs : u"postgresql://"_qs;
+        QString s = kind == Kind::Redis ? (cluster ? u"redis-cluster://"_qs : u"redis://"_qs)
+                                        : u"postgresql://"_qs;
         if (!user.isEmpty() || !password.isEmpty())
             s += user + (password.isEmpty() ? QString() : u":***"_qs) + u"@"_qs;
+        if (cluster) {
+            QStringList nodes;
+            for (const auto &[h, p] : clusterSeeds)
+                nodes << h + u":"_qs + QString::number(p);
+            return s + nodes.join(u","_qs);
+        }
         s += host + u":"_qs + QString::number(port) + u"/"_qs + database;
         QStringList tls;
         for (const auto &[name, value] : postgresTls)

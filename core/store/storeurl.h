@@ -9,6 +9,7 @@
 namespace idem {
 
 // A parsed store URL (SPEC §2): sqlite:PATH, redis://[user:pass@]host:port[/db],
+// redis-cluster://[user:pass@]host:port[,host:port…][?options] (seed nodes of a Redis Cluster),
 // postgresql://user[:pass]@host:port/dbname[?sslmode=…&sslrootcert=…&sslcert=…&sslkey=…].
 struct StoreUrl
 {
@@ -25,6 +26,10 @@ struct StoreUrl
     bool synchronousFull = false; // sqlite:PATH?synchronous=full
     int waitReplicas = 0;         // redis ?wait_replicas=N: WAIT after each claim and finish
     int waitTimeoutMs = 100;      // redis ?wait_timeout_ms=M
+    // redis-cluster://, or a redis:// that turned out to point at a cluster node: the cluster's
+    // nodes to ask for its slot map first (host, port is the first of them).
+    bool cluster = false;
+    QList<QPair<QString, int>> clusterSeeds;
     // postgres: libpq's TLS settings from the query (sslmode, sslrootcert, sslcert, sslkey),
     // passed on as they are; libpq's defaults apply to the ones not given.
     QList<QPair<QString, QString>> postgresTls;

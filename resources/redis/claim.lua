@@ -1,33 +1,31 @@
--- claim: read the key, decide (the Redis twin of decideClaim() in core/engine/statemachine.cpp,
--- held to it by the store contract suite), apply; all atomic. On every delivery's path, so it
--- does the least it can: a first claim writes the record and its indexes and answers the token.
--- ARGV: prefix key endpoint provider fingerprint lease_ms ttl_ms on_failed on_mismatch
---       req_method req_path req_headers req_body history_cap
--- Time is Redis's own (TIME). Returns, by action (the caller builds the record from what it
--- sent and this), each ending with the clock the decision was made at:
+-- claim: read the record, decide (the Redis twin of decideClaim() in core/model/statemachine.cpp,
+-- held to it by the store contract suite), apply; all atomic, on the record's own keys only.
+-- On every delivery's path, so it does the least it can: TIME, one HMGET, and for a new claim
+-- one SET ... GET of the token counter and one HSET + PEXPIREAT of the record. No index, no JSON decode.
+-- KEYS: P{key}:r (the record)  P{key}:t (its token counter)
+-- ARGV: endpoint provider fingerprint lease_ms ttl_ms policy req_head req_body
+--   policy: two letters, on a failed key R(eprocess)|X (reject), on a changed payload M (mismatch)|I (ignore)
+-- Returns, by action (the caller builds the record from what it sent and this), each ending with
+-- the store clock (ms) the decision was made at:
 --   create:  {action, outcome, token, now}
---   reclaim: {action, outcome, token, attempts, created, history, now}   (as they were before)
---   replay, in-progress, mismatch: {action, outcome, SUMMARY fields of the record after the step, now}
-local prefix, key, endpoint, provider, fp = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
-local leaseMs, ttlMs = tonumber(ARGV[6]), tonumber(ARGV[7])
-local onFailed, onMismatch = ARGV[8], ARGV[9]
-local cap = tonumber(ARGV[14])
-local now = clockMs()
-local rk = prefix .. 'k:' .. key
-local SUMMARY = {'key', 'endpoint', 'provider', 'state', 'fingerprint', 'token', 'attempts', 'created',
-                 'updated', 'lease_until', 'expires_at', 'res_status', 'res_headers', 'res_body', 'error'}
-
-local cur = redis.call('HMGET', rk, 'state', 'fingerprint', 'lease_until', 'expires_at', 'attempts',
-                       'created', 'history', 'token')
-local state, oldFp = cur[1], cur[2]
-local leaseUntil, expires = tonumber(cur[3] or '0'), tonumber(cur[4] or '0')
+--   reclaim: {action, outcome, token, attempts, created, history, now, state before}
+--   replay, in-progress, mismatch: {action, outcome, SUMMARY fields after the step, now}
+local rk, tk = KEYS[1], KEYS[2]
+local fp, leaseMs, ttlMs, policy = ARGV[3], tonumber(ARGV[4]), tonumber(ARGV[5]), ARGV[6]
+local now, nowUs = clock()
+-- The SUMMARY (the order redisprotocol.cpp reads), then the history.
+local FIELDS = {'endpoint', 'provider', 'state', 'fingerprint', 'token', 'attempts', 'created', 'updated',
+                'lease_until', 'expires_at', 'res_status', 'res_headers', 'res_body', 'error', 'history'}
+local cur = redis.call('HMGET', rk, unpack(FIELDS))
+local state = cur[3]
+local leaseUntil, expires = tonumber(cur[9] or '0'), tonumber(cur[10] or '0')
 
 local action, outcome
 if not state or expires <= now then
   action, outcome = 'create', 'processed'
 elseif state == 'reset' then
   action, outcome = 'reclaim', 'reprocessed'
-elseif onMismatch == 'reject' and oldFp ~= fp then
+elseif string.sub(policy, 2, 2) == 'M' and cur[4] ~= fp then
   action, outcome = 'mismatch', 'mismatch'
 elseif state == 'processing' then
   if leaseUntil > now then
@@ -37,7 +35,7 @@ elseif state == 'processing' then
   end
 elseif state == 'completed' then
   action, outcome = 'replay', 'replayed'
-elseif onFailed == 'reprocess' then
+elseif string.sub(policy, 1, 1) == 'R' then
   action, outcome = 'reclaim', 'reprocessed'
 else
   action, outcome = 'replay', 'replayed'
@@ -45,11 +43,10 @@ end
 
 local function summary()
   local answer = {action, outcome}
-  local values = redis.call('HMGET', rk, unpack(SUMMARY))
-  for i = 1, #SUMMARY do
-    answer[i + 2] = values[i] or ''
+  for i = 1, #FIELDS - 1 do
+    answer[i + 2] = cur[i] or ''
   end
-  answer[#SUMMARY + 3] = fmt(now)
+  answer[#FIELDS + 2] = fmt(now)
   return answer
 end
 
@@ -57,53 +54,46 @@ if action == 'mismatch' then
   return summary()
 end
 if action == 'replay' or action == 'in-progress' then
-  redis.call('HINCRBY', rk, 'attempts', 1)
-  redis.call('HSET', rk, 'updated', fmt(now))
-  for _, k in ipairs(indexKeys(prefix, endpoint, state)) do
-    redis.call('ZADD', k, 'XX', now, key)
-  end
+  cur[6] = tostring(tonumber(cur[6]) + 1)
+  cur[8] = fmt(now)
+  redis.call('HSET', rk, 'attempts', cur[6], 'updated', cur[8])
   return summary()
 end
 
-local token = redis.call('INCR', prefix .. 'tokens')
-local before = tonumber(cur[8] or '0')
-if token <= before then
-  -- The counter was lost (evicted, a restart without persistence, a failover): never hand out
-  -- a token at or below the one this key already had.
-  token = before + 1
-  redis.call('SET', prefix .. 'tokens', token)
+-- A new fencing token: the store clock in µs, unless the last one handed out for this key (the
+-- counter outlives the record) or the record's own is not below it: then one above those. So it
+-- climbs after the counter too has expired or was lost in a failover. One SET ... GET.
+local expiresAt = now + ttlMs
+local token = nowUs
+local last = tonumber(redis.call('SET', tk, fmt(token), 'GET', 'PXAT', fmt(expiresAt + TOKEN_GRACE_MS)) or '0')
+local before = tonumber(cur[5] or '0')
+if before > last then last = before end
+if last >= token then
+  token = last + 1
+  redis.call('SET', tk, fmt(token), 'PXAT', fmt(expiresAt + TOKEN_GRACE_MS))
 end
+
 local attempts, created, history
 if state then
-  unindex(prefix, key)
-  redis.call('DEL', rk)
-elseif redis.call('ZSCORE', prefix .. 'i:exp', key) then
-  -- The record expired natively but its index entries are still there: they go with it, so the
-  -- key is not listed (and counted) under its old state as well.
-  unindex(prefix, key)
+  redis.call('DEL', rk) -- a reclaim, or an expired record not yet gone: nothing of it is kept
 end
-local expiresAt = now + ttlMs
 if action == 'reclaim' then
-  attempts = tonumber(cur[5]) + 1
-  created = tonumber(cur[6])
+  attempts, created = tonumber(cur[6]) + 1, tonumber(cur[7])
   local event = 'claimed'
   if outcome == 'recovered' or outcome == 'reprocessed' then
     event = outcome
   end
-  history = appendHistory(cur[7], {at = now, event = event, token = token}, cap)
+  history = appendHistory(cur[15], historyEntry(now, event, fmt(token)))
 else
-  -- A first claim: its history is one entry, written without a JSON round trip.
   attempts, created = 1, now
-  history = '[{"at":' .. fmt(now) .. ',"event":"claimed","token":' .. token .. '}]'
+  history = '[' .. historyEntry(now, 'claimed', fmt(token)) .. ']'
 end
-redis.call('HSET', rk, 'key', key, 'endpoint', endpoint, 'provider', provider, 'state', 'processing',
-           'fingerprint', fp, 'token', token, 'attempts', attempts, 'created', fmt(created),
-           'updated', fmt(now), 'lease_until', fmt(now + leaseMs), 'expires_at', fmt(expiresAt),
-           'req_method', ARGV[10], 'req_path', ARGV[11], 'req_headers', ARGV[12], 'req_body', ARGV[13],
-           'history', history)
+redis.call('HSET', rk, 'state', 'processing', 'fingerprint', fp, 'token', fmt(token), 'attempts', attempts,
+           'created', fmt(created), 'updated', fmt(now), 'lease_until', fmt(now + leaseMs),
+           'expires_at', fmt(expiresAt), 'endpoint', ARGV[1], 'provider', ARGV[2], 'req_head', ARGV[7],
+           'req_body', ARGV[8], 'history', history)
 redis.call('PEXPIREAT', rk, fmt(expiresAt))
-index(prefix, key, endpoint, 'processing', now, expiresAt)
 if action == 'reclaim' then
-  return {action, outcome, token, cur[5], cur[6], cur[7] or '[]', fmt(now)}
+  return {action, outcome, token, cur[6], cur[7], cur[15] or '[]', fmt(now), state}
 end
 return {action, outcome, token, fmt(now)}

@@ -1,73 +1,72 @@
--- Shared by every Idempotency Desk script (prepended when the scripts are loaded).
--- Keys, under the configurable prefix P:
---   P k:<key>            hash: the record (native expiry: PEXPIREAT expires)
---   P i:all              zset: every key, score = updated ms
---   P i:s:<state>        zset: keys in a state
---   P i:e:<endpoint>     zset: keys of an endpoint
---   P i:es:<ep>:<state>  zset: keys of an endpoint in a state
---   P i:exp              zset: score = expires ms, so index entries leave with their record
---   P tokens             counter: fencing tokens, unique across keys and expiries
+-- Shared by every Idempotency Desk script (prepended when the scripts are loaded, after
+-- `local CAP = <history cap>`).
+--
+-- Key layout v2 (cluster-ready). P is the store URL's prefix (default "idem:"); <key> is the
+-- idempotency key ("<endpoint>:<id>", so it never starts with '}'). Every key a script touches is
+-- in its KEYS and carries the record's hash tag {<key>}: one record is one cluster slot.
+--
+--   P{<key>}:r   hash    THE RECORD, the only truth. Written only by claim.lua, finish.lua,
+--                        operator.lua (atomic). Native expiry: PEXPIREAT expires_at. Fields:
+--                        state fingerprint token attempts created updated lease_until expires_at
+--                        endpoint provider req_head ("METHOD path\n" + headers JSON) req_body
+--                        res_status res_headers res_body error history (a JSON array of
+--                        {"at","event","token"[,"detail"]}, appended as text, first entry kept, CAP)
+--   P{<key>}:t   string  the key's fencing-token counter: the last token handed out for it.
+--                        Written only by claim.lua; outlives the record (expires TOKEN_GRACE_MS
+--                        after it), so a key deleted or expired and claimed again never gets a
+--                        token at or below an earlier one. A token is max(last + 1, Redis TIME
+--                        in µs): after the counter too is gone, the clock still moves it up.
+--
+-- Derived views, written by the desk OUTSIDE the scripts (they span records, so, on a cluster,
+-- other slots): one ZADD/ZREM per index with all the members of an event-loop turn, pipelined
+-- (RedisLane, RedisStore). Briefly stale by design: listing re-reads the records and skips and
+-- repairs entries whose record is gone or in another state; purge repairs them too.
+--   P i:s:<state>          zset  keys in a state, score = updated ms (store clock)
+--   P i:es:<ep>:<state>    zset  keys of an endpoint in a state, score = updated ms
+--   P i:exp                zset  score = expires_at ms: purge drops the index entries of
+--                                expired records (their hashes expire natively)
+--   P log                  stream the delivery log (XADD MAXLEN ~), written by the desk
+--   P layout               string "2": written by `idemdesk migrate` / at start when no
+--                                record of the previous layout is left
+--
+-- Layout v1 (before; `idemdesk migrate` and a desk at start convert it, see redismigrate.cpp):
+-- P k:<key> hash (with key, req_method, req_path, req_headers), P i:all, P i:e:<ep>, P tokens
+-- (one counter for all keys), and the same P i:s:*, P i:es:*, P i:exp.
 local STATES = {'processing', 'completed', 'failed', 'reset'}
+local TOKEN_GRACE_MS = 86400000
 
 local function fmt(n)
   return string.format('%.0f', n)
 end
 
--- The store's clock in ms: leases and expiry are decided here, never on a desk's clock.
-local function clockMs()
+-- The store's clock: leases and expiry are decided here, never on a desk's clock. In ms and µs.
+local function clock()
   local t = redis.call('TIME')
-  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  local us = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  return math.floor(us / 1000), us
 end
 
-local function endpointOf(key)
-  return string.match(key, '^([^:]*):')
+-- One history entry, as JSON text; the detail is the only free text.
+local function historyEntry(at, event, token, detail)
+  local entry = '{"at":' .. fmt(at) .. ',"event":"' .. event .. '","token":' .. token
+  if detail and detail ~= '' then
+    entry = entry .. ',"detail":' .. cjson.encode(detail)
+  end
+  return entry .. '}'
 end
 
-local function indexKeys(prefix, endpoint, state)
-  return {prefix .. 'i:all', prefix .. 'i:s:' .. state, prefix .. 'i:e:' .. endpoint,
-          prefix .. 'i:es:' .. endpoint .. ':' .. state}
-end
-
-local function unindex(prefix, key)
-  local endpoint = endpointOf(key) or ''
-  redis.call('ZREM', prefix .. 'i:all', key)
-  redis.call('ZREM', prefix .. 'i:e:' .. endpoint, key)
-  redis.call('ZREM', prefix .. 'i:exp', key)
-  for _, s in ipairs(STATES) do
-    redis.call('ZREM', prefix .. 'i:s:' .. s, key)
-    redis.call('ZREM', prefix .. 'i:es:' .. endpoint .. ':' .. s, key)
+-- Appends an entry to a history (a JSON array as text) without decoding it; past CAP entries
+-- the second goes (the first, how it started, is kept).
+local function appendHistory(history, entry)
+  if not history or history == '' or history == '[]' or string.sub(history, -1) ~= ']' then
+    return '[' .. entry .. ']'
   end
-end
-
-local function index(prefix, key, endpoint, state, updated, expires)
-  for _, k in ipairs(indexKeys(prefix, endpoint, state)) do
-    redis.call('ZADD', k, updated, key)
+  history = string.sub(history, 1, -2) .. ',' .. entry .. ']'
+  local _, count = string.gsub(history, '{"at":', '')
+  if count > CAP then
+    local second = string.find(history, '{"at":', 3, true)
+    local third = string.find(history, '{"at":', second + 1, true)
+    history = string.sub(history, 1, second - 1) .. string.sub(history, third)
   end
-  redis.call('ZADD', prefix .. 'i:exp', expires, key)
-end
-
-local function moveState(prefix, key, endpoint, from, to, updated)
-  if from ~= to then
-    redis.call('ZREM', prefix .. 'i:s:' .. from, key)
-    redis.call('ZREM', prefix .. 'i:es:' .. endpoint .. ':' .. from, key)
-  end
-  for _, k in ipairs(indexKeys(prefix, endpoint, to)) do
-    redis.call('ZADD', k, updated, key)
-  end
-end
-
-local function appendHistory(json, entry, cap)
-  local history = {}
-  if json and json ~= '' and json ~= '[]' and json ~= '{}' then
-    -- A malformed history must not make a transition fail half-way (scripts do not roll back).
-    local ok, decoded = pcall(cjson.decode, json)
-    if ok and type(decoded) == 'table' then
-      history = decoded
-    end
-  end
-  table.insert(history, entry)
-  while #history > cap do
-    table.remove(history, 2) -- the first entry (how it started) is kept
-  end
-  return cjson.encode(history)
+  return history
 end

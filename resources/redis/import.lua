@@ -1,31 +1,33 @@
--- import: write a record exported from another store (`keys import`), with its indexes; a live
--- key is left alone. The token is this store's (INCR), expiry and lease are counted from TIME.
--- ARGV: prefix key endpoint provider state fingerprint attempts created updated lease_ms ttl_ms
---       req_method req_path req_headers req_body res_status res_headers res_body error history
--- Returns the new token, or 0 when the key exists.
-local prefix, key, endpoint, state = ARGV[1], ARGV[2], ARGV[3], ARGV[5]
-local now = clockMs()
-local rk = prefix .. 'k:' .. key
-local expires = tonumber(redis.call('HGET', rk, 'expires_at') or '0')
-if expires > now then
+-- import: write a record exported from another store (`keys import`) into layout v2; a live key
+-- is left alone. Its fencing token is this store's, by claim.lua's rule (above the key's counter
+-- and its record's, at least the store clock in µs); expiry and lease count from TIME. The desk
+-- writes the indexes after it, as for every transition.
+-- KEYS: P{key}:r  P{key}:t
+-- ARGV: endpoint provider state fingerprint attempts created updated lease_ms ttl_ms
+--       req_head req_body res_status res_headers res_body error history
+-- Returns {token, expires_at}, or 0 when the key exists and has not expired.
+local rk, tk = KEYS[1], KEYS[2]
+local now, nowUs = clock()
+local cur = redis.call('HMGET', rk, 'expires_at', 'token')
+if tonumber(cur[1] or '0') > now then
   return 0
 end
-if redis.call('ZSCORE', prefix .. 'i:exp', key) then
-  unindex(prefix, key)
+local expiresAt = now + tonumber(ARGV[9])
+local token = nowUs
+local last = math.max(tonumber(redis.call('GET', tk) or '0'), tonumber(cur[2] or '0'))
+if last >= token then
+  token = last + 1
+end
+redis.call('SET', tk, fmt(token), 'PXAT', fmt(expiresAt + TOKEN_GRACE_MS))
+local leaseUntil = 0
+if ARGV[3] == 'processing' then
+  leaseUntil = now + tonumber(ARGV[8])
 end
 redis.call('DEL', rk)
-local token = redis.call('INCR', prefix .. 'tokens')
-local leaseUntil = 0
-if state == 'processing' then
-  leaseUntil = now + tonumber(ARGV[10])
-end
-local expiresAt = now + tonumber(ARGV[11])
-redis.call('HSET', rk, 'key', key, 'endpoint', endpoint, 'provider', ARGV[4], 'state', state,
-           'fingerprint', ARGV[6], 'token', token, 'attempts', ARGV[7], 'created', ARGV[8],
-           'updated', ARGV[9], 'lease_until', fmt(leaseUntil), 'expires_at', fmt(expiresAt),
-           'req_method', ARGV[12], 'req_path', ARGV[13], 'req_headers', ARGV[14], 'req_body', ARGV[15],
-           'res_status', ARGV[16], 'res_headers', ARGV[17], 'res_body', ARGV[18], 'error', ARGV[19],
-           'history', ARGV[20])
+redis.call('HSET', rk, 'endpoint', ARGV[1], 'provider', ARGV[2], 'state', ARGV[3], 'fingerprint', ARGV[4],
+           'token', fmt(token), 'attempts', ARGV[5], 'created', ARGV[6], 'updated', ARGV[7],
+           'lease_until', fmt(leaseUntil), 'expires_at', fmt(expiresAt), 'req_head', ARGV[10],
+           'req_body', ARGV[11], 'res_status', ARGV[12], 'res_headers', ARGV[13], 'res_body', ARGV[14],
+           'error', ARGV[15], 'history', ARGV[16])
 redis.call('PEXPIREAT', rk, fmt(expiresAt))
-index(prefix, key, endpoint, state, tonumber(ARGV[9]), expiresAt)
-return token
+return {fmt(token), fmt(expiresAt)}

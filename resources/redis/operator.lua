@@ -1,9 +1,10 @@
 -- operator: reset | force-fail | delete, by the dashboard or the CLI (the twin of decideOperator()).
--- ARGV: prefix key action force(0|1) detail history_cap
--- Returns the verdict: accept | wrong-state | missing.
-local prefix, key, action, force, detail = ARGV[1], ARGV[2], ARGV[3], ARGV[4] == '1', ARGV[5]
-local now = clockMs()
-local rk = prefix .. 'k:' .. key
+-- KEYS: P{key}:r  (the token counter is left alone: it outlives a deleted record)
+-- ARGV: action force(0|1) detail
+-- Returns {'accept', now, endpoint, state before, state after ('' when deleted)} (the desk
+-- moves the key in the indexes), or the verdict: wrong-state | missing.
+local rk, action, force, detail = KEYS[1], ARGV[1], ARGV[2] == '1', ARGV[3]
+local now = clock()
 local cur = redis.call('HMGET', rk, 'state', 'expires_at', 'endpoint', 'history', 'token')
 local state = cur[1]
 if not state or tonumber(cur[2]) <= now then
@@ -11,8 +12,7 @@ if not state or tonumber(cur[2]) <= now then
 end
 if action == 'delete' then
   redis.call('DEL', rk)
-  unindex(prefix, key)
-  return 'accept'
+  return {'accept', fmt(now), cur[3], state, ''}
 end
 local to
 if action == 'force-fail' then
@@ -24,11 +24,9 @@ else
 end
 local event = 'reset'
 if to == 'failed' then event = 'force-failed' end
-local history = appendHistory(cur[4], {at = now, event = event, token = tonumber(cur[5]), detail = detail},
-                              tonumber(ARGV[6]))
-redis.call('HSET', rk, 'state', to, 'updated', fmt(now), 'lease_until', 0, 'history', history)
+redis.call('HSET', rk, 'state', to, 'updated', fmt(now), 'lease_until', 0,
+           'history', appendHistory(cur[4], historyEntry(now, event, cur[5], detail)))
 if to == 'failed' then
   redis.call('HSET', rk, 'error', detail)
 end
-moveState(prefix, key, cur[3], state, to, now)
-return 'accept'
+return {'accept', fmt(now), cur[3], state, to}

@@ -1,6 +1,7 @@
 // The store contract (SPEC §5): one suite, run unchanged against every backend.
-//   tst_store_contract sqlite | redis | postgres
-// redis and postgres read IDEM_TEST_REDIS_URL / IDEM_TEST_POSTGRES_URL (./dev test sets them).
+//   tst_store_contract sqlite | redis | cluster | postgres
+// redis, cluster and postgres read IDEM_TEST_REDIS_URL / IDEM_TEST_REDIS_CLUSTER_URL /
+// IDEM_TEST_POSTGRES_URL (./dev test sets them).
 #include "store/sqlitestore.h"
 #include "store/storefactory.h"
 #include "store/storepool.h"
@@ -142,7 +143,9 @@ private Q_SLOTS:
         if (g_backend == u"sqlite"_qs) {
             url = u"sqlite:"_qs + m_dir.filePath(u"contract.db"_qs);
         } else {
-            const char *var = g_backend == u"redis"_qs ? "IDEM_TEST_REDIS_URL" : "IDEM_TEST_POSTGRES_URL";
+            const char *var = g_backend == u"redis"_qs     ? "IDEM_TEST_REDIS_URL"
+                              : g_backend == u"cluster"_qs ? "IDEM_TEST_REDIS_CLUSTER_URL"
+                                                           : "IDEM_TEST_POSTGRES_URL";
             url = qEnvironmentVariable(var);
             if (url.isEmpty())
                 QFAIL(qPrintable(u"%1 is not set: run the suite through ./dev test"_qs.arg(QLatin1String(var))));
@@ -811,7 +814,8 @@ int main(int argc, char **argv)
     QCoreApplication app(argc, argv);
     QStringList args = app.arguments();
     g_backend = args.size() > 1 && !args.at(1).startsWith(u'-') ? args.takeAt(1) : u"sqlite"_qs;
-    if (g_backend != u"sqlite"_qs && g_backend != u"redis"_qs && g_backend != u"postgres"_qs) {
+    if (g_backend != u"sqlite"_qs && g_backend != u"redis"_qs && g_backend != u"cluster"_qs &&
+        g_backend != u"postgres"_qs) {
         qCritical("unknown backend %s", qPrintable(g_backend));
         return 2;
     }

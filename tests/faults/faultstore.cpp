@@ -1,7 +1,11 @@
 #include "faults/faultstore.h"
 
+#include "store/rediscluster.h"
+
+#include <QDateTime>
 #include <QDir>
 #include <QFile>
+#include <QProcess>
 #include <QUrl>
 
 #include <csignal>
@@ -41,6 +45,20 @@ std::unique_ptr<FaultStore> FaultStore::start(Kind kind, const QString &dir, QSt
         store->m_directUrl = store->m_redis->url();
         store->m_serverPort = store->m_redis->port();
         break;
+    case Kind::Cluster: {
+        const QString url = qEnvironmentVariable("IDEM_TEST_REDIS_CLUSTER_URL");
+        if (url.isEmpty()) {
+            error =
+                QStringLiteral("IDEM_TEST_REDIS_CLUSTER_URL is not set: run through ./dev test");
+            return nullptr;
+        }
+        // Keys of this run only; and every write waited for by a replica, so that a failover
+        // (a master paused past the cluster's node timeout) loses nothing.
+        store->m_directUrl =
+            url + QStringLiteral("?prefix=faults%1:&wait_replicas=1&wait_timeout_ms=500")
+                      .arg(QDateTime::currentMSecsSinceEpoch(), 0, 36);
+        return store;
+    }
     case Kind::Postgres:
         store->m_dir = QDir(dir).filePath(QStringLiteral("pg"));
         store->m_pg = std::make_unique<PgCluster>(store->m_dir);
@@ -73,6 +91,8 @@ QString FaultStore::name() const
         return QStringLiteral("redis");
     case Kind::Postgres:
         return QStringLiteral("postgres");
+    case Kind::Cluster:
+        return QStringLiteral("cluster");
     }
     return {};
 }
@@ -100,13 +120,38 @@ qint64 FaultStore::serverProcess() const
 {
     if (m_redis)
         return m_redis->pid();
+    if (m_kind == Kind::Cluster) {
+        // The master of slot 0 now (after a failover, another than before).
+        auto url = StoreUrl::parse(m_directUrl);
+        QList<redis::ClusterNode> seeds;
+        for (const auto &[host, port] : url->clusterSeeds)
+            seeds.append({host.toUtf8(), port});
+        redis::ClusterLinks links(seeds, 1000, 1000, {});
+        if (!links.refresh() || !links.map().master(0))
+            return 0;
+        QProcess cli;
+        cli.start(QStringLiteral("redis-cli"),
+                  {QStringLiteral("-p"), QString::number(links.map().master(0)->port),
+                   QStringLiteral("INFO"), QStringLiteral("server")});
+        cli.waitForFinished(5000);
+        const QByteArray info = cli.readAllStandardOutput();
+        const qsizetype at = info.indexOf("process_id:");
+        return at < 0 ? 0 : info.mid(at + 11).split('\r').first().toLongLong();
+    }
     QFile pidFile(QDir(m_dir).filePath(QStringLiteral("postmaster.pid")));
     return pidFile.open(QIODevice::ReadOnly) ? pidFile.readLine().trimmed().toLongLong() : 0;
 }
 
 void FaultStore::signalServer(int signal)
 {
+    if (m_kind == Kind::Cluster && signal == SIGCONT) {
+        if (m_paused > 0)
+            ::kill(pid_t(std::exchange(m_paused, 0)), SIGCONT);
+        return;
+    }
     const qint64 server = serverProcess();
+    if (m_kind == Kind::Cluster)
+        m_paused = server;
     if (server <= 0)
         return;
     ::kill(pid_t(server), signal); // first, so it starts no backend we would miss

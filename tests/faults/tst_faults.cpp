@@ -1,5 +1,5 @@
 // The fault-injection suite (issue 12): exactly once under faults, on one store per run
-// (`tst_faults sqlite|redis|postgres`).
+// (`tst_faults sqlite|redis|postgres|cluster`).
 //
 // Two `idemdesk serve` share the store; the second runs with its clock 90 s ahead (libfaketime).
 // A driver sends each of 150 keys three times at once and retries like a webhook sender, while a
@@ -95,6 +95,14 @@ const QList<ScheduledFault> kServerSchedule = {
     {21'000, Fault::ProxyReset,     -1, 1'000},
     {23'000, Fault::DeskKill,        1, 0},
 };
+// One master paused: first under the cluster's 2 s node timeout (its slots wait), then past it
+// (a replica takes its slots over; it comes back as a replica).
+const QList<ScheduledFault> kClusterSchedule = {
+    {2'000,  Fault::StoreStop,      -1, 1'500},
+    {6'000,  Fault::DeskKill,        0, 0},
+    {11'000, Fault::StoreStop,      -1, 5'000},
+    {23'000, Fault::DeskKill,        1, 0},
+};
 const QList<ScheduledFault> kSqliteSchedule = {
     {6'000,  Fault::DeskKill, 0, 0},
     {15'000, Fault::DeskKill, 1, 0},
@@ -149,7 +157,7 @@ public:
         file.close();
         QString binary = QStringLiteral(IDEMDESK_BIN);
         // SQLite's clock is this machine's: two processes on one machine never disagree on it.
-        if (slot == 1 && m_store.hasProxies() && !skewedBinary(binary, error))
+        if (slot == 1 && m_store.hasServer() && !skewedBinary(binary, error))
             return false;
         quint16 port = 0;
         QByteArray stderrText;
@@ -307,8 +315,10 @@ private Q_SLOTS:
         Driver driver(options, desks.ports());
         driver.start();
 
-        const QList<ScheduledFault> &schedule =
-            store->hasProxies() ? kServerSchedule : kSqliteSchedule;
+        const QList<ScheduledFault> &schedule = store->hasProxies() ? kServerSchedule
+                                                : store->kind() == FaultStore::Kind::Cluster
+                                                    ? kClusterSchedule
+                                                    : kSqliteSchedule;
         for (const ScheduledFault &step : schedule) {
             waitUntil(history.originMs + step.atMs);
             inject(step, *store, desks, downstream, history);
@@ -409,8 +419,10 @@ int main(int argc, char **argv)
         g_kind = FaultStore::Kind::Redis;
     else if (store == QLatin1String("postgres"))
         g_kind = FaultStore::Kind::Postgres;
+    else if (store == QLatin1String("cluster"))
+        g_kind = FaultStore::Kind::Cluster;
     else {
-        qCritical("unknown store %s: sqlite, redis or postgres", qPrintable(store));
+        qCritical("unknown store %s: sqlite, redis, postgres or cluster", qPrintable(store));
         return 2;
     }
     TestFaults suite;

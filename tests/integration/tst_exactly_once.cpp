@@ -505,24 +505,29 @@ private Q_SLOTS:
         auto first = std::async(std::launch::async, [&] { return deliver(desk.port, ep, key); });
         QTRY_COMPARE_WITH_TIMEOUT(down.count(), 1, 10'000);
 
-        // The fault, while the delivery is being processed.
+        // The fault, while the delivery is being processed: held until the desk has met it (its
+        // finish failed and is being retried), then lifted — not for a fixed time, which a
+        // loaded machine can outlast before the finish even starts.
         std::thread holder;
+        std::promise<void> release;
+        std::shared_future<void> released = release.get_future().share();
         QProcess psqlLock;
+        const QString redisPort = qEnvironmentVariable("IDEM_TEST_REDIS_PORT");
+        const QString pgUrl = qEnvironmentVariable("IDEM_TEST_POSTGRES_URL");
         if (backend == u"redis"_qs) {
             // Writes refused for longer than the desk's 3 s command timeout.
             QByteArray out;
-            QCOMPARE(runTool(u"redis-cli"_qs, {u"-p"_qs, qEnvironmentVariable("IDEM_TEST_REDIS_PORT"), u"CLIENT"_qs,
-                                               u"PAUSE"_qs, u"4500"_qs, u"WRITE"_qs}, &out), 0);
+            QCOMPARE(runTool(u"redis-cli"_qs, {u"-p"_qs, redisPort, u"CLIENT"_qs, u"PAUSE"_qs, u"60000"_qs, u"WRITE"_qs}, &out), 0);
         } else if (backend == u"postgres"_qs) {
             // Another session holds the row past the desk's 5 s statement timeout.
-            const QString sql = u"BEGIN; SELECT 1 FROM idem_keys WHERE key = '%1' FOR UPDATE; SELECT pg_sleep(6.5); COMMIT;"_qs
+            const QString sql = u"BEGIN; SELECT 1 FROM idem_keys WHERE key = '%1' FOR UPDATE; SELECT pg_sleep(60); COMMIT;"_qs
                                     .arg(QString::fromLatin1(ep + ":" + key));
-            psqlLock.start(u"psql"_qs, {qEnvironmentVariable("IDEM_TEST_POSTGRES_URL"), u"-qc"_qs, sql});
+            psqlLock.start(u"psql"_qs, {pgUrl, u"-qc"_qs, sql});
             QTRY_VERIFY_WITH_TIMEOUT(
-                [] {
+                [&] {
                     QByteArray out;
-                    runTool(u"psql"_qs, {qEnvironmentVariable("IDEM_TEST_POSTGRES_URL"), u"-Atc"_qs,
-                                         u"SELECT count(*) FROM pg_stat_activity WHERE query LIKE '%%pg_sleep(6.5)%%' AND pid <> pg_backend_pid()"_qs},
+                    runTool(u"psql"_qs, {pgUrl, u"-Atc"_qs,
+                                         u"SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a USING (pid) WHERE a.query LIKE '%%pg_sleep(60)%%' AND l.locktype = 'transactionid' AND a.pid <> pg_backend_pid()"_qs},
                             &out);
                     return out.trimmed().toInt() > 0;
                 }(),
@@ -531,26 +536,43 @@ private Q_SLOTS:
             // Another process holds the write lock past the desk's 5 s busy timeout.
             const QByteArray path = QFile::encodeName(m_dir.filePath(u"e%1.db"_qs.arg(m_seq)));
             std::promise<void> locked;
-            holder = std::thread([path, &locked] {
+            holder = std::thread([path, &locked, released] {
                 sqlite3 *db = nullptr;
                 sqlite3_open(path.constData(), &db);
                 sqlite3_exec(db, "BEGIN EXCLUSIVE", nullptr, nullptr, nullptr);
                 locked.set_value();
-                std::this_thread::sleep_for(std::chrono::milliseconds(6500));
+                released.wait_for(std::chrono::seconds(60));
                 sqlite3_exec(db, "COMMIT", nullptr, nullptr, nullptr);
                 sqlite3_close(db);
             });
             locked.get_future().wait();
         }
+        bool lifted = false;
+        auto liftFault = [&] {
+            if (std::exchange(lifted, true))
+                return;
+            QByteArray out;
+            if (backend == u"redis"_qs)
+                runTool(u"redis-cli"_qs, {u"-p"_qs, redisPort, u"CLIENT"_qs, u"UNPAUSE"_qs}, &out);
+            else if (backend == u"postgres"_qs)
+                runTool(u"psql"_qs, {pgUrl, u"-Atc"_qs,
+                                     u"SELECT pg_cancel_backend(pid) FROM pg_stat_activity WHERE query LIKE '%%pg_sleep(60)%%' AND pid <> pg_backend_pid()"_qs},
+                        &out);
+            release.set_value();
+            if (holder.joinable())
+                holder.join();
+        };
         const qint64 retriesBefore = desk.receiver->engine()->counters().finishRetries;
         down.open();
-        const ClientResponse r = first.get();
-        if (holder.joinable())
-            holder.join();
+        auto answered = std::async(std::launch::async, [&] { return first.get(); });
+        const auto liftOnFailure = qScopeGuard(liftFault); // a failed QVERIFY returns early
+        QTRY_VERIFY2_WITH_TIMEOUT(desk.receiver->engine()->counters().finishRetries > retriesBefore,
+                                  "the finish never met the fault", 30'000);
+        liftFault();
+        const ClientResponse r = answered.get();
         psqlLock.waitForFinished(20'000);
         QVERIFY2(r.status == 200, r.body.constData());
         QCOMPARE(r.header("Idempotency-Outcome"), QByteArray("processed"));
-        QVERIFY2(desk.receiver->engine()->counters().finishRetries > retriesBefore, "the finish never met the fault");
         const QString stored = QString::fromLatin1(ep + ":" + key);
         QCOMPARE(name(record(desk, stored)->state), name(KeyState::Completed));
         const ClientResponse again = deliver(desk.port, ep, key);

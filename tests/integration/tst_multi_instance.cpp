@@ -1,4 +1,4 @@
-// Several `idemdesk serve` processes sharing one Redis or PostgreSQL keep the guarantee:
+// Several `idemdesk serve` processes sharing one Redis, Redis Cluster or PostgreSQL keep the guarantee:
 // 64 concurrent identical deliveries per key, spread over two processes, for 200 keys,
 // reach a counting downstream exactly 200 times.
 #include "support/downstream.h"
@@ -33,6 +33,7 @@ private Q_SLOTS:
     {
         QTest::addColumn<QString>("variable");
         QTest::newRow("redis") << u"IDEM_TEST_REDIS_URL"_qs;
+        QTest::newRow("redis cluster") << u"IDEM_TEST_REDIS_CLUSTER_URL"_qs;
         QTest::newRow("postgres") << u"IDEM_TEST_POSTGRES_URL"_qs;
     }
     void twoProcessesOneStore()

@@ -9,6 +9,7 @@
 #include "util/clock.h"
 
 #include <QElapsedTimer>
+#include <QFile>
 #include <QProcess>
 #include <QScopeGuard>
 #include <QTemporaryDir>
@@ -73,11 +74,29 @@ struct LaneOn
     }
 };
 
-bool redisCli(quint16 port, const QStringList &args)
+bool redisCli(quint16 port, const QStringList &args, QByteArray *out = nullptr)
 {
     QProcess cli;
     cli.start(u"redis-cli"_qs, QStringList{u"-p"_qs, QString::number(port)} + args);
-    return cli.waitForFinished(5000) && cli.exitCode() == 0;
+    const bool ok = cli.waitForFinished(5000) && cli.exitCode() == 0;
+    if (out)
+        *out = cli.readAllStandardOutput();
+    return ok;
+}
+
+// Runs a script of Redis layout v1 (tests/fixtures/redis-v1: common.lua prepended, as the
+// previous release loaded them); its answer's lines.
+QList<QByteArray> runV1(quint16 port, const char *script, const QStringList &argv)
+{
+    QFile common(QStringLiteral(IDEM_REDIS_V1 "/common.lua"));
+    QFile file(QStringLiteral(IDEM_REDIS_V1 "/%1.lua").arg(QLatin1String(script)));
+    if (!common.open(QIODevice::ReadOnly) || !file.open(QIODevice::ReadOnly))
+        return {};
+    const QString source = QString::fromUtf8(common.readAll() + "\n" + file.readAll());
+    QByteArray out;
+    if (!redisCli(port, QStringList{u"EVAL"_qs, source, u"0"_qs} + argv, &out))
+        return {};
+    return out.trimmed().split('\n');
 }
 } // namespace
 
@@ -262,6 +281,177 @@ private Q_SLOTS:
         QVERIFY2(claimed.ok(), claimed.ok() ? "" : qPrintable(claimed.error().message));
         QVERIFY(claimed->claimed());
         QVERIFY(!withPassword.isEmpty() && !url->display().contains(u"s3cret"_qs));
+    }
+
+    // A store written by the previous release (layout v1) is migrated, record by record, with
+    // its state, TTL, token, result, request and history; the desk then carries on with it.
+    void migratesThePreviousLayout()
+    {
+        const quint16 port = m_redis->port();
+        const QString p = u"v1mig:"_qs;
+        const QString headers = u"[[\"X-A\",\"1\"]]"_qs;
+        auto claimV1 = [&](const QString &key, const QString &ttlMs) {
+            return runV1(port, "claim",
+                         {p, key, u"ep"_qs, u"generic"_qs, u"fp-"_qs + key, u"60000"_qs, ttlMs,
+                          u"reprocess"_qs, u"reject"_qs, u"POST"_qs, u"/hooks/ep"_qs, headers,
+                          u"body of "_qs + key, u"64"_qs});
+        };
+        // completed, with a result; processing; failed; failed then reset by the operator.
+        const auto done = claimV1(u"ep:done"_qs, u"3600000"_qs);
+        QCOMPARE(done.value(0), QByteArray("create"));
+        QCOMPARE(runV1(port, "finish",
+                       {p, u"ep:done"_qs, QString::fromLatin1(done.value(2)), u"completed"_qs,
+                        u"201"_qs, u"[[\"X-R\",\"r\"]]"_qs, u"the result"_qs, QString(), u"64"_qs})
+                     .value(0),
+                 QByteArray("accept"));
+        const auto busy = claimV1(u"ep:busy"_qs, u"3600000"_qs);
+        const auto bad = claimV1(u"ep:bad"_qs, u"7200000"_qs);
+        QCOMPARE(runV1(port, "finish",
+                       {p, u"ep:bad"_qs, QString::fromLatin1(bad.value(2)), u"failed"_qs, u"502"_qs,
+                        u"[]"_qs, u"down"_qs, u"downstream \"down\""_qs, u"64"_qs})
+                     .value(0),
+                 QByteArray("accept"));
+        const auto again = claimV1(u"ep:again"_qs, u"3600000"_qs);
+        QCOMPARE(runV1(port, "finish",
+                       {p, u"ep:again"_qs, QString::fromLatin1(again.value(2)), u"failed"_qs,
+                        u"500"_qs, u"[]"_qs, u"x"_qs, u"boom"_qs, u"64"_qs})
+                     .value(0),
+                 QByteArray("accept"));
+        QCOMPARE(runV1(port, "operator",
+                       {p, u"ep:again"_qs, u"reset"_qs, u"0"_qs, u"by hand"_qs, u"64"_qs})
+                     .value(0),
+                 QByteArray("accept"));
+        const QStringList keys{u"ep:done"_qs, u"ep:busy"_qs, u"ep:bad"_qs, u"ep:again"_qs};
+
+        // What v1 holds, read through the v1 hash before the migration.
+        QHash<QString, QByteArray> v1, ttl;
+        for (const QString &k : keys) {
+            QVERIFY(redisCli(port, {u"HGETALL"_qs, p + u"k:"_qs + k}, &v1[k]));
+            QVERIFY(redisCli(port, {u"PEXPIRETIME"_qs, p + u"k:"_qs + k}, &ttl[k]));
+        }
+        auto url = *StoreUrl::parse(m_redis->url() + u"?prefix="_qs + p);
+        auto store = RedisStore::connect(url);
+        QVERIFY(store.ok());
+        auto migrated = (*store)->migrateLayout();
+        QVERIFY2(migrated.ok(), migrated.ok() ? "" : qPrintable(migrated.error().message));
+        QCOMPARE(*migrated, 4);
+        QCOMPARE(*(*store)->migrateLayout(), 0); // nothing left of v1
+        QByteArray out;
+        QVERIFY(redisCli(port,
+                         {u"EXISTS"_qs, p + u"tokens"_qs, p + u"i:all"_qs, p + u"i:e:ep"_qs,
+                          p + u"k:ep:done"_qs},
+                         &out));
+        QCOMPARE(out.trimmed(), QByteArray("0"));
+
+        for (const QString &k : keys) {
+            const auto record = *(*store)->key(k);
+            QVERIFY2(record.has_value(), qPrintable(k));
+            const QList<QByteArray> fields = v1.value(k).trimmed().split('\n');
+            QHash<QByteArray, QByteArray> old;
+            for (qsizetype i = 0; i + 1 < fields.size(); i += 2)
+                old.insert(fields.at(i), fields.at(i + 1));
+            QCOMPARE(record->key, k);
+            QCOMPARE(toString(record->state), QString::fromLatin1(old.value("state")));
+            QCOMPARE(record->token, old.value("token").toLongLong());
+            QCOMPARE(record->attempts, old.value("attempts").toInt());
+            QCOMPARE(record->createdMs, old.value("created").toLongLong());
+            QCOMPARE(record->updatedMs, old.value("updated").toLongLong());
+            QCOMPARE(record->expiresAtMs, old.value("expires_at").toLongLong());
+            QCOMPARE(record->fingerprint, old.value("fingerprint"));
+            QCOMPARE(record->request.method, QByteArray("POST"));
+            QCOMPARE(record->request.path, QByteArray("/hooks/ep"));
+            QCOMPARE(headerValue(record->request.headers, "X-A"), QByteArray("1"));
+            QCOMPARE(record->request.body, "body of " + k.toUtf8());
+            QCOMPARE(record->result.status, old.value("res_status").toInt());
+            QCOMPARE(record->result.body, old.value("res_body"));
+            QCOMPARE(record->error, QString::fromUtf8(old.value("error")));
+            QCOMPARE(record->history.size(),
+                     historyFromJson(parseJsonArray(old.value("history"))).size());
+            // The TTL: the same expiry, on the new key.
+            QVERIFY(redisCli(
+                port,
+                {u"PEXPIRETIME"_qs, QString::fromUtf8(redis::recordKey(url.prefix.toUtf8(), k))},
+                &out));
+            QCOMPARE(out.trimmed(), ttl.value(k).trimmed());
+        }
+        const auto doneRecord = **(*store)->key(u"ep:done"_qs);
+        QCOMPARE(doneRecord.result.status, 201);
+        QCOMPARE(headerValue(doneRecord.result.headers, "X-R"), QByteArray("r"));
+        QCOMPARE(doneRecord.history.size(), 2);
+        QCOMPARE(doneRecord.history.last().event, u"completed"_qs);
+        const auto badRecord = **(*store)->key(u"ep:bad"_qs);
+        QCOMPARE(badRecord.error, u"downstream \"down\""_qs);
+        QCOMPARE(badRecord.history.last().detail, u"downstream \"down\""_qs);
+        QCOMPARE((**(*store)->key(u"ep:again"_qs)).history.last().event, u"reset"_qs);
+
+        // Listed and counted as before (the v1 state indexes are the v2 ones).
+        const StateCounts counts = *(*store)->countKeys(u"ep"_qs);
+        QCOMPARE(counts.completed, 1);
+        QCOMPARE(counts.processing, 1);
+        QCOMPARE(counts.failed, 1);
+        QCOMPARE(counts.reset, 1);
+        KeyQuery q;
+        q.endpoint = u"ep"_qs;
+        QCOMPARE((*store)->listKeys(q)->size(), 4);
+
+        // And the desk carries on: a replay, a duplicate in progress, the reset key processed
+        // again under a higher token, the old holder's finish still accepted.
+        ClaimRequest c = claimOf(u"ep:done"_qs);
+        c.fingerprint = "fp-ep:done";
+        auto replay = (*store)->claim(c);
+        QCOMPARE(name(replay->decision.action), name(ClaimAction::Replay));
+        QCOMPARE(replay->record.result.body, QByteArray("the result"));
+        c = claimOf(u"ep:busy"_qs);
+        c.fingerprint = "fp-ep:busy";
+        QCOMPARE(name((*store)->claim(c)->decision.action), name(ClaimAction::InProgress));
+        c = claimOf(u"ep:again"_qs);
+        c.fingerprint = "fp-ep:again";
+        auto reclaimed = (*store)->claim(c);
+        QCOMPARE(name(reclaimed->decision.action), name(ClaimAction::Reclaim));
+        QVERIFY(reclaimed->record.token > again.value(2).toLongLong());
+        QCOMPARE(reclaimed->record.history.size(), 4);
+        FinishRequest f;
+        f.key = u"ep:busy"_qs;
+        f.token = busy.value(2).toLongLong();
+        f.result = {200, {}, "late"};
+        QCOMPARE(name(*(*store)->finish(f)), name(FinishVerdict::Accept));
+        // A key deleted and its counter gone: claimed again, still above every v1 token.
+        QVERIFY(redisCli(port, {u"DEL"_qs, QString::fromUtf8(redis::tokenKey(url.prefix.toUtf8(),
+                                                                             u"ep:done"_qs))}));
+        QCOMPARE(name(*(*store)->applyOperator(u"ep:done"_qs, OperatorAction::Delete, false, {})),
+                 name(OperatorVerdict::Accept));
+        c = claimOf(u"ep:done"_qs);
+        QVERIFY((*store)->claim(c)->record.token > again.value(2).toLongLong());
+    }
+
+    // Every command migrates a v1 store at start, and says so; `idemdesk migrate` too.
+    void commandsMigrateAtStart()
+    {
+        const quint16 port = m_redis->port();
+        const QString p = u"v1cli:"_qs;
+        for (const QString &k : {u"ep:a"_qs, u"ep:b"_qs})
+            QCOMPARE(runV1(port, "claim",
+                           {p, k, u"ep"_qs, u"generic"_qs, u"fp"_qs, u"60000"_qs, u"3600000"_qs,
+                            u"reprocess"_qs, u"reject"_qs, u"POST"_qs, u"/hooks/ep"_qs, u"[]"_qs,
+                            u"{}"_qs, u"64"_qs})
+                         .value(0),
+                     QByteArray("create"));
+        const QString url = m_redis->url() + u"?prefix="_qs + p;
+        QProcess keys;
+        keys.start(QStringLiteral(IDEMDESK_BIN), {u"keys"_qs, u"list"_qs, u"--store"_qs, url});
+        QVERIFY(keys.waitForFinished(20'000));
+        QCOMPARE(keys.exitCode(), 0);
+        const QByteArray err = keys.readAllStandardError();
+        QVERIFY2(err.contains("held 2 records in the previous layout"), err.constData());
+        const QByteArray listed = keys.readAllStandardOutput();
+        QVERIFY2(listed.contains("ep:a") && listed.contains("ep:b"), listed.constData());
+
+        QProcess migrate;
+        migrate.start(QStringLiteral(IDEMDESK_BIN), {u"migrate"_qs, u"--store"_qs, url});
+        QVERIFY(migrate.waitForFinished(20'000));
+        QCOMPARE(migrate.exitCode(), 0);
+        const QByteArray said = migrate.readAllStandardOutput();
+        QVERIFY2(said.startsWith("0 records migrated"), said.constData());
     }
 };
 

@@ -1,0 +1,368 @@
+#include "store/rediscluster.h"
+
+#include <hiredis.h>
+
+#include <array>
+
+namespace idem::redis {
+
+namespace {
+
+constexpr std::array<quint16, 256> crcTable()
+{
+    std::array<quint16, 256> table{};
+    for (int i = 0; i < 256; ++i) {
+        quint16 crc = quint16(i << 8);
+        for (int bit = 0; bit < 8; ++bit)
+            crc = (crc & 0x8000) ? quint16((crc << 1) ^ 0x1021) : quint16(crc << 1);
+        table[size_t(i)] = crc;
+    }
+    return table;
+}
+constexpr std::array<quint16, 256> kCrcTable = crcTable();
+
+QByteArray textOf(const redisReply *r)
+{
+    return r && (r->type == REDIS_REPLY_STRING || r->type == REDIS_REPLY_STATUS ||
+                 r->type == REDIS_REPLY_ERROR)
+               ? QByteArray(r->str, qsizetype(r->len))
+               : QByteArray();
+}
+
+Error unavailable(const QString &why)
+{
+    return makeError(ErrorCode::Unavailable, why);
+}
+
+} // namespace
+
+quint16 crc16(QByteArrayView data)
+{
+    quint16 crc = 0;
+    for (char c : data)
+        crc = quint16((crc << 8) ^ kCrcTable[size_t(((crc >> 8) ^ quint8(c)) & 0xff)]);
+    return crc;
+}
+
+int keySlot(QByteArrayView key)
+{
+    const qsizetype open = key.indexOf('{');
+    if (open >= 0) {
+        const qsizetype close = key.sliced(open + 1).indexOf('}');
+        if (close > 0) // "{}" hashes the whole key
+            return crc16(key.sliced(open + 1, close)) & (kSlots - 1);
+    }
+    return crc16(key) & (kSlots - 1);
+}
+
+std::optional<Redirect> redirectFrom(QByteArrayView error)
+{
+    Redirect r;
+    if (error.startsWith("MOVED "))
+        error = error.sliced(6);
+    else if (error.startsWith("ASK ")) {
+        r.ask = true;
+        error = error.sliced(4);
+    } else
+        return std::nullopt;
+    const qsizetype space = error.indexOf(' ');
+    const qsizetype colon = error.lastIndexOf(':');
+    if (space <= 0 || colon <= space + 1)
+        return std::nullopt;
+    bool slotOk = false, portOk = false;
+    r.slot = error.first(space).toInt(&slotOk);
+    r.node.host = error.sliced(space + 1, colon - space - 1).toByteArray();
+    r.node.port = error.sliced(colon + 1).toInt(&portOk);
+    if (!slotOk || !portOk || r.slot < 0 || r.slot >= kSlots || r.node.port <= 0 ||
+        r.node.port > 65535)
+        return std::nullopt;
+    return r;
+}
+
+int commandSlot(const QList<QByteArray> &args)
+{
+    if (args.size() < 2)
+        return -1;
+    const QByteArray name = args.first().toUpper();
+    if (name == "EVAL" || name == "EVALSHA") {
+        if (args.size() < 4)
+            return -1;
+        return keySlot(args.at(3)); // KEYS[1], or the first argument when no key is declared
+    }
+    static const QByteArray keyless[] = {
+        "PING", "TIME",  "WAIT", "SCRIPT", "CONFIG", "AUTH",    "SELECT",   "CLUSTER",
+        "INFO", "MULTI", "EXEC", "ASKING", "DBSIZE", "FLUSHDB", "FLUSHALL", "SCAN"};
+    for (const QByteArray &k : keyless)
+        if (name == k)
+            return -1;
+    return keySlot(args.at(1));
+}
+
+Result<SlotMap> SlotMap::fromClusterSlots(const redisReply *reply)
+{
+    if (!reply || reply->type != REDIS_REPLY_ARRAY)
+        return unavailable(u"unexpected answer to CLUSTER SLOTS"_qs);
+    SlotMap map;
+    for (size_t i = 0; i < reply->elements; ++i) {
+        // [start, end, [host, port, id, …] (the master), [replica]…]
+        const redisReply *range = reply->element[i];
+        if (range->type != REDIS_REPLY_ARRAY || range->elements < 3 ||
+            range->element[0]->type != REDIS_REPLY_INTEGER ||
+            range->element[1]->type != REDIS_REPLY_INTEGER ||
+            range->element[2]->type != REDIS_REPLY_ARRAY || range->element[2]->elements < 2 ||
+            range->element[2]->element[1]->type != REDIS_REPLY_INTEGER)
+            return unavailable(u"unexpected answer to CLUSTER SLOTS"_qs);
+        const long long start = range->element[0]->integer, end = range->element[1]->integer;
+        if (start < 0 || end >= kSlots || start > end)
+            return unavailable(u"CLUSTER SLOTS names slots out of range"_qs);
+        const ClusterNode node{textOf(range->element[2]->element[0]),
+                               int(range->element[2]->element[1]->integer)};
+        if (node.host.isEmpty() || node.port <= 0) // "?" / unknown endpoint: no usable master
+            continue;
+        for (long long slot = start; slot <= end; ++slot)
+            map.setMaster(int(slot), node);
+    }
+    return map;
+}
+
+std::optional<ClusterNode> SlotMap::master(int slot) const
+{
+    if (slot < 0 || slot >= kSlots || m_owner[size_t(slot)] < 0)
+        return std::nullopt;
+    return m_nodes.at(m_owner[size_t(slot)]);
+}
+
+QList<ClusterNode> SlotMap::masters() const
+{
+    QList<ClusterNode> used;
+    for (qint16 owner : m_owner)
+        if (owner >= 0 && !used.contains(m_nodes.at(owner)))
+            used.append(m_nodes.at(owner));
+    return used;
+}
+
+void SlotMap::setMaster(int slot, const ClusterNode &node)
+{
+    qsizetype index = m_nodes.indexOf(node);
+    if (index < 0) {
+        m_nodes.append(node);
+        index = m_nodes.size() - 1;
+    }
+    m_owner[size_t(slot)] = qint16(index);
+}
+
+int SlotMap::uncovered() const
+{
+    return int(std::count(m_owner.begin(), m_owner.end(), qint16(-1)));
+}
+
+ClusterLinks::ClusterLinks(QList<ClusterNode> seeds, int connectTimeoutMs, int commandTimeoutMs,
+                           Setup setup)
+    : m_seeds(std::move(seeds)), m_connectTimeoutMs(connectTimeoutMs),
+      m_commandTimeoutMs(commandTimeoutMs), m_setup(std::move(setup))
+{}
+
+ClusterLinks::~ClusterLinks()
+{
+    for (redisContext *c : std::as_const(m_links))
+        redisFree(c);
+}
+
+Result<redisContext *> ClusterLinks::connectTo(const ClusterNode &node)
+{
+    if (redisContext *c = m_links.value(node.address()))
+        return c;
+    const timeval connectTimeout{m_connectTimeoutMs / 1000, (m_connectTimeoutMs % 1000) * 1000};
+    redisContext *c = redisConnectWithTimeout(node.host.constData(), node.port, connectTimeout);
+    if (!c)
+        return unavailable(u"out of memory"_qs);
+    if (c->err) {
+        const QString why = u"cannot connect to cluster node %1: %2"_qs.arg(
+            QString::fromUtf8(node.address()), QString::fromUtf8(c->errstr));
+        redisFree(c);
+        return unavailable(why);
+    }
+    const timeval commandTimeout{m_commandTimeoutMs / 1000, (m_commandTimeoutMs % 1000) * 1000};
+    redisSetTimeout(c, commandTimeout);
+    if (m_setup) {
+        if (auto r = m_setup(c); !r) {
+            redisFree(c);
+            return r.error();
+        }
+    }
+    m_links.insert(node.address(), c);
+    return c;
+}
+
+void ClusterLinks::markWritten(redisContext *context)
+{
+    if (!m_written.contains(context))
+        m_written.append(context);
+}
+
+QList<redisContext *> ClusterLinks::takeWritten()
+{
+    return std::exchange(m_written, {});
+}
+
+void ClusterLinks::broken(redisContext *context)
+{
+    m_written.removeAll(context);
+    for (auto it = m_links.begin(); it != m_links.end(); ++it)
+        if (it.value() == context) {
+            m_links.erase(it);
+            break;
+        }
+    if (m_current == context)
+        m_current = nullptr;
+    redisFree(context);
+    m_stale = true; // a master gone is what a failover looks like: ask who serves its slots now
+}
+
+Result<void> ClusterLinks::refresh()
+{
+    // The nodes we know (the last map's masters) and the seeds: any one that answers will do.
+    QList<ClusterNode> candidates = m_map.masters();
+    for (const ClusterNode &seed : std::as_const(m_seeds))
+        if (!candidates.contains(seed))
+            candidates.append(seed);
+    QStringList failures;
+    for (const ClusterNode &node : std::as_const(candidates)) {
+        auto c = connectTo(node);
+        if (!c) {
+            failures << c.error().message;
+            continue;
+        }
+        auto *raw = static_cast<redisReply *>(redisCommand(*c, "CLUSTER SLOTS"));
+        if (!raw) {
+            failures << u"%1: %2"_qs.arg(QString::fromUtf8(node.address()),
+                                         QString::fromUtf8((*c)->errstr));
+            broken(*c);
+            continue;
+        }
+        Reply reply(raw, freeReplyObject);
+        if (reply->type == REDIS_REPLY_ERROR) {
+            failures << u"%1: %2"_qs.arg(QString::fromUtf8(node.address()),
+                                         QString::fromUtf8(textOf(reply.get())));
+            continue;
+        }
+        auto map = SlotMap::fromClusterSlots(reply.get());
+        if (!map) {
+            failures << map.error().message;
+            continue;
+        }
+        m_map = std::move(*map);
+        m_stale = false;
+        return {};
+    }
+    return unavailable(u"no cluster node told the slot map (%1)"_qs.arg(failures.join(u"; "_qs)));
+}
+
+Result<redisContext *> ClusterLinks::link(int slot)
+{
+    if (m_stale) {
+        if (auto r = refresh(); !r)
+            return r.error();
+    }
+    auto master = m_map.master(slot);
+    if (!master) {
+        // Its master failed and no replica took over yet: refused (nothing is sent anywhere else);
+        // the map is read again on the next call.
+        m_stale = true;
+        return unavailable(u"slot %1 has no master (failover in progress?)"_qs.arg(slot));
+    }
+    auto c = connectTo(*master);
+    if (!c) {
+        m_stale = true;
+        return c.error();
+    }
+    m_current = *c;
+    return c;
+}
+
+Result<redisContext *> ClusterLinks::current()
+{
+    if (m_current)
+        return m_current;
+    if (m_stale) {
+        if (auto r = refresh(); !r)
+            return r.error();
+    }
+    const auto masters = m_map.masters();
+    if (masters.isEmpty())
+        return unavailable(u"the cluster serves no slot"_qs);
+    auto c = connectTo(masters.first());
+    if (!c) {
+        m_stale = true;
+        return c.error();
+    }
+    m_current = *c;
+    return c;
+}
+
+Result<ClusterLinks::Reply> ClusterLinks::command(const QList<QByteArray> &args, bool writes)
+{
+    std::vector<const char *> argv;
+    std::vector<size_t> lengths;
+    for (const QByteArray &a : args) {
+        argv.push_back(a.constData());
+        lengths.push_back(size_t(a.size()));
+    }
+    const int slot = commandSlot(args);
+    auto context = slot >= 0 ? link(slot) : current();
+    bool asking = false;
+    for (int redirects = 0;; ++redirects) {
+        if (!context)
+            return context.error();
+        redisContext *c = *context;
+        if (asking) {
+            // ASKING and the command in one write: the target serves this one command on a slot it
+            // is importing.
+            redisAppendCommand(c, "ASKING");
+            redisAppendCommandArgv(c, int(argv.size()), argv.data(), lengths.data());
+            void *ok = nullptr;
+            if (redisGetReply(c, &ok) == REDIS_OK && ok)
+                freeReplyObject(ok);
+        } else {
+            redisAppendCommandArgv(c, int(argv.size()), argv.data(), lengths.data());
+        }
+        void *raw = nullptr;
+        if (redisGetReply(c, &raw) != REDIS_OK || !raw) {
+            // No answer: a write may or may not have been applied — in doubt, never re-sent.
+            const QString why = QString::fromUtf8(c->errstr);
+            broken(c);
+            return makeError(writes ? ErrorCode::InDoubt : ErrorCode::Unavailable, why);
+        }
+        Reply reply(static_cast<redisReply *>(raw), freeReplyObject);
+        if (writes)
+            markWritten(c);
+        if (reply->type != REDIS_REPLY_ERROR)
+            return reply;
+        const QByteArray error = textOf(reply.get());
+        if (error.startsWith("CLUSTERDOWN") || error.startsWith("TRYAGAIN")) {
+            // Not run: the cluster cannot serve the slot now (a failover, a migration).
+            m_stale = true;
+            return unavailable(QString::fromUtf8(error));
+        }
+        const auto redirect = redirectFrom(error);
+        if (!redirect)
+            return reply; // the command's own error
+        // Redirected: the node did not run the command, so sending it on is safe.
+        if (redirects >= kMaxRedirects)
+            return unavailable(
+                u"more than %1 cluster redirects for slot %2 (last: %3)"_qs.arg(kMaxRedirects)
+                    .arg(redirect->slot)
+                    .arg(QString::fromUtf8(error)));
+        asking = redirect->ask;
+        if (!redirect->ask) {
+            m_map.setMaster(redirect->slot, redirect->node);
+            m_stale =
+                true; // other slots likely moved too: re-read the whole map before the next command
+        }
+        context = connectTo(redirect->node);
+        if (context)
+            m_current = *context;
+    }
+}
+
+} // namespace idem::redis

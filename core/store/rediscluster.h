@@ -1,0 +1,125 @@
+#pragma once
+
+#include "store/storeurl.h"
+#include "util/result.h"
+
+#include <QByteArray>
+#include <QByteArrayView>
+#include <QHash>
+#include <QList>
+
+#include <functional>
+#include <memory>
+#include <optional>
+#include <vector>
+
+struct redisContext;
+struct redisReply;
+
+namespace idem::redis {
+
+// Redis Cluster routing over hiredis 0.14 (which has no cluster client): key → slot, slot →
+// master, and the redirects a node answers. Ours, per the cluster spec
+// (https://redis.io/docs/reference/cluster-spec/).
+
+constexpr int kSlots = 16384;
+constexpr int kMaxRedirects = 5; // MOVED/ASK followed per command before giving up (503)
+
+// CRC16-CCITT (XMODEM): polynomial 0x1021, initial 0, no reflection — Redis's crc16.c.
+quint16 crc16(QByteArrayView data);
+// The key's slot: CRC16 of the hash tag — the bytes between the first '{' and the first '}'
+// after it, when there are any — else of the whole key; modulo 16384.
+int keySlot(QByteArrayView key);
+
+struct ClusterNode
+{
+    QByteArray host;
+    int port = 0;
+    QByteArray address() const { return host + ':' + QByteArray::number(port); }
+    friend bool operator==(const ClusterNode &, const ClusterNode &) = default;
+};
+
+// "MOVED 3999 127.0.0.1:6381" / "ASK 3999 127.0.0.1:6381", as a node answers a command on a slot
+// it does not serve. Neither ran the command, so following it is always safe.
+struct Redirect
+{
+    bool ask = false; // ASK: this one command, once, preceded by ASKING; MOVED: the slot's new home
+    int slot = 0;
+    ClusterNode node;
+};
+std::optional<Redirect> redirectFrom(QByteArrayView error);
+
+// Which slot a command touches: EVAL/EVALSHA route by KEYS[1], or — with no keys declared — by
+// their first argument (every script of ours takes the key prefix first); other commands by
+// their first argument. -1 for commands on no key (PING, TIME, WAIT, SCRIPT, CONFIG, …).
+int commandSlot(const QList<QByteArray> &args);
+
+// Slot → master, as CLUSTER SLOTS tells it. A slot nobody serves (a failed master not yet
+// replaced) has no master: commands on it are refused, never sent elsewhere.
+class SlotMap
+{
+public:
+    static Result<SlotMap> fromClusterSlots(const redisReply *reply);
+    std::optional<ClusterNode> master(int slot) const;
+    QList<ClusterNode> masters() const;
+    void setMaster(int slot, const ClusterNode &node); // a MOVED answer
+    int uncovered() const;                             // slots without a master
+
+private:
+    std::vector<qint16> m_owner = std::vector<qint16>(kSlots, -1); // index into m_nodes
+    QList<ClusterNode> m_nodes;
+};
+
+// Blocking connections to a cluster's masters, for one RedisStore (one thread; NOT
+// thread-safe). Connects lazily to the master of each slot asked for; re-reads the slot map
+// (from any node it knows, seeds first) when it is stale: after a MOVED, a CLUSTERDOWN, a lost
+// connection or a slot without master. Errors are values: ErrorCode::Unavailable (503) when
+// nothing ran, InDoubt for a write whose answer was lost — never retried here.
+class ClusterLinks
+{
+public:
+    using Setup = std::function<Result<void>(redisContext *)>; // AUTH on each new connection
+    ClusterLinks(QList<ClusterNode> seeds, int connectTimeoutMs, int commandTimeoutMs, Setup setup);
+    ~ClusterLinks();
+    ClusterLinks(const ClusterLinks &) = delete;
+    ClusterLinks &operator=(const ClusterLinks &) = delete;
+
+    // Reads CLUSTER SLOTS from the first node that answers it.
+    Result<void> refresh();
+    // The connection to the slot's master (connected on first use); refreshes a stale map first.
+    Result<redisContext *> link(int slot);
+    // The connection used last (for commands on no key: WAIT after a write, SCRIPT LOAD after a
+    // NOSCRIPT), else any master's.
+    Result<redisContext *> current();
+    // Runs one command on the master of its slot, following MOVED (the map is updated and
+    // re-read) and ASK (ASKING, then the command once on the target), at most kMaxRedirects.
+    // An error reply other than a redirect comes back as the reply (the caller judges it);
+    // CLUSTERDOWN and TRYAGAIN are Unavailable.
+    using Reply = std::unique_ptr<redisReply, void (*)(void *)>;
+    Result<Reply> command(const QList<QByteArray> &args, bool writes);
+    // The connection to one node (a master from map()), connected on first use.
+    Result<redisContext *> linkTo(const ClusterNode &node) { return connectTo(node); }
+    // The masters written to since the last takeWritten() (WAIT goes to each).
+    void markWritten(redisContext *context);
+    QList<redisContext *> takeWritten();
+    // A lost connection: drop it, re-read the map before the next command.
+    void broken(redisContext *context);
+    void markStale() { m_stale = true; }
+    const SlotMap &map() const { return m_map; }
+    QList<ClusterNode> seeds() const { return m_seeds; }
+
+private:
+    Result<redisContext *> connectTo(const ClusterNode &node);
+
+    QList<ClusterNode> m_seeds;
+    int m_connectTimeoutMs;
+    int m_commandTimeoutMs;
+    Setup m_setup;
+    SlotMap m_map;
+    bool m_stale = true;
+    QHash<QByteArray, redisContext *> m_links; // by address
+    redisContext *m_current = nullptr;
+    QList<redisContext *> m_written;
+};
+
+} // namespace idem::redis

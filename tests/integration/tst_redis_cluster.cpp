@@ -1,0 +1,553 @@
+// Redis Cluster routing (store/rediscluster.h): CRC16 and hash tags against known vectors and
+// the cluster's own CLUSTER KEYSLOT, then routing, MOVED and ASK on the real cluster ./dev test
+// starts (IDEM_TEST_REDIS_CLUSTER_URL).
+#include "http/blockingclient.h"
+#include "store/rediscluster.h"
+#include "store/redisstore.h"
+#include "store/storefactory.h"
+#include "store/storeurl.h"
+#include "support/desk.h"
+#include "support/downstream.h"
+#include "util/clock.h"
+
+#include <QDateTime>
+#include <QDeadlineTimer>
+#include <QDir>
+#include <QProcess>
+#include <QScopeGuard>
+#include <QTest>
+
+#include <atomic>
+#include <csignal>
+#include <mutex>
+#include <thread>
+
+#include <hiredis.h>
+
+using namespace idem;
+using namespace idem::redis;
+
+namespace {
+
+QByteArray cli(int port, const QStringList &args)
+{
+    QProcess p;
+    p.start(u"redis-cli"_qs, QStringList{u"-p"_qs, QString::number(port)} + args);
+    p.waitForFinished(10'000);
+    return p.readAllStandardOutput().trimmed();
+}
+
+// One node's own view: the id of the node at `port`.
+QByteArray nodeId(int port)
+{
+    return cli(port, {u"CLUSTER"_qs, u"MYID"_qs});
+}
+
+const QByteArray g_run = QByteArray::number(QDateTime::currentMSecsSinceEpoch(), 36);
+
+// Every node of the cluster agrees it is whole, and every master has its replica back.
+bool clusterWhole(const QList<int> &ports)
+{
+    int replicasUp = 0;
+    for (int port : ports) {
+        if (!cli(port, {u"CLUSTER"_qs, u"INFO"_qs}).contains("cluster_state:ok"))
+            return false;
+        const QByteArray replication = cli(port, {u"INFO"_qs, u"replication"_qs});
+        replicasUp +=
+            replication.contains("role:slave") && replication.contains("master_link_status:up");
+    }
+    return replicasUp == ports.size() / 2;
+}
+
+// Polls `ready` (each poll may take a while: it runs redis-cli) until it holds or `ms` passed.
+bool waitUntil(const std::function<bool()> &ready, int ms)
+{
+    const QDeadlineTimer deadline(ms);
+    while (!ready()) {
+        if (deadline.hasExpired())
+            return false;
+        QTest::qWait(100);
+    }
+    return true;
+}
+
+// Moves `slot` to the node `to` (ids and ports), as redis-cli --cluster reshard does: the
+// importing node takes it first (bumping its epoch, so that its claim wins), then the others.
+void moveSlot(int slot, int fromPort, int toPort, const QList<int> &masterPorts)
+{
+    const QString s = QString::number(slot);
+    const QString fromId = QString::fromUtf8(nodeId(fromPort)),
+                  toId = QString::fromUtf8(nodeId(toPort));
+    cli(toPort, {u"CLUSTER"_qs, u"SETSLOT"_qs, s, u"IMPORTING"_qs, fromId});
+    cli(fromPort, {u"CLUSTER"_qs, u"SETSLOT"_qs, s, u"MIGRATING"_qs, toId});
+    cli(toPort, {u"CLUSTER"_qs, u"SETSLOT"_qs, s, u"NODE"_qs, toId});
+    cli(fromPort, {u"CLUSTER"_qs, u"SETSLOT"_qs, s, u"NODE"_qs, toId});
+    for (int port : masterPorts)
+        if (port != fromPort && port != toPort)
+            cli(port, {u"CLUSTER"_qs, u"SETSLOT"_qs, s, u"NODE"_qs, toId});
+}
+
+// A key (hash-tagged) whose slot is `slot`.
+QByteArray keyInSlot(int slot, const QByteArray &suffix)
+{
+    for (int i = 0;; ++i) {
+        const QByteArray tag = "t" + QByteArray::number(i);
+        if (keySlot(tag) == slot)
+            return '{' + tag + '}' + suffix;
+    }
+}
+
+} // namespace
+
+class TestRedisCluster : public QObject
+{
+    Q_OBJECT
+
+    StoreUrl m_url;
+    QList<ClusterNode> m_seeds;
+    QList<int> m_ports;
+
+    std::unique_ptr<ClusterLinks> links()
+    {
+        return std::make_unique<ClusterLinks>(m_seeds, 2000, 3000, ClusterLinks::Setup());
+    }
+
+private Q_SLOTS:
+    void initTestCase()
+    {
+        const QString url = qEnvironmentVariable("IDEM_TEST_REDIS_CLUSTER_URL");
+        if (url.isEmpty())
+            QFAIL("IDEM_TEST_REDIS_CLUSTER_URL is not set: run the suite through ./dev test");
+        auto parsed = StoreUrl::parse(url);
+        QVERIFY2(parsed.ok(), parsed.ok() ? "" : qPrintable(parsed.error().message));
+        m_url = *parsed;
+        for (const auto &[host, port] : m_url.clusterSeeds) {
+            m_seeds.append({host.toUtf8(), port});
+            m_ports.append(port);
+        }
+        // Whole before we start (a failover test of an earlier suite may have just ended).
+        QVERIFY2(waitUntil([&] { return clusterWhole(m_ports); }, 30'000),
+                 "the cluster is not whole");
+    }
+
+    void crc16KnownVectors()
+    {
+        QCOMPARE(crc16("123456789"), quint16(0x31C3)); // the spec's check value for XMODEM
+        QCOMPARE(crc16(""), quint16(0));
+        QCOMPARE(crc16("A"), quint16(0x58E5));
+    }
+
+    void hashTags_data()
+    {
+        QTest::addColumn<QByteArray>("key");
+        QTest::addColumn<int>("slot"); // as redis-cli CLUSTER KEYSLOT answers on Redis 7.0
+        QTest::newRow("plain") << QByteArray("123456789") << 12739;
+        QTest::newRow("foo") << QByteArray("foo") << 12182;
+        QTest::newRow("tag") << QByteArray("{user1000}.following") << 3443;
+        QTest::newRow("same tag") << QByteArray("{user1000}.followers") << 3443;
+        QTest::newRow("empty tag: whole key") << QByteArray("foo{}{bar}") << 8363;
+        QTest::newRow("first { to first }") << QByteArray("foo{{bar}}zap") << 4015;
+        QTest::newRow("first tag only") << QByteArray("foo{bar}{zap}") << 5061;
+        QTest::newRow("only {}") << QByteArray("{}") << 15257;
+        QTest::newRow("unclosed") << QByteArray("a{b") << 13340;
+        QTest::newRow("empty key") << QByteArray("") << 0;
+    }
+    void hashTags()
+    {
+        QFETCH(QByteArray, key);
+        QFETCH(int, slot);
+        QCOMPARE(keySlot(key), slot);
+    }
+
+    // The cluster itself agrees, key by key, on keys with and without tags.
+    void slotsMatchClusterKeyslot()
+    {
+        const int port = m_seeds.first().port;
+        const QList<QByteArray> keys{"idem:k:ep:1",
+                                     "{idem:}k:ep:1",
+                                     "a}b{c}",
+                                     "{{}}",
+                                     "x{y}z{",
+                                     "ü{ß}",
+                                     "github:delivery-72d3162e-cc78-11e3-81ab-4c9367dc0958"};
+        for (const QByteArray &key : keys)
+            QCOMPARE(keySlot(key),
+                     cli(port, {u"CLUSTER"_qs, u"KEYSLOT"_qs, QString::fromUtf8(key)}).toInt());
+    }
+
+    void redirectsParse()
+    {
+        auto moved = redirectFrom("MOVED 3999 127.0.0.1:6381");
+        QVERIFY(moved && !moved->ask);
+        QCOMPARE(moved->slot, 3999);
+        QCOMPARE(moved->node.address(), QByteArray("127.0.0.1:6381"));
+        auto ask = redirectFrom("ASK 12 ::1:7000");
+        QVERIFY(ask && ask->ask);
+        QCOMPARE(ask->node.host, QByteArray("::1"));
+        QCOMPARE(ask->node.port, 7000);
+        QVERIFY(!redirectFrom("MOVED 99999 h:1"));
+        QVERIFY(!redirectFrom("MOVED 1 h"));
+        QVERIFY(!redirectFrom("ERR MOVED 1 h:1"));
+        QVERIFY(!redirectFrom("NOSCRIPT No matching script"));
+    }
+
+    void commandsRouteByTheirKey()
+    {
+        QCOMPARE(commandSlot({"HGETALL", "{a}x"}), keySlot("a"));
+        QCOMPARE(commandSlot({"EVALSHA", "sha", "1", "{r}k", "arg"}), keySlot("r"));
+        QCOMPARE(commandSlot({"EVALSHA", "sha", "0", "{idem:}"}), keySlot("idem:"));
+        QCOMPARE(commandSlot({"WAIT", "1", "100"}), -1);
+        QCOMPARE(commandSlot({"PING"}), -1);
+    }
+
+    void clusterUrls()
+    {
+        auto url = StoreUrl::parse(
+            u"redis-cluster://u:secret@10.0.0.1:7000,10.0.0.2:7001?prefix=x:&wait_replicas=1"_qs);
+        QVERIFY2(url.ok(), url.ok() ? "" : qPrintable(url.error().message));
+        QVERIFY(url->cluster);
+        QCOMPARE(url->clusterSeeds.size(), 2);
+        QCOMPARE(url->clusterSeeds.at(1).second, 7001);
+        QCOMPARE(url->password, u"secret"_qs);
+        QCOMPARE(url->prefix, u"x:"_qs);
+        QCOMPARE(url->waitReplicas, 1);
+        QCOMPARE(url->display(), u"redis-cluster://u:***@10.0.0.1:7000,10.0.0.2:7001"_qs);
+        for (const QString &bad :
+             {u"redis-cluster://u:secret@h:1,h"_qs, u"redis-cluster://u:secret@h:99999"_qs,
+              u"redis-cluster://u:secret@"_qs, u"redis-cluster://u:secret@h:1/3"_qs,
+              u"redis-cluster://u:secret@h:1?db=2"_qs, u"redis-cluster://u:secret@h:1,,h:2"_qs}) {
+            auto r = StoreUrl::parse(bad);
+            QVERIFY2(!r.ok(), qPrintable(bad));
+            QCOMPARE(r.error().code, ErrorCode::Invalid);
+            QVERIFY2(!r.error().message.contains(u"secret"_qs), qPrintable(r.error().message));
+        }
+    }
+
+    void slotMapCoversEverySlot()
+    {
+        auto l = links();
+        QVERIFY(l->refresh().ok());
+        QCOMPARE(l->map().uncovered(), 0);
+        QCOMPARE(l->map().masters().size(), 3);
+    }
+
+    // Each command lands on its slot's master: the key is found there and nowhere else.
+    void commandsGoToTheSlotsMaster()
+    {
+        auto l = links();
+        for (int i = 0; i < 30; ++i) {
+            const QByteArray key = "route:" + QByteArray::number(i);
+            auto r = l->command({"SET", key, "v"}, true);
+            QVERIFY2(r.ok(), r.ok() ? "" : qPrintable(r.error().message));
+            QCOMPARE((*r)->type, REDIS_REPLY_STATUS);
+            const ClusterNode owner = *l->map().master(keySlot(key));
+            for (const ClusterNode &m : l->map().masters()) {
+                const QByteArray there = cli(m.port, {u"EXISTS"_qs, QString::fromUtf8(key)});
+                if (m == owner)
+                    QCOMPARE(there, QByteArray("1"));
+                else // another master does not hold the slot at all
+                    QVERIFY2(there.startsWith("MOVED " + QByteArray::number(keySlot(key)) + " " +
+                                              owner.address()),
+                             there.constData());
+            }
+        }
+    }
+
+    // A slot being migrated: ASK sends one command to the importing node (ASKING first); once the
+    // slot has moved, MOVED updates the map. Then the slot goes back where it was.
+    void askAndMovedAreFollowed()
+    {
+        auto l = links();
+        QVERIFY(l->refresh().ok());
+        const QList<ClusterNode> masters = l->map().masters();
+        const int slot = 4242;
+        const ClusterNode from = *l->map().master(slot);
+        ClusterNode to = masters.first() == from ? masters.at(1) : masters.first();
+        const QByteArray fromId = nodeId(from.port), toId = nodeId(to.port);
+        const QString s = QString::number(slot);
+        const QByteArray key = keyInSlot(slot, ":ask");
+        cli(to.port, {u"DEL"_qs, QString::fromUtf8(key)});
+        QCOMPARE(cli(to.port,
+                     {u"CLUSTER"_qs, u"SETSLOT"_qs, s, u"IMPORTING"_qs, QString::fromUtf8(fromId)}),
+                 QByteArray("OK"));
+        QCOMPARE(cli(from.port,
+                     {u"CLUSTER"_qs, u"SETSLOT"_qs, s, u"MIGRATING"_qs, QString::fromUtf8(toId)}),
+                 QByteArray("OK"));
+        QList<int> masterPorts;
+        for (const ClusterNode &m : masters)
+            masterPorts << m.port;
+        bool moved = false;
+        auto cleanup = qScopeGuard([&] {
+            // Back where it was, empty: the slot's key goes, then the slot.
+            cli(to.port, {u"DEL"_qs, QString::fromUtf8(key)});
+            if (moved)
+                moveSlot(slot, to.port, from.port, masterPorts);
+            else
+                for (const ClusterNode &m : {from, to})
+                    cli(m.port, {u"CLUSTER"_qs, u"SETSLOT"_qs, s, u"STABLE"_qs});
+        });
+
+        // ASK: the key is new, so the migrating node sends us to the importing one.
+        auto asked = l->command({"SET", key, "asked"}, true);
+        QVERIFY2(asked.ok(), asked.ok() ? "" : qPrintable(asked.error().message));
+        // `from` does not have it (it sends us on again); `to` has it, served after ASKING only.
+        QVERIFY2(cli(from.port, {u"GET"_qs, QString::fromUtf8(key)}).startsWith("ASK "),
+                 "not on the migrating node");
+        QVERIFY(*l->map().master(slot) == from); // ASK does not move the slot in the map
+
+        // The migration ends: the slot is `to`'s, and `from` answers MOVED.
+        moved = true;
+        moveSlot(slot, from.port, to.port, masterPorts);
+        auto got = l->command({"GET", key}, false);
+        QVERIFY2(got.ok(), got.ok() ? "" : qPrintable(got.error().message));
+        QCOMPARE(QByteArray((*got)->str, qsizetype((*got)->len)), QByteArray("asked"));
+        QVERIFY(*l->map().master(slot) == to);
+        QCOMPARE(cli(to.port, {u"GET"_qs, QString::fromUtf8(key)}), QByteArray("asked"));
+    }
+
+    // Two nodes sending each other around (a migration half set up) end in an error, not a loop.
+    void redirectsAreBounded()
+    {
+        auto l = links();
+        QVERIFY(l->refresh().ok());
+        const QList<ClusterNode> masters = l->map().masters();
+        const int slot = 777;
+        const ClusterNode from = *l->map().master(slot);
+        const ClusterNode to = masters.first() == from ? masters.at(1) : masters.first();
+        const QString s = QString::number(slot);
+        // `from` sends new keys to `to` (ASK); `to`, not importing, sends them back (MOVED).
+        QCOMPARE(cli(from.port, {u"CLUSTER"_qs, u"SETSLOT"_qs, s, u"MIGRATING"_qs,
+                                 QString::fromUtf8(nodeId(to.port))}),
+                 QByteArray("OK"));
+        auto cleanup = qScopeGuard([&] {
+            cli(from.port, {u"CLUSTER"_qs, u"SETSLOT"_qs, s, u"STABLE"_qs});
+        });
+        auto r = l->command({"SET", keyInSlot(slot, ":loop"), "v"}, true);
+        QVERIFY(!r.ok());
+        QCOMPARE(r.error().code, ErrorCode::Unavailable);
+        QVERIFY2(r.error().message.contains(u"redirects"_qs), qPrintable(r.error().message));
+    }
+
+    // A plain redis:// URL naming one cluster node is served as the cluster.
+    void plainUrlAtAClusterNodeIsServedAsACluster()
+    {
+        const QString plain = u"redis://127.0.0.1:%1/0?prefix=plain%2:"_qs.arg(m_seeds.first().port)
+                                  .arg(QString::fromLatin1(g_run));
+        auto url = StoreUrl::parse(plain);
+        QVERIFY(url.ok());
+        auto store = RedisStore::connect(*url);
+        QVERIFY2(store.ok(), store.ok() ? "" : qPrintable(store.error().message));
+        QVERIFY((*store)->isCluster());
+        ClaimRequest claim;
+        claim.key = u"ep:k"_qs;
+        claim.endpoint = u"ep"_qs;
+        claim.provider = u"generic"_qs;
+        claim.fingerprint = "f";
+        auto claimed = (*store)->claim(claim);
+        QVERIFY2(claimed.ok(), claimed.ok() ? "" : qPrintable(claimed.error().message));
+        QVERIFY(claimed->claimed());
+        auto pool = openStorePool(plain);
+        QVERIFY2(pool.ok(), pool.ok() ? "" : qPrintable(pool.error().message));
+        auto read = (*pool)->run<std::optional<KeyRecord>>(
+            [](IdempotencyStore &s) { return s.key(u"ep:k"_qs); });
+        QVERIFY(read.ok() && read->has_value());
+        auto bad = StoreUrl::parse(u"redis://127.0.0.1:%1/2"_qs.arg(m_seeds.first().port));
+        QVERIFY(bad.ok());
+        auto refused = RedisStore::connect(*bad);
+        QVERIFY(!refused.ok());
+        QVERIFY2(refused.error().message.contains(u"database 0"_qs),
+                 qPrintable(refused.error().message));
+    }
+
+    // The master serving the desk's records dies mid-traffic. Until a replica takes its slots
+    // over, every delivery is answered 503 and none is processed; then the desk serves again,
+    // without a restart. Re-sending every acknowledged delivery afterwards shows what the
+    // asynchronous replication lost (second runs) — none with wait_replicas=1.
+    void failoverMidTraffic_data()
+    {
+        QTest::addColumn<int>("waitReplicas");
+        QTest::newRow("async replication") << 0;
+        QTest::newRow("wait_replicas=1") << 1;
+    }
+    void failoverMidTraffic()
+    {
+        QFETCH(int, waitReplicas);
+        const QString dir = qEnvironmentVariable("IDEM_TEST_REDIS_CLUSTER_DIR");
+        QList<int> ports;
+        for (const QString &p : qEnvironmentVariable("IDEM_TEST_REDIS_CLUSTER_PORTS").split(u','))
+            ports << p.toInt();
+        if (dir.isEmpty() || ports.size() != 6)
+            QFAIL(
+                "IDEM_TEST_REDIS_CLUSTER_DIR/PORTS are not set: run the suite through ./dev test");
+        QVERIFY2(waitUntil([&] { return clusterWhole(ports); }, 30'000),
+                 "the cluster is not whole");
+
+        idem::test::CountingDownstream down;
+        const QByteArray prefix = "fo" + g_run + QByteArray::number(waitReplicas) + ":";
+        QString url = qEnvironmentVariable("IDEM_TEST_REDIS_CLUSTER_URL") + u"?prefix="_qs +
+                      QString::fromLatin1(prefix);
+        if (waitReplicas)
+            url += u"&wait_replicas=1&wait_timeout_ms=500"_qs;
+        idem::test::Desk desk = idem::test::startDesk(
+            "{\"endpoints\": [{\"name\": \"fo\", \"forward_to\": \"" +
+                down.url().toString().toUtf8() +
+                "\", \"lease_seconds\": 10, \"forward_timeout_seconds\": 5}]}",
+            url);
+
+        // The victim: the master of the delivery log, which holds a third of the records too.
+        auto l = links();
+        QVERIFY(l->refresh().ok());
+        const ClusterNode master = *l->map().master(keySlot(prefix + "log"));
+        const QByteArray info = cli(master.port, {u"INFO"_qs, u"server"_qs});
+        const qint64 pid =
+            info.mid(info.indexOf("process_id:") + 11).split('\r').first().toLongLong();
+        QVERIFY(pid > 0);
+        std::vector<bool> victimSlots(kSlots);
+        for (int slot = 0; slot < kSlots; ++slot)
+            victimSlots[size_t(slot)] = *l->map().master(slot) == master;
+        // A record's slot is its key's ("fo:<id>", the hash tag of P{fo:<id>}:r).
+        auto onVictim = [&](const QByteArray &id) {
+            return bool(victimSlots[size_t(keySlot("fo:" + id))]);
+        };
+
+        std::atomic<bool> stop{false}, killed{false};
+        std::atomic<int> acknowledged{0}, victimServedAfterKill{0};
+        std::mutex mutex;
+        QList<QByteArray> acked;            // answered 200
+        QList<QByteArray> refusedAfterKill; // answered 503, sent after the master died
+        QStringList unexpected;             // neither 200 nor 503
+        auto send = [&](const QByteArray &id) {
+            const bool sentAfterKill = killed;
+            const ClientResponse r = post(desk.port, "/hooks/fo", "{}", {{"Idempotency-Key", id}});
+            std::lock_guard lock(mutex);
+            if (r.status == 200) {
+                acked << id;
+                ++acknowledged;
+                victimServedAfterKill += sentAfterKill && onVictim(id);
+            } else if (r.status == 503) {
+                if (sentAfterKill)
+                    refusedAfterKill << id;
+            } else {
+                unexpected << QString::number(r.status) + u" "_qs +
+                                  QString::fromUtf8(r.body.left(200)) + r.error;
+            }
+            return r.status;
+        };
+        // Four senders, each its own new keys; one more that, once the master is dead, sends a
+        // key of the victim's slots every 50 ms: the failover window, seen from the outside.
+        std::vector<std::thread> senders;
+        for (int t = 0; t < 4; ++t)
+            senders.emplace_back([&, t] {
+                for (int i = 0; !stop; ++i)
+                    if (send("s" + QByteArray::number(t) + "-" + QByteArray::number(i)) == 503)
+                        std::this_thread::sleep_for(std::chrono::milliseconds(20)); // backs off
+            });
+        senders.emplace_back([&] {
+            for (int i = 0; !stop; ++i) {
+                const QByteArray id = "p-" + QByteArray::number(i);
+                if (!killed)
+                    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+                else if (onVictim(id)) {
+                    send(id);
+                    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+                }
+            }
+        });
+        auto joined = qScopeGuard([&] {
+            stop = true;
+            for (auto &s : senders)
+                s.join();
+        });
+        QTRY_VERIFY_WITH_TIMEOUT(acknowledged >= 300, 30'000);
+        QCOMPARE(::kill(pid_t(pid), SIGKILL), 0);
+        killed = true;
+        const qint64 killedUs = monotonicUs();
+
+        // The replica takes over (cluster-node-timeout 2 s): deliveries are answered again.
+        // With wait_replicas=1 the new master has no replica until the old one is back, so the old
+        // one is restarted first (it rejoins as the new master's replica).
+        auto restart = [&] {
+            const QString nodeDir = QDir(dir).filePath(u"cluster-%1"_qs.arg(master.port));
+            QProcess::execute(u"redis-server"_qs, {u"--port"_qs,
+                                                   QString::number(master.port),
+                                                   u"--bind"_qs,
+                                                   u"127.0.0.1"_qs,
+                                                   u"--dir"_qs,
+                                                   nodeDir,
+                                                   u"--save"_qs,
+                                                   u""_qs,
+                                                   u"--appendonly"_qs,
+                                                   u"no"_qs,
+                                                   u"--daemonize"_qs,
+                                                   u"yes"_qs,
+                                                   u"--logfile"_qs,
+                                                   u"redis-restarted.log"_qs,
+                                                   u"--cluster-enabled"_qs,
+                                                   u"yes"_qs,
+                                                   u"--cluster-config-file"_qs,
+                                                   u"nodes.conf"_qs,
+                                                   u"--cluster-node-timeout"_qs,
+                                                   u"2000"_qs});
+        };
+        QVERIFY2(waitUntil(
+                     [&] {
+                         auto fresh = links();
+                         const auto now = fresh->refresh().ok()
+                                              ? fresh->map().master(keySlot(prefix + "log"))
+                                              : std::nullopt;
+                         return now && !(*now == master);
+                     },
+                     30'000),
+                 "no replica took the slots over");
+        const qint64 failoverMs = (monotonicUs() - killedUs) / 1000;
+        restart();
+        QTRY_VERIFY_WITH_TIMEOUT(victimServedAfterKill >= 20, 30'000); // its slots serve again
+        const qint64 servingMs = (monotonicUs() - killedUs) / 1000;
+        stop = true;
+        joined.dismiss();
+        for (auto &s : senders)
+            s.join();
+
+        QVERIFY2(unexpected.isEmpty(),
+                 qPrintable(u"answers other than 200/503: %1"_qs.arg(unexpected.join(u"; "_qs))));
+        // Refused while the slots had no reachable master: never processed.
+        int processedRefusals = 0;
+        for (const QByteArray &key : std::as_const(refusedAfterKill))
+            processedRefusals += down.count(key) > 0;
+        QCOMPARE(processedRefusals, 0);
+        QVERIFY2(!refusedAfterKill.isEmpty(), "the failover window answered nothing with 503");
+
+        // Second runs: every acknowledged delivery again, once the cluster is whole.
+        QVERIFY2(waitUntil([&] { return clusterWhole(ports); }, 30'000),
+                 "the cluster is not whole again");
+        int secondRuns = 0, notReplayed = 0;
+        for (const QByteArray &key : std::as_const(acked)) {
+            const ClientResponse r = post(desk.port, "/hooks/fo", "{}", {{"Idempotency-Key", key}});
+            notReplayed += r.status != 200;
+            secondRuns += down.count(key) > 1;
+        }
+        qInfo("failover (wait_replicas=%d): slots without a reachable master for %lld ms, serving "
+              "again after %lld ms; "
+              "%d deliveries refused (503) meanwhile, none processed; second runs after the "
+              "failover: %d of %lld "
+              "acknowledged (lost by asynchronous replication)",
+              waitReplicas, failoverMs, servingMs, int(refusedAfterKill.size()), secondRuns,
+              qint64(acked.size()));
+        QCOMPARE(notReplayed, 0);
+        if (waitReplicas)
+            QCOMPARE(secondRuns, 0);
+    }
+
+    // No node reachable: an error naming what was tried, no hang.
+    void unreachableSeedsAreUnavailable()
+    {
+        ClusterLinks l({{"127.0.0.1", 1}}, 500, 500, {});
+        auto r = l.command({"GET", "x"}, false);
+        QVERIFY(!r.ok());
+        QCOMPARE(r.error().code, ErrorCode::Unavailable);
+        QVERIFY2(r.error().message.contains(u"127.0.0.1:1"_qs), qPrintable(r.error().message));
+    }
+};
+
+QTEST_GUILESS_MAIN(TestRedisCluster)
+#include "tst_redis_cluster.moc"
