@@ -604,6 +604,11 @@ Result<qint64> RedisStore::repairSlice()
 {
     // A slice of the records, re-indexed from what they say: an index write that was lost (a
     // connection dropped after the script, a desk killed between the two) is made good here.
+    // Only records settled for a minute: one changing now has its own index write on the way,
+    // which this one, read before it, must not undo.
+    auto now = clockMs();
+    if (!now)
+        return now.error();
     QList<QByteArray> names;
     if (m_cluster) {
         auto scanned = clusterScanSlice();
@@ -638,10 +643,11 @@ Result<qint64> RedisStore::repairSlice()
     for (qsizetype i = 0; i < keys.size(); ++i) {
         const redisReply *r = (*records)[size_t(i)].get();
         const auto state = keyStateFromString(QString::fromLatin1(text(r->element[0])));
-        if (!state)
-            continue; // expired meanwhile: purge's
+        const qint64 updated = text(r->element[2]).toLongLong();
+        if (!state || updated > *now - 60'000)
+            continue; // expired meanwhile (purge's), or changing
         batch.add({keys.at(i), QString::fromUtf8(text(r->element[1])), *state, redis::kAllStates,
-                   text(r->element[2]).toLongLong(), text(r->element[3]).toLongLong()});
+                   updated, text(r->element[3]).toLongLong()});
     }
     writeIndexes(batch);
     return batch.size();

@@ -26,8 +26,8 @@
 --   P i:exp                zset  score = expires_at ms: purge drops the index entries of
 --                                expired records (their hashes expire natively)
 --   P log                  stream the delivery log (XADD MAXLEN ~), written by the desk
---   P layout               string "2": written by `idemdesk migrate` / at start when no
---                                record of the previous layout is left
+--   P layout               string "2": written when a migration from layout v1 finished
+--                                (`idemdesk migrate`, or any command at start)
 --
 -- Layout v1 (before; `idemdesk migrate` and a desk at start convert it, see redismigrate.cpp):
 -- P k:<key> hash (with key, req_method, req_path, req_headers), P i:all, P i:e:<ep>, P tokens
