@@ -412,7 +412,7 @@ private Q_SLOTS:
         r.provider = u"stripe"_qs;
         r.state = KeyState::Failed;
         r.fingerprint = "fp-imported";
-        r.token = 999'999'999; // another store's: means nothing here
+        r.token = 4'000'000'000'000'000'000; // another store's, above any of ours: means nothing here
         r.attempts = 3;
         r.createdMs = 1'700'000'000'000;
         r.updatedMs = 1'700'000'100'000;
