@@ -92,6 +92,11 @@ Result<CommonOptions> loadCommon(const QCommandLineParser &parser)
             return makeError(ErrorCode::Invalid, u"--listen %1"_qs.arg(address.error().message));
         options.config.listen = *address;
     }
+    for (const QString &option : {u"listen"_qs, u"metrics-listen"_qs})
+        if (listens && parser.isSet(option) && parser.value(option).isEmpty())
+            return makeError(
+                ErrorCode::Invalid,
+                u"--%1 needs HOST:PORT (leave the option out for the default)"_qs.arg(option));
     const QString metricsListen = listens ? parser.value(u"metrics-listen"_qs) : QString();
     if (!metricsListen.isEmpty()) {
         auto address = ListenAddress::parse(metricsListen);
@@ -103,11 +108,11 @@ Result<CommonOptions> loadCommon(const QCommandLineParser &parser)
     if (listens && options.config.metricsListen) {
         const ListenAddress &metrics = *options.config.metricsListen;
         const ListenAddress &webhooks = options.config.listen;
-        if (metrics.port != 0 && metrics.port == webhooks.port && metrics.host == webhooks.host)
+        if (metrics.port != 0 && metrics.port == webhooks.port) // whatever the hosts
             return makeError(
                 ErrorCode::Invalid,
-                u"metrics are never served on the webhook listener (%1): give them another port"_qs
-                    .arg(webhooks.toString()));
+                u"metrics are never served on the webhook listener's port (%1): give them another port"_qs
+                    .arg(webhooks.port));
         if (!metrics.host.isLoopback() && !options.allowRemote)
             return makeError(
                 ErrorCode::Invalid,

@@ -246,7 +246,9 @@ Result<Config> Config::parse(const QByteArray &json, const QString &sourceName)
         auto address = ListenAddress::parse(metricsListen);
         if (!address)
             root.fail(u"metrics_listen"_qs, address.error().message);
-        else if (address->host == config.listen.host && address->port == config.listen.port)
+        // Any host: 0.0.0.0 and 127.0.0.1 on one port are the same listener to the kernel, and
+        // metrics next to webhooks on one port is never what is wanted.
+        else if (address->port != 0 && address->port == config.listen.port)
             root.fail(
                 u"metrics_listen"_qs,
                 u"must differ from \"listen\": metrics are never served on the webhook port"_qs);

@@ -11,6 +11,26 @@ namespace idem {
 
 namespace {
 
+// The URL as an error may quote it: never its user information, nor its query's values (a
+// password given as a parameter, a secret path): the message names the offending parameter
+// itself (SPEC §2: passwords are never shown).
+QString shownUrl(const QString &text)
+{
+    QString shown = text;
+    if (shown.startsWith(u"sqlite:"_qs)) {
+        // a path: an @ in it is no user information
+    } else if (!shown.contains(u"://"_qs)) {
+        // scheme:user:pass@host without the slashes: nothing after the scheme can be trusted.
+        if (const qsizetype at = shown.lastIndexOf(u'@'); at >= 0)
+            shown = shown.left(shown.indexOf(u':') + 1) + u"…@"_qs + shown.mid(at + 1);
+    } else {
+        shown = displayUrl(shown);
+    }
+    if (const qsizetype q = shown.indexOf(u'?'); q >= 0)
+        shown = shown.left(q) + u"?…"_qs;
+    return shown;
+}
+
 // The options redis:// and redis-cluster:// share.
 Result<void> redisOptions(StoreUrl &url, const QUrlQuery &query, const QString &text)
 {
@@ -26,16 +46,16 @@ Result<void> redisOptions(StoreUrl &url, const QUrlQuery &query, const QString &
             return makeError(
                 ErrorCode::Invalid,
                 u"store URL %1: unknown option %2 (redis takes prefix, wait_replicas, wait_timeout_ms)"_qs
-                    .arg(displayUrl(text), name));
+                    .arg(shownUrl(text), name));
         if (!number || url.waitReplicas < 0 || url.waitTimeoutMs < 1)
             return makeError(
                 ErrorCode::Invalid,
-                u"store URL %1: %2 must be a positive number"_qs.arg(displayUrl(text), name));
+                u"store URL %1: %2 must be a positive number"_qs.arg(shownUrl(text), name));
         if (url.waitTimeoutMs >=
             2000) // under the 3 s command timeout, or every slow WAIT drops the connection
             return makeError(
                 ErrorCode::Invalid,
-                u"store URL %1: wait_timeout_ms must be under 2000"_qs.arg(displayUrl(text)));
+                u"store URL %1: wait_timeout_ms must be under 2000"_qs.arg(shownUrl(text)));
     }
     if (url.prefix.isEmpty())
         url.prefix = u"idem:"_qs;
@@ -70,7 +90,7 @@ Result<StoreUrl> parseCluster(const QString &text)
         if (!db.isEmpty() && db != u"0"_qs)
             return makeError(
                 ErrorCode::Invalid,
-                u"store URL %1: a Redis Cluster has database 0 only"_qs.arg(displayUrl(text)));
+                u"store URL %1: a Redis Cluster has database 0 only"_qs.arg(shownUrl(text)));
     }
     for (const QString &node : rest.split(u',')) {
         const qsizetype colon = node.lastIndexOf(u':');
@@ -81,7 +101,7 @@ Result<StoreUrl> parseCluster(const QString &text)
             return makeError(
                 ErrorCode::Invalid,
                 u"store URL %1: '%2' is not host:port (redis-cluster://host:port[,host:port…])"_qs
-                    .arg(displayUrl(text), node));
+                    .arg(shownUrl(text), node));
         url.clusterSeeds.append({host, port});
     }
     url.host = url.clusterSeeds.first().first;
@@ -118,9 +138,10 @@ Result<StoreUrl> StoreUrl::parse(const QString &text)
             url.path.truncate(q);
             for (const auto &[name, value] : query.queryItems(QUrl::FullyDecoded)) {
                 if (name != u"synchronous"_qs || (value != u"full"_qs && value != u"normal"_qs))
-                    return makeError(ErrorCode::Invalid,
-                                     u"store URL %1: unknown option %2=%3 (sqlite takes synchronous=full or normal)"_qs
-                                         .arg(text, name, value));
+                    return makeError(
+                        ErrorCode::Invalid,
+                        u"store URL %1: unknown option %2 (sqlite takes synchronous=full or normal)"_qs
+                            .arg(shownUrl(text), name));
                 url.synchronousFull = value == u"full"_qs;
             }
         }
@@ -143,7 +164,7 @@ Result<StoreUrl> StoreUrl::parse(const QString &text)
         if (!numeric)
             return makeError(
                 ErrorCode::Invalid,
-                u"store URL %1: the Redis database must be a number"_qs.arg(displayUrl(text)));
+                u"store URL %1: the Redis database must be a number"_qs.arg(shownUrl(text)));
         if (auto options = redisOptions(url, QUrlQuery(parsed), text); !options)
             return options.error();
     } else if (scheme == u"postgresql"_qs || scheme == u"postgres"_qs) {
@@ -154,7 +175,7 @@ Result<StoreUrl> StoreUrl::parse(const QString &text)
             return makeError(
                 ErrorCode::Invalid,
                 u"store URL %1: missing the database name (postgresql://user@host:port/dbname)"_qs
-                    .arg(displayUrl(text)));
+                    .arg(shownUrl(text)));
         static const QStringList tls{u"sslmode"_qs, u"sslrootcert"_qs, u"sslcert"_qs, u"sslkey"_qs};
         static const QStringList modes{u"disable"_qs, u"allow"_qs,     u"prefer"_qs,
                                        u"require"_qs, u"verify-ca"_qs, u"verify-full"_qs};
@@ -163,22 +184,22 @@ Result<StoreUrl> StoreUrl::parse(const QString &text)
                 return makeError(
                     ErrorCode::Invalid,
                     u"store URL %1: unknown parameter '%2' (PostgreSQL takes %3)"_qs.arg(
-                        displayUrl(text), name, tls.join(u", "_qs)));
+                        shownUrl(text), name, tls.join(u", "_qs)));
             if (name == u"sslmode"_qs && !modes.contains(value))
                 return makeError(ErrorCode::Invalid,
                                  u"store URL %1: sslmode must be one of %2"_qs.arg(
-                                     displayUrl(text), modes.join(u", "_qs)));
+                                     shownUrl(text), modes.join(u", "_qs)));
             url.postgresTls.append({name, value});
         }
     } else {
         return makeError(
             ErrorCode::Invalid,
             u"store URL '%1': unknown scheme; use sqlite:PATH, redis://host:port[/db], redis-cluster://host:port[,host:port…] or postgresql://user@host:port/dbname"_qs
-                .arg(displayUrl(text)));
+                .arg(shownUrl(text)));
     }
     if (!parsed.isValid() || parsed.host().isEmpty())
         return makeError(ErrorCode::Invalid,
-                         u"store URL '%1': missing or invalid host"_qs.arg(displayUrl(text)));
+                         u"store URL '%1': missing or invalid host"_qs.arg(shownUrl(text)));
     url.host = parsed.host();
     url.user = parsed.userName(QUrl::FullyDecoded);
     url.password = parsed.password(QUrl::FullyDecoded);

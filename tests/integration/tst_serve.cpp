@@ -159,6 +159,11 @@ private Q_SLOTS:
                                       u"--metrics-listen"_qs, u"127.0.0.1:8799"_qs});
         QCOMPARE(rc, 2);
         QVERIFY2(err.contains("never served on the webhook listener"), err.constData());
+        // The same port on another host is the same mistake (0.0.0.0 covers 127.0.0.1).
+        std::tie(rc, err) = runToEnd({u"serve"_qs, u"--listen"_qs, u"127.0.0.1:8799"_qs,
+                                      u"--metrics-listen"_qs, u"127.0.0.2:8799"_qs});
+        QCOMPARE(rc, 2);
+        QVERIFY2(err.contains("never served on the webhook listener"), err.constData());
         const QString same = write(
             u"same.json"_qs, R"({"listen": "127.0.0.1:8799", "metrics_listen": "127.0.0.1:8799"})");
         std::tie(rc, err) = runToEnd({u"serve"_qs, u"--config"_qs, same});

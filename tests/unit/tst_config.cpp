@@ -70,6 +70,12 @@ private Q_SLOTS:
             << QByteArray(
                    "{\"listen\": \"127.0.0.1:9000\", \"metrics_listen\": \"127.0.0.1:9000\"}")
             << QStringLiteral("c.json: metrics_listen: must differ from \"listen\"");
+        QTest::newRow("metrics on the webhook port, other host")
+            << QByteArray("{\"listen\": \"0.0.0.0:9000\", \"metrics_listen\": \"127.0.0.1:9000\"}")
+            << QStringLiteral("c.json: metrics_listen: must differ from \"listen\"");
+        QTest::newRow("metrics on the default webhook port")
+            << QByteArray("{\"metrics_listen\": \"localhost:8787\"}")
+            << QStringLiteral("c.json: metrics_listen: must differ from \"listen\"");
         QTest::newRow("lease under forward timeout") << QByteArray("{\"defaults\": {\"lease_seconds\": 5, \"forward_timeout_seconds\": 30}}")
                                                      << QStringLiteral("c.json: defaults.lease_seconds: must be at least forward_timeout_seconds + 2 (30 + 2 = 32)");
         QTest::newRow("lease within the margin") << QByteArray("{\"endpoints\": [{\"name\": \"a\", \"lease_seconds\": 31}]}")
@@ -178,6 +184,18 @@ private Q_SLOTS:
         QTest::newRow("redis database") << QStringLiteral("redis://:hunter2@cache:6379/zero");
         QTest::newRow("bad sslmode") << QStringLiteral("postgresql://idem:hunter2@db/x?sslmode=bogus");
         QTest::newRow("password with a slash") << QStringLiteral("postgresql://idem:hun/ter2@db/x");
+        QTest::newRow("password as a parameter")
+            << QStringLiteral("postgresql://u@127.0.0.1:1/db?password=hunter2");
+        QTest::newRow("redis password parameter")
+            << QStringLiteral("redis://cache:6379/0?password=hunter2");
+        QTest::newRow("redis bad option value")
+            << QStringLiteral("redis://:hunter2@cache:6379/0?wait_replicas=x");
+        QTest::newRow("cluster password parameter")
+            << QStringLiteral("redis-cluster://a:1,b:2?password=hunter2");
+        QTest::newRow("cluster bad node") << QStringLiteral("redis-cluster://:hunter2@a:1,b");
+        QTest::newRow("sqlite option") << QStringLiteral("sqlite:/tmp/x.db?key=hunter2");
+        QTest::newRow("no slashes") << QStringLiteral("postgresql:idem:hunter2@db/x");
+        QTest::newRow("unknown scheme, no slashes") << QStringLiteral("mysql:root:hunter2@db");
     }
     void storeUrlErrorsHideCredentials()
     {
