@@ -18,6 +18,7 @@
 #include "traymonitor.h"
 #include "util/clock.h"
 #include "util/format.h"
+#include "util/version.h"
 
 #include <QAction>
 #include <QApplication>
@@ -586,20 +587,23 @@ void MainWindow::showAbout()
 
 QString MainWindow::aboutText(const QString &storeVersion) const
 {
+    // What `idemdesk --version` prints (util/version.h), then the store and its server.
+    const auto row = [](const QString &name, const QString &value) {
+        return u"<tr><td>%1</td><td>%2</td></tr>"_qs.arg(name.toHtmlEscaped(),
+                                                         value.toHtmlEscaped());
+    };
+    QString rows = row(tr("Desk"), tr("%1 (commit %2)").arg(deskVersion(), deskCommit()));
+    for (const auto &[library, version] : libraryVersions())
+        rows +=
+            row(library, library == u"Qt"_qs && version != QStringLiteral(QT_VERSION_STR)
+                             ? tr("%1 (built with %2)").arg(version, QStringLiteral(QT_VERSION_STR))
+                             : version);
+    const auto url = StoreUrl::parse(m_session.storeUrl);
+    rows += row(tr("Store"), url ? url->display() : displayUrl(m_session.storeUrl));
+    rows += row(tr("Store server"), storeVersion);
     return tr("<h3>Idempotency Desk %1</h3><p>Each webhook event processed once, however often it "
-              "is delivered.</p>"
-              "<table><tr><td>Desk</td><td>%1</td></tr><tr><td>Qt</td><td>%2 (built with "
-              "%3)</td></tr>"
-              "<tr><td>Store</td><td>%4</td></tr><tr><td>Store server</td><td>%5</td></tr></table>")
-        .arg(QCoreApplication::applicationVersion().isEmpty()
-                 ? QStringLiteral(IDEM_VERSION)
-                 : QCoreApplication::applicationVersion(),
-             QString::fromLatin1(qVersion()), QStringLiteral(QT_VERSION_STR),
-             (StoreUrl::parse(m_session.storeUrl).ok()
-                  ? StoreUrl::parse(m_session.storeUrl)->display()
-                  : displayUrl(m_session.storeUrl))
-                 .toHtmlEscaped(),
-             storeVersion.toHtmlEscaped());
+              "is delivered.</p><table>%2</table>")
+        .arg(deskVersion().toHtmlEscaped(), rows);
 }
 
 void MainWindow::keepSelectionAcrossReset()

@@ -22,7 +22,9 @@
 #include "trafficview.h"
 #include "traymonitor.h"
 #include "util/clock.h"
+#include "util/version.h"
 
+#include "util/version.h"
 #include <QAbstractItemModelTester>
 #include <QAction>
 #include <QApplication>
@@ -49,6 +51,7 @@
 #include <QTableView>
 #include <QTableWidget>
 #include <QTemporaryDir>
+
 #include <QTest>
 #include <QTimer>
 #include <cmath>
@@ -373,7 +376,13 @@ private Q_SLOTS:
         QVERIFY(about);
         QVERIFY(about->text().contains(QString::fromLatin1(qVersion())));
         QVERIFY(about->text().contains(QStringLiteral(IDEM_VERSION)));
-        QTRY_VERIFY2(about->text().contains(u"SQLite 3."_qs), qPrintable(about->text()));
+        QTRY_VERIFY2(about->text().contains(u"<td>Store server</td><td>SQLite 3."_qs),
+                     qPrintable(about->text()));
+        // ... and every line `idemdesk --version` prints: the commit and each library.
+        QVERIFY2(about->text().contains(deskCommit()), qPrintable(about->text()));
+        for (const auto &[library, version] : libraryVersions())
+            QVERIFY2(about->text().contains(u"<td>%1</td><td>%2"_qs.arg(library, version)),
+                     qPrintable(library + u" "_qs + version + u" not in "_qs + about->text()));
         about->close();
     }
 
