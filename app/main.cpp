@@ -38,7 +38,9 @@ int main(int argc, char **argv)
         arguments << QString::fromLocal8Bit(argv[i]);
     const QString command = arguments.size() > 1 ? arguments.at(1) : QString();
 
-    if (command == u"--version" || command == u"-V" || command == u"version") {
+    // `idemdesk serve --version` too: whatever the command, the same report.
+    if (command == u"--version" || command == u"-V" || command == u"version" ||
+        arguments.contains(QStringLiteral("--version"))) {
         std::fputs(idem::versionReport().toUtf8().constData(), stdout);
         return 0;
     }

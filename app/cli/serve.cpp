@@ -212,6 +212,11 @@ int gui(int argc, char **argv, const QStringList &arguments)
         return ExitUsage;
     }
     const bool attach = parser.isSet(u"no-receiver"_qs);
+    if (attach && parser.isSet(u"metrics-listen"_qs)) {
+        printError(
+            u"--metrics-listen is for the receiver: it serves no metrics with --no-receiver"_qs);
+        return ExitUsage;
+    }
     if (attach && options->storeUrl.isEmpty()) {
         printError(u"--no-receiver needs --store URL (the shared store to watch)"_qs);
         return ExitUsage;

@@ -9,7 +9,8 @@ namespace idem {
 
 // The desk's version, e.g. "0.1.0".
 QString deskVersion();
-// The git commit it was built from (as of the last configure: "abc1234def567"), or
+// The git commit it was built from (as of the last configure: "abc1234def56", 12 hex digits
+// of `git rev-parse --short=12 HEAD`, with "-dirty" when tracked files differed from it), or
 // "unknown" when built outside a git checkout (a source tarball).
 QString deskCommit();
 // The libraries it runs with, in order: Qt, hiredis, libpqxx, libpq, SQLite, OpenSSL. The

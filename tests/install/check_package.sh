@@ -17,7 +17,9 @@ done
 dpkg-deb -x "$deb" "$work/root"
 bin=$work/root/usr/bin/idemdesk
 "$bin" --version | tee "$work/version"
-grep -Eq "^idemdesk [0-9]+\.[0-9]+\.[0-9]+ \(commit [0-9a-f]+|unknown\)" "$work/version"
+# "idemdesk 0.1.0 (commit abc123456789)", "(commit abc123456789-dirty)" or "(commit unknown)"
+head -1 "$work/version" | grep -Eqx "idemdesk [0-9]+\.[0-9]+\.[0-9]+ \(commit ([0-9a-f]{7,40}(-dirty)?|unknown)\)" \
+    || { echo "--version: unexpected first line: $(head -1 "$work/version")"; exit 1; }
 for lib in Qt hiredis libpqxx SQLite OpenSSL; do
     grep -Eq "^$lib [0-9]" "$work/version" || { echo "--version lacks $lib"; exit 1; }
 done

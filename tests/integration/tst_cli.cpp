@@ -687,6 +687,31 @@ private Q_SLOTS:
         const Run unreachable = idemdesk({u"stats"_qs, u"--store"_qs, u"postgresql://idem:hunter2@127.0.0.1:1/x"_qs});
         QCOMPARE(unreachable.rc, 1);
         QVERIFY2(!unreachable.err.contains("hunter2"), unreachable.err.constData());
+        // An empty address is no address; attach mode has no receiver to measure.
+        const Run emptyMetrics = idemdesk({u"serve"_qs, u"--metrics-listen"_qs, QString()});
+        QCOMPARE(emptyMetrics.rc, 2);
+        QVERIFY2(emptyMetrics.err.contains("--metrics-listen needs HOST:PORT"),
+                 emptyMetrics.err.constData());
+        QCOMPARE(idemdesk({u"serve"_qs, u"--listen"_qs, QString()}).rc, 2);
+        const Run attachMetrics =
+            idemdesk({u"gui"_qs, u"--no-receiver"_qs, u"--store"_qs,
+                      u"sqlite:"_qs + m_dir.filePath(u"attach.db"_qs), u"--metrics-listen"_qs,
+                      u"127.0.0.1:0"_qs}); // QT_QPA_PLATFORM=offscreen
+        QCOMPARE(attachMetrics.rc, 2);
+        QVERIFY2(attachMetrics.err.contains("--metrics-listen") &&
+                     attachMetrics.err.contains("--no-receiver"),
+                 attachMetrics.err.constData());
+        // --version after a command too: the same report as `idemdesk --version`.
+        const Run version = idemdesk({u"serve"_qs, u"--version"_qs});
+        QCOMPARE(version.rc, 0);
+        QCOMPARE(version.out, idemdesk({u"--version"_qs}).out);
+        // The commit as a hash (never a tag's name), "-dirty" when the tree was: nothing else.
+        QVERIFY2(
+            QRegularExpression(
+                u"^idemdesk \\d+\\.\\d+\\.\\d+ \\(commit ([0-9a-f]{7,40}(-dirty)?|unknown)\\)\n"_qs)
+                .match(QString::fromUtf8(version.out))
+                .hasMatch(),
+            version.out.constData());
         for (const QStringList &help : {QStringList{u"keys"_qs, u"list"_qs, u"--help"_qs}, {u"keys"_qs, u"show"_qs, u"--help"_qs},
                                         {u"keys"_qs, u"reset"_qs, u"--help"_qs}, {u"keys"_qs, u"retry"_qs, u"--help"_qs},
                                         {u"keys"_qs, u"delete"_qs, u"--help"_qs}, {u"keys"_qs, u"purge-expired"_qs, u"--help"_qs},
