@@ -182,12 +182,14 @@ int openSession(const QCommandLineParser &parser, StoreSession &session)
 }
 
 Result<std::unique_ptr<MetricsServer>> startMetrics(const CommonOptions &options,
-                                                    std::shared_ptr<StorePool> pool,
                                                     const std::unique_ptr<Receiver> &receiver)
 {
     if (!options.config.metricsListen)
         return std::unique_ptr<MetricsServer>();
-    auto server = std::make_unique<MetricsServer>(options.config, std::move(pool), [&receiver] {
+    auto url = StoreUrl::parse(options.storeUrl);
+    if (!url)
+        return url.error();
+    auto server = std::make_unique<MetricsServer>(options.config, storeFactory(*url), [&receiver] {
         return receiver ? receiver->engine()->inFlight() : 0;
     });
     auto bound = server->start(*options.config.metricsListen);

@@ -42,9 +42,9 @@ Result<void> migrateLayout(StorePool &pool);
 Result<std::shared_ptr<StorePool>> openStore(const CommonOptions &options, int workers = 2);
 QString storeDisplay(const QString &url);
 // metrics_listen / --metrics-listen: /metrics on a listener of its own, started before
-// `receiver` (its engine counts into the metrics from its first delivery); null when off.
+// `receiver` (its engine counts into the metrics from its first delivery); null when off. It
+// reads the store through connections of its own, never the receiver's.
 Result<std::unique_ptr<MetricsServer>> startMetrics(const CommonOptions &options,
-                                                    std::shared_ptr<StorePool> pool,
                                                     const std::unique_ptr<Receiver> &receiver);
 
 struct StoreSession

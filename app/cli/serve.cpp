@@ -88,7 +88,7 @@ int serve(const QStringList &arguments)
         graceMs = std::max(graceMs, e.settings.leaseSeconds * 1000 + 2000); // processing, then recording retried within the lease
 
     std::unique_ptr<Receiver> receiver;
-    auto metrics = startMetrics(*options, *pool, receiver);
+    auto metrics = startMetrics(*options, receiver);
     if (!metrics) {
         printError(metrics.error().message);
         return 1;
@@ -175,7 +175,7 @@ int serve(const QStringList &arguments)
     receiver.reset(); // joins the receiver thread and flushes the delivery log to the store
     QCoreApplication::sendPostedEvents(); // the last deliveries' log lines
     flushLog();
-    metrics->reset(); // holds the pool too
+    metrics->reset(); // waits for its count, if one runs
     pool->reset();    // waits for queued store work
     std::fprintf(stderr, "idemdesk: stopped\n");
     return rc;
@@ -235,8 +235,8 @@ int gui(int argc, char **argv, const QStringList &arguments)
         return ExitRuntime;
     }
     std::unique_ptr<Receiver> receiver;
-    auto metrics = attach ? Result<std::unique_ptr<MetricsServer>>(nullptr)
-                          : startMetrics(*options, *pool, receiver);
+    auto metrics =
+        attach ? Result<std::unique_ptr<MetricsServer>>(nullptr) : startMetrics(*options, receiver);
     if (!metrics) {
         printError(metrics.error().message);
         QMessageBox::critical(nullptr, u"Idempotency Desk"_qs, metrics.error().message);

@@ -9,6 +9,9 @@
 #include <prometheus/registry.h>
 #include <prometheus/text_serializer.h>
 
+#include <QElapsedTimer>
+
+#include <algorithm>
 #include <atomic>
 
 namespace idem {
@@ -105,11 +108,16 @@ Metrics::Metrics() : m_registry(std::make_shared<prometheus::Registry>())
                       .Help("Deliveries being handled now")
                       .Register(r)
                       .Add({});
-    m_storeUp = &BuildGauge()
-                     .Name("idemdesk_store_up")
-                     .Help("1 when the last periodic count reached the store, 0 when it failed")
-                     .Register(r)
-                     .Add({});
+    m_keyCounts = &BuildCounter()
+                       .Name("idemdesk_key_counts_total")
+                       .Help("Counts of the keys by endpoint and state made (on a schedule)")
+                       .Register(r)
+                       .Add({});
+    m_keyCountSeconds = &BuildGauge()
+                             .Name("idemdesk_key_count_duration_seconds")
+                             .Help("How long the last count of the keys took")
+                             .Register(r)
+                             .Add({});
 }
 
 Metrics::Endpoint &Metrics::endpoint(const QString &name)
@@ -123,10 +131,13 @@ Metrics::Endpoint &Metrics::endpoint(const QString &name)
     for (size_t o = 0; o < e.deliveries.size(); ++o)
         e.deliveries[o] = &m_families->deliveries.Add(
             {{"endpoint", label}, {"outcome", toString(Outcome(o)).toStdString()}});
-    e.processorRuns = &m_families->processorRuns.Add({{"endpoint", label}});
-    e.processorFailures = &m_families->processorFailures.Add({{"endpoint", label}});
     e.latency = &m_families->latency.Add({{"endpoint", label}}, kLatencyBuckets);
-    e.processorLatency = &m_families->processorLatency.Add({{"endpoint", label}}, kLatencyBuckets);
+    if (!name.isEmpty()) { // no processor runs for a delivery that matched no endpoint
+        e.processorRuns = &m_families->processorRuns.Add({{"endpoint", label}});
+        e.processorFailures = &m_families->processorFailures.Add({{"endpoint", label}});
+        e.processorLatency =
+            &m_families->processorLatency.Add({{"endpoint", label}}, kLatencyBuckets);
+    }
     return m_endpoints.emplace(name, e).first->second;
 }
 
@@ -158,9 +169,28 @@ void Metrics::setKeyCounts(const QString &endpoint, const StateCounts &counts)
         m_families->keys.Add({{"endpoint", label}, {"state", state}}).Set(double(n));
 }
 
+void Metrics::keysCounted(double seconds)
+{
+    m_keyCounts->Increment();
+    m_keyCountSeconds->Set(seconds);
+}
+
 void Metrics::setStoreUp(bool up)
 {
-    m_storeUp->Set(up ? 1 : 0);
+    prometheus::Gauge *gauge = m_storeUp.load(std::memory_order_acquire);
+    if (!gauge) {
+        std::lock_guard lock(m_mutex);
+        if (!(gauge = m_storeUp.load(std::memory_order_relaxed))) {
+            gauge = &prometheus::BuildGauge()
+                         .Name("idemdesk_store_up")
+                         .Help("1 when the store answered the last ping, 0 when it did not "
+                               "(absent until the first answer)")
+                         .Register(*m_registry)
+                         .Add({});
+            m_storeUp.store(gauge, std::memory_order_release);
+        }
+    }
+    gauge->Set(up ? 1 : 0);
 }
 
 void Metrics::setInFlight(qint64 n)
@@ -174,10 +204,10 @@ QByteArray Metrics::exposition() const
     return QByteArray(text.data(), qsizetype(text.size()));
 }
 
-MetricsServer::MetricsServer(Config config, std::shared_ptr<StorePool> pool,
-                             std::function<qint64()> inFlight, QObject *parent)
-    : QObject(parent), m_config(std::move(config)), m_pool(std::move(pool)),
-      m_inFlight(std::move(inFlight))
+MetricsServer::MetricsServer(Config config, StoreFactory store, std::function<qint64()> inFlight,
+                             QObject *parent)
+    : QObject(parent), m_config(std::move(config)),
+      m_pool(std::make_unique<StorePool>(std::move(store), 2, 16)), m_inFlight(std::move(inFlight))
 {
     Metrics &metrics = Metrics::enable();
     for (const EndpointConfig &e : m_config.endpoints)
@@ -199,7 +229,7 @@ MetricsServer::MetricsServer(Config config, std::shared_ptr<StorePool> pool,
                 responder.send(r);
                 return;
             }
-            countKeys(); // for the next scrape: this one answers now, without waiting on the store
+            // The last count and ping: a scrape never asks the store anything.
             Metrics &m = *Metrics::instance();
             if (m_inFlight)
                 m.setInFlight(m_inFlight());
@@ -208,8 +238,10 @@ MetricsServer::MetricsServer(Config config, std::shared_ptr<StorePool> pool,
             r.body = m.exposition();
             responder.send(r);
         });
-    m_countTimer.setInterval(15'000);
+    m_countTimer.setSingleShot(true);
     connect(&m_countTimer, &QTimer::timeout, this, &MetricsServer::countKeys);
+    m_pingTimer.setInterval(kPingIntervalMs);
+    connect(&m_pingTimer, &QTimer::timeout, this, &MetricsServer::ping);
 }
 
 MetricsServer::~MetricsServer() = default;
@@ -221,19 +253,39 @@ Result<ListenAddress> MetricsServer::start(const ListenAddress &address)
                                                      address.toString(), m_server->errorString()));
     ListenAddress bound = address;
     bound.port = m_server->port();
-    m_countTimer.start();
+    m_pingTimer.start();
+    ping();
     countKeys();
     return bound;
 }
 
+void MetricsServer::ping()
+{
+    if (m_pinging) { // the last ping has not answered in kPingIntervalMs: the store is not there
+        Metrics::instance()->setStoreUp(false);
+        return;
+    }
+    m_pinging = true;
+    m_pool->submit<Ok>(
+        this,
+        [](IdempotencyStore &store) -> Result<Ok> {
+            if (auto ping = store.ping(); !ping)
+                return ping.error();
+            return Ok{};
+        },
+        [this](Result<Ok> answered) {
+            m_pinging = false;
+            Metrics::instance()->setStoreUp(answered.ok());
+        });
+}
+
 void MetricsServer::countKeys()
 {
-    if (m_counting) // the last count still waits on the store
-        return;
-    m_counting = true;
     QStringList endpoints;
     for (const EndpointConfig &e : m_config.endpoints)
         endpoints << e.name;
+    auto started = std::make_shared<QElapsedTimer>();
+    started->start();
     m_pool->submit<QList<StateCounts>>(
         this,
         [endpoints](IdempotencyStore &store) -> Result<QList<StateCounts>> {
@@ -246,13 +298,17 @@ void MetricsServer::countKeys()
             }
             return counts;
         },
-        [this, endpoints](Result<QList<StateCounts>> counts) {
-            m_counting = false;
+        [this, endpoints, started](Result<QList<StateCounts>> counts) {
+            const qint64 tookMs = started->elapsed();
             Metrics &m = *Metrics::instance();
-            m.setStoreUp(counts.ok());
-            if (counts)
+            if (counts) {
                 for (qsizetype i = 0; i < endpoints.size(); ++i)
                     m.setKeyCounts(endpoints.at(i), counts->at(i));
+                m.keysCounted(double(tookMs) / 1000.0);
+            }
+            // However slow the store, counting takes at most 1/kCountSpacing of its time.
+            m_countTimer.start(int(
+                std::clamp<qint64>(tookMs * kCountSpacing, kCountIntervalMs, 24 * 3600 * 1000)));
         });
 }
 

@@ -8,6 +8,7 @@
 #include <QTimer>
 
 #include <array>
+#include <atomic>
 #include <functional>
 #include <map>
 #include <memory>
@@ -36,7 +37,7 @@ public:
     static Metrics &enable();
 
     // One endpoint's handles ("" for deliveries that matched no endpoint: the path a sender
-    // chose never becomes a label).
+    // chose never becomes a label; that one has deliveries and latency only, no processor ran).
     struct Endpoint
     {
         std::array<prometheus::Counter *, 8> deliveries{}; // by Outcome
@@ -50,9 +51,12 @@ public:
     void storeCall(bool ok);
     void leaseRecovered();
     void finishRetried();
-    // From the periodic count (MetricsServer): keys by endpoint and state; whether the store
-    // answered.
+    // From the periodic count (MetricsServer): keys by endpoint and state, and how long the
+    // count took.
     void setKeyCounts(const QString &endpoint, const StateCounts &counts);
+    void keysCounted(double seconds);
+    // From the periodic ping (MetricsServer): whether the store answered. No series before the
+    // first answer (unknown is not down).
     void setStoreUp(bool up);
     void setInFlight(qint64 n);
 
@@ -71,30 +75,43 @@ private:
     prometheus::Counter *m_leaseRecoveries = nullptr;
     prometheus::Counter *m_finishRetries = nullptr;
     prometheus::Gauge *m_inFlight = nullptr;
-    prometheus::Gauge *m_storeUp = nullptr;
+    std::atomic<prometheus::Gauge *> m_storeUp = nullptr; // made by the first setStoreUp()
+    prometheus::Counter *m_keyCounts = nullptr;
+    prometheus::Gauge *m_keyCountSeconds = nullptr;
 };
 
-// GET /metrics on a listener of its own (never the webhook port), on the calling thread; and
-// the keys counted by endpoint and state in the store (off the calling thread) every 15 s and
-// after each scrape, so that a scrape shows the count of at most one interval before.
+// GET /metrics on a listener of its own (never the webhook port), on the calling thread. The
+// store is read on a schedule only, through connections of its own (never the receiver's
+// pool: a count over many keys must not queue in front of deliveries): a ping every 5 s for
+// idemdesk_store_up, and the keys counted by endpoint and state every 15 s, or, when a count
+// took long, no sooner than kCountSpacing times that after it ended. A scrape reads the last
+// values; it never makes the store do anything.
 class MetricsServer final : public QObject
 {
     Q_OBJECT
 public:
+    static constexpr int kPingIntervalMs = 5'000;
+    static constexpr int kCountIntervalMs = 15'000;
+    static constexpr int kCountSpacing = 10; // the store spends at most 1/10 of its time counting
+
+    // `store` makes the metrics' own connections (two: a count may run while a ping answers).
     // `inFlight` is read at each scrape (from the engine's own counter).
-    MetricsServer(Config config, std::shared_ptr<StorePool> pool, std::function<qint64()> inFlight,
+    MetricsServer(Config config, StoreFactory store, std::function<qint64()> inFlight,
                   QObject *parent = nullptr);
     ~MetricsServer() override;
     Result<ListenAddress> start(const ListenAddress &address);
-    void countKeys();
 
 private:
+    void countKeys();
+    void ping();
+
     Config m_config;
-    std::shared_ptr<StorePool> m_pool;
+    std::unique_ptr<StorePool> m_pool;
     std::function<qint64()> m_inFlight;
     std::unique_ptr<HttpServer> m_server;
-    QTimer m_countTimer;
-    bool m_counting = false;
+    QTimer m_countTimer; // single shot: the next count is planned when the last one ended
+    QTimer m_pingTimer;
+    bool m_pinging = false;
 };
 
 } // namespace idem

@@ -87,10 +87,15 @@ private Q_SLOTS:
         Served s = serve({u"--config"_qs, config, u"--store"_qs, u"sqlite:"_qs + db,
                           u"--metrics-listen"_qs, u"127.0.0.1:0"_qs});
         QVERIFY2(s.port, s.stderrText.constData());
-        const auto m = QRegularExpression(u"metrics at http://127\\.0\\.0\\.1:(\\d+)/metrics"_qs)
-                           .match(QString::fromUtf8(s.stderrText));
-        QVERIFY2(m.hasMatch(), s.stderrText.constData());
-        const quint16 metricsPort = quint16(m.captured(1).toUInt());
+        const auto metricsPortOf = [](const Served &served) {
+            return quint16(
+                QRegularExpression(u"metrics at http://127\\.0\\.0\\.1:(\\d+)/metrics"_qs)
+                    .match(QString::fromUtf8(served.stderrText))
+                    .captured(1)
+                    .toUInt());
+        };
+        quint16 metricsPort = metricsPortOf(s);
+        QVERIFY2(metricsPort, s.stderrText.constData());
 
         QCOMPARE(post(s.port, "/hooks/ok", "{}", {{"Idempotency-Key", "k1"}})
                      .header("Idempotency-Outcome"),
@@ -104,12 +109,22 @@ private Q_SLOTS:
         QCOMPARE(get(s.port, "/readyz").status, 200);
         QCOMPARE(get(s.port, "/healthz").status, 200);
 
-        // The keys come from a count made after a scrape: a later scrape has them.
+        // The store is pinged and counted on a schedule, never for a scrape: many scrapes
+        // make no count (the next is 15 s after the one at start).
         QByteArray text;
         QTRY_VERIFY_WITH_TIMEOUT(
-            (text = get(metricsPort, "/metrics").body)
-                .contains("idemdesk_keys{endpoint=\"bad\",state=\"failed\"} 1\n"),
-            10000);
+            (text = get(metricsPort, "/metrics").body).contains("idemdesk_store_up 1\n"), 10000);
+        for (int i = 0; i < 20; ++i)
+            QCOMPARE(get(metricsPort, "/metrics").status, 200);
+        text = get(metricsPort, "/metrics").body;
+        const auto counts = QRegularExpression(u"\nidemdesk_key_counts_total (\\d+)\n"_qs)
+                                .match(QString::fromUtf8(text));
+        QVERIFY2(counts.hasMatch() && counts.captured(1).toInt() <= 2, text.constData());
+        QVERIFY2(text.contains("\nidemdesk_key_count_duration_seconds "), text.constData());
+        // No processor ran for a path that matched no endpoint: no such series.
+        QVERIFY2(!text.contains("idemdesk_processor_runs_total{endpoint=\"\"}") &&
+                     !text.contains("idemdesk_processor_duration_seconds_count{endpoint=\"\"}"),
+                 text.constData());
         for (const char *line :
              {"idemdesk_deliveries_total{endpoint=\"ok\",outcome=\"processed\"} 1\n",
               "idemdesk_deliveries_total{endpoint=\"ok\",outcome=\"replayed\"} 1\n",
@@ -119,7 +134,6 @@ private Q_SLOTS:
               "idemdesk_processor_runs_total{endpoint=\"bad\"} 1\n",
               "idemdesk_processor_failures_total{endpoint=\"bad\"} 1\n",
               "idemdesk_processor_failures_total{endpoint=\"ok\"} 0\n",
-              "idemdesk_keys{endpoint=\"ok\",state=\"completed\"} 1\n",
               "idemdesk_delivery_duration_seconds_count{endpoint=\"ok\"} 2\n",
               "idemdesk_processor_duration_seconds_count{endpoint=\"ok\"} 1\n",
               "idemdesk_lease_recoveries_total 0\n", "idemdesk_finish_retries_total 0\n",
@@ -128,6 +142,20 @@ private Q_SLOTS:
         QVERIFY(QRegularExpression(u"\nidemdesk_store_round_trips_total [1-9]"_qs)
                     .match(QString::fromUtf8(text))
                     .hasMatch());
+        QCOMPARE(stop(s), 0);
+
+        // The count made at start: a desk started again over the same store shows its keys.
+        s = serve({u"--config"_qs, config, u"--store"_qs, u"sqlite:"_qs + db,
+                   u"--metrics-listen"_qs, u"127.0.0.1:0"_qs});
+        QVERIFY2(s.port, s.stderrText.constData());
+        metricsPort = metricsPortOf(s);
+        QVERIFY2(metricsPort, s.stderrText.constData());
+        QTRY_VERIFY_WITH_TIMEOUT(
+            (text = get(metricsPort, "/metrics").body)
+                .contains("idemdesk_keys{endpoint=\"bad\",state=\"failed\"} 1\n"),
+            10000);
+        QVERIFY2(text.contains("idemdesk_keys{endpoint=\"ok\",state=\"completed\"} 1\n"),
+                 text.constData());
 
         // promtool (Debian's prometheus) reads it as Prometheus would.
         QProcess promtool;
