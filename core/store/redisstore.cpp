@@ -1029,4 +1029,23 @@ Result<void> RedisStore::ping()
     return {};
 }
 
+Result<void> RedisStore::ready()
+{
+    // One key per command: on a cluster they live in different slots.
+    for (const QByteArray &v1Key : {m_prefix + "tokens", m_prefix + "i:all"}) {
+        auto found = command({"EXISTS", v1Key}, false);
+        if (!found)
+            return found.error();
+        if ((*found)->integer != 0)
+            return makeError(ErrorCode::Internal,
+                             u"Redis holds records of layout v1 (%1): run idemdesk migrate"_qs.arg(
+                                 QString::fromUtf8(v1Key)));
+    }
+    auto layout = command({"GET", m_prefix + "layout"}, false);
+    if (!layout)
+        return layout.error();
+    const QByteArray version = text(layout->get());
+    return schemaCurrent(u"Redis layout"_qs, version.isEmpty() ? 2 : version.toLongLong(), 2);
+}
+
 } // namespace idem

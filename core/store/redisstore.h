@@ -67,6 +67,9 @@ public:
     Result<void> appendDeliveries(const QList<DeliveryEvent> &events) override;
     Result<QList<DeliveryEvent>> deliveries(const DeliveryQuery &query) override;
     Result<void> ping() override;
+    // Ready when it answers and holds no records of layout v1 (idemdesk migrate converts them)
+    // nor a layout newer than this build's ("P layout" above 2).
+    Result<void> ready() override;
 
 private:
     using Reply = std::unique_ptr<redisReply, void (*)(void *)>;

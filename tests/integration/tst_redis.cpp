@@ -374,10 +374,21 @@ private Q_SLOTS:
         auto url = *StoreUrl::parse(m_redis->url() + u"?prefix="_qs + p);
         auto store = RedisStore::connect(url);
         QVERIFY(store.ok());
+        // Not ready (/readyz) while v1 records are left.
+        auto ready = (*store)->ready();
+        QVERIFY(!ready.ok());
+        QVERIFY2(ready.error().message.contains(u"layout v1"_qs),
+                 qPrintable(ready.error().message));
         auto migrated = (*store)->migrateLayout();
         QVERIFY2(migrated.ok(), migrated.ok() ? "" : qPrintable(migrated.error().message));
         QCOMPARE(*migrated, 4);
         QCOMPARE(*(*store)->migrateLayout(), 0); // nothing left of v1
+        QVERIFY((*store)->ready().ok());
+        // A layout newer than this build's is not ready either.
+        QVERIFY(redisCli(port, {u"SET"_qs, p + u"layout"_qs, u"3"_qs}));
+        QVERIFY(!(*store)->ready().ok());
+        QVERIFY(redisCli(port, {u"SET"_qs, p + u"layout"_qs, u"2"_qs}));
+        QVERIFY((*store)->ready().ok());
         QByteArray out;
         QVERIFY(redisCli(port,
                          {u"EXISTS"_qs, p + u"tokens"_qs, p + u"i:all"_qs, p + u"i:e:ep"_qs,
