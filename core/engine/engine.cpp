@@ -40,22 +40,23 @@ HttpResponse fromStored(const StoredResult &stored)
 constexpr int kLogBatch = 512;
 constexpr qint64 kMinimumRunMs = 100; // less time left than this: the processor is not started
 
-// The store could not claim: nothing was processed, the sender should come back.
-HttpResponse storeUnavailable(const QString &why)
+// The store could not claim: nothing was processed, the sender should come back. Why (the
+// store's error: its kind, host and port) goes to the delivery log only, never to the sender.
+HttpResponse storeUnavailable(const QString & /*why*/)
 {
     HttpResponse r = HttpResponse::problem(
         503, u"Store unavailable"_qs,
-        u"the idempotency store could not be reached, so nothing was processed; retry later (%1)"_qs.arg(why));
+        u"the idempotency store could not be reached, so nothing was processed; retry later"_qs);
     r.setHeader("Retry-After", "5");
     return r;
 }
 
 // Processed, but the result could not be recorded: the key is recovered after its lease.
-HttpResponse resultNotRecorded(const QString &why)
+HttpResponse resultNotRecorded(const QString & /*why: the delivery log's*/)
 {
     HttpResponse r = HttpResponse::problem(
         503, u"Result not recorded"_qs,
-        u"the event was processed but the store did not record the result (%1); it will be recovered after the lease"_qs.arg(why));
+        u"the event was processed but the store did not record the result; it will be recovered after the lease"_qs);
     r.setHeader("Retry-After", "5");
     return r;
 }
@@ -143,6 +144,15 @@ void IdempotencyEngine::handle(HttpRequest request, Responder responder)
     ++m_inFlight;
 
     const QByteArray &path = d->request.path;
+    if ((path == "/healthz" || path == "/readyz") && d->request.method != "GET" &&
+        d->request.method != "HEAD") {
+        HttpResponse r = HttpResponse::problem(405, u"Method Not Allowed"_qs,
+                                               u"GET %1"_qs.arg(QString::fromLatin1(path)));
+        r.setHeader("Allow", "GET, HEAD");
+        d->responder.send(r);
+        --m_inFlight;
+        return;
+    }
     if (path == "/healthz") {
         // Asks the store itself (off this thread): is it there, and may it lose records?
         m_pool->submit<QStringList>(
@@ -159,9 +169,8 @@ void IdempotencyEngine::handle(HttpRequest request, Responder responder)
                 if (warnings)
                     body.insert(u"warnings"_qs, QJsonArray::fromStringList(*warnings));
                 else
-                    body.insert(u"error"_qs, warnings.error().message);
-                d->responder.send(HttpResponse::json(warnings ? 200 : 503, body));
-                --m_inFlight;
+                    logNotReady(u"/healthz"_qs, warnings.error().message);
+                sendProbe(d, HttpResponse::json(warnings ? 200 : 503, body));
             });
         return;
     }
@@ -175,11 +184,11 @@ void IdempotencyEngine::handle(HttpRequest request, Responder responder)
                 return Ok{};
             },
             [this, d](Result<Ok> ready) {
-                QJsonObject body{{u"status"_qs, ready ? u"ready"_qs : u"not ready"_qs}};
-                if (!ready)
-                    body.insert(u"error"_qs, ready.error().message);
-                d->responder.send(HttpResponse::json(ready ? 200 : 503, body));
-                --m_inFlight;
+                // Why not (the store's error, its schema version) is the log's, not the network's.
+                logNotReady(u"/readyz"_qs, ready ? QString() : ready.error().message);
+                sendProbe(
+                    d, HttpResponse::json(ready ? 200 : 503,
+                                          {{u"status"_qs, ready ? u"ready"_qs : u"not ready"_qs}}));
             });
         return;
     }
@@ -422,6 +431,22 @@ void IdempotencyEngine::onProcessed(const DeliveryPtr &d, qint64 token, Outcome 
             respond(d, fromStored(processed.response), outcome, token,
                     processed.success ? QString() : processed.error);
         });
+}
+
+void IdempotencyEngine::sendProbe(const DeliveryPtr &d, HttpResponse response)
+{
+    if (d->request.method == "HEAD")
+        response.body.clear();
+    d->responder.send(response);
+    --m_inFlight;
+}
+
+void IdempotencyEngine::logNotReady(const QString &probe, const QString &why)
+{
+    // Once per change, not once per probe (a load balancer asks every few seconds).
+    if (why != m_notReadyLogged && !why.isEmpty())
+        qWarning("idemdesk: %s: store not ready: %s", qPrintable(probe), qPrintable(why));
+    m_notReadyLogged = why;
 }
 
 void IdempotencyEngine::reject(const DeliveryPtr &d, int status, const QString &title,

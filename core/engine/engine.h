@@ -77,6 +77,9 @@ private:
                      const QList<ClaimResult> &results, const ProcessResult &processed,
                      const QList<FinishVerdict> &verdicts);
     void reject(const DeliveryPtr &d, int status, const QString &title, const QString &detail);
+    // /healthz and /readyz: the answer (HEAD: without its body), and why not in the log.
+    void sendProbe(const DeliveryPtr &d, HttpResponse response);
+    void logNotReady(const QString &probe, const QString &why);
     // The processor's job for a claimed delivery, with its deadline counted from the claim.
     ProcessJob job(const DeliveryPtr &d, const QString &key, const QByteArray &tokens,
                    const HeaderList &headers, const QByteArray &body) const;
@@ -109,6 +112,7 @@ private:
     Metrics *m_metrics = nullptr;
     std::vector<Metrics::Endpoint *> m_endpointMetrics;
     QList<DeliveryEvent> m_logBuffer;
+    QString m_notReadyLogged; // the last "not ready" reason written to the log
     bool m_logInFlight = false;
     bool m_logFailing = false;
     QTimer m_logTimer;

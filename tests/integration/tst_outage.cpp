@@ -1,10 +1,11 @@
 // The store goes away during a storm: answers turn 503, nothing is forwarded while it is down,
 // the receiver recovers by itself when it returns, and no key is processed twice — not even when
 // the sender retries, after the outage, every key it ever sent.
+#include "http/blockingclient.h"
 #include "receiver/receiver.h"
 #include "store/storefactory.h"
+#include "store/storeurl.h"
 #include "support/downstream.h"
-#include "http/blockingclient.h"
 #include "support/servers.h"
 #include "util/clock.h"
 
@@ -170,6 +171,11 @@ class TestOutage : public QObject
             const ClientResponse r = post(port, "/hooks/orders", bodyOf(key), {{"Idempotency-Key", key}});
             QCOMPARE(r.status, 503);
             QCOMPARE(r.header("Idempotency-Outcome"), QByteArray("unavailable"));
+            // The sender learns nothing of the store (its kind, host, port): the log does.
+            const StoreUrl store = *StoreUrl::parse(storeUrl);
+            QVERIFY2(!r.body.contains(":" + QByteArray::number(store.port)) &&
+                         !r.body.contains("Redis") && !r.body.contains("PostgreSQL"),
+                     r.body.constData());
             refused.insert(key);
         }
         QVERIFY(!(*pool)->health().healthy);

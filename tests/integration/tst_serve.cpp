@@ -60,10 +60,13 @@ class TestServe : public QObject
         return s.process->exitStatus() == QProcess::NormalExit ? s.process->exitCode() : -2;
     }
     // A GET on a new connection; status 0 when the connection is refused or closed unanswered.
-    static ClientResponse get(quint16 port, const QByteArray &path)
+    static ClientResponse get(quint16 port, const QByteArray &path,
+                              const QByteArray &method = "GET")
     {
         RawConnection c(port, 2000);
-        if (!c.isOpen() || !c.send("GET " + path + " HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"))
+        if (!c.isOpen() ||
+            !c.send(method + " " + path +
+                    " HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"))
             return {};
         return c.readResponse();
     }
@@ -107,6 +110,9 @@ private Q_SLOTS:
         QCOMPARE(post(s.port, "/hooks/nope", "{}", {{"Idempotency-Key", "k3"}}).status, 404);
         QCOMPARE(get(s.port, "/metrics").status, 404); // never on the webhook listener
         QCOMPARE(get(s.port, "/readyz").status, 200);
+        const ClientResponse head = get(s.port, "/readyz", "HEAD");
+        QCOMPARE(head.status, 200);
+        QVERIFY(head.body.isEmpty());
         QCOMPARE(get(s.port, "/healthz").status, 200);
 
         // The store is pinged and counted on a schedule, never for a scrape: many scrapes
@@ -174,7 +180,21 @@ private Q_SLOTS:
         sqlite3_close(handle);
         const ClientResponse notReady = get(s.port, "/readyz");
         QCOMPARE(notReady.status, 503);
-        QVERIFY2(notReady.body.contains("schema is at version 99"), notReady.body.constData());
+        // Why is for the log, not for whoever can reach the webhook port.
+        QCOMPARE(notReady.body, QByteArray(R"({"status":"not ready"})"));
+        QCOMPARE(get(s.port, "/readyz", "HEAD").status, 503);
+        QByteArray log;
+        QTRY_VERIFY2((log += s.process->readAllStandardError())
+                         .contains("/readyz: store not ready: the SQLite schema is at version 99"),
+                     log.constData());
+        QVERIFY2(!log.sliced(log.indexOf("/readyz")).mid(1).contains("/readyz"),
+                 log.constData()); // once, not per probe
+        // Probes answer GET and HEAD only.
+        for (const QByteArray path : {"/readyz", "/healthz"}) {
+            const ClientResponse posted = get(s.port, path, "POST");
+            QCOMPARE(posted.status, 405);
+            QCOMPARE(posted.header("Allow"), QByteArray("GET, HEAD"));
+        }
         QCOMPARE(stop(s), 0);
 
         // Loopback only unless --allow-remote; never the webhook port.
