@@ -30,16 +30,46 @@ foreach(size 16 22 24 32 48 64 128 256)
             DESTINATION ${CMAKE_INSTALL_DATADIR}/icons/hicolor/${size}x${size}/apps RENAME idemdesk.png)
 endforeach()
 
-# systemd: the unit under the prefix where systemd looks (/usr/lib/systemd/system,
-# /usr/local/lib/systemd/system), written at install time so that its ExecStart names the
-# binary under the prefix actually installed to (the .deb's /usr, or cmake --install's). Its
-# configuration is always /etc/idemdesk/config.json, root-only: it holds the endpoints'
-# secrets once filled in (the unit hands it to the service as a credential).
+# The configuration and the systemd unit, placed at install time: `cmake --install --prefix`
+# may name another prefix than the one configured, so the paths follow the prefix installed to,
+# with GNUInstallDirs' rule for the configuration folder: /etc for the /usr prefix (the .deb),
+# /etc/opt/... for /opt/..., PREFIX/etc otherwise (/usr/local/etc; ~/.local/etc for a user,
+# who never needs write access to /etc). The configuration is written only when there is none
+# yet: an installed one holds the operator's endpoints and secrets (the .deb has it as a
+# conffile: dpkg asks before replacing an edited one). It is root-only (0600): the unit hands
+# it to the service as a credential. The unit goes where systemd looks for system units
+# (/usr/lib/systemd/system, /usr/local/lib/systemd/system), its ExecStart and LoadCredential
+# naming the binary and configuration actually installed; any other prefix gets no unit.
 install(CODE "
-    set(CMAKE_INSTALL_FULL_BINDIR \"\${CMAKE_INSTALL_PREFIX}/${CMAKE_INSTALL_BINDIR}\")
-    configure_file(${IDEM_RESOURCES}/systemd/idemdesk.service.in ${PROJECT_BINARY_DIR}/systemd/idemdesk.service @ONLY)")
-install(FILES ${PROJECT_BINARY_DIR}/systemd/idemdesk.service DESTINATION lib/systemd/system)
-install(FILES ${IDEM_RESOURCES}/systemd/config.json DESTINATION /etc/idemdesk PERMISSIONS OWNER_READ OWNER_WRITE)
+    set(prefix \"\${CMAKE_INSTALL_PREFIX}\")
+    if(IS_ABSOLUTE \"${CMAKE_INSTALL_SYSCONFDIR}\")
+        set(sysconf \"${CMAKE_INSTALL_SYSCONFDIR}\")
+    elseif(prefix STREQUAL \"/usr\")
+        set(sysconf /etc)
+    elseif(prefix MATCHES \"^/opt/\")
+        set(sysconf \"/etc\${prefix}\")
+    else()
+        set(sysconf \"\${prefix}/${CMAKE_INSTALL_SYSCONFDIR}\")
+    endif()
+    set(config \"\${sysconf}/idemdesk/config.json\")
+    if(EXISTS \"\$ENV{DESTDIR}\${config}\")
+        message(STATUS \"Kept: \$ENV{DESTDIR}\${config} (already there; the new default is ${IDEM_RESOURCES}/systemd/config.json)\")
+    else()
+        file(INSTALL ${IDEM_RESOURCES}/systemd/config.json DESTINATION \"\${sysconf}/idemdesk\"
+             FILE_PERMISSIONS OWNER_READ OWNER_WRITE)
+    endif()
+    if(prefix STREQUAL \"/usr\" OR prefix STREQUAL \"/usr/local\")
+        set(CMAKE_INSTALL_FULL_BINDIR \"\${prefix}/${CMAKE_INSTALL_BINDIR}\")
+        set(IDEM_CONFIG_FILE \"\${config}\")
+        # Written straight to its place: nothing in the build tree changes at install time
+        # (cpack and cmake --install may run side by side on one build).
+        set(unit \"\$ENV{DESTDIR}\${prefix}/lib/systemd/system/idemdesk.service\")
+        message(STATUS \"Installing: \${unit}\")
+        configure_file(${IDEM_RESOURCES}/systemd/idemdesk.service.in \"\${unit}\" @ONLY)
+    else()
+        message(STATUS \"Skipped: the systemd unit (systemd reads system units under /usr and /usr/local only, not \${prefix})\")
+    endif()")
+install(FILES ${IDEM_RESOURCES}/prometheus/alerts.yml DESTINATION ${CMAKE_INSTALL_DATADIR}/idemdesk/prometheus)
 install(FILES ${IDEM_RESOURCES}/debian/copyright ${PROJECT_BINARY_DIR}/changelog.gz
         DESTINATION ${CMAKE_INSTALL_DATADIR}/doc/idemdesk)
 install(FILES ${IDEM_RESOURCES}/debian/lintian-overrides DESTINATION ${CMAKE_INSTALL_DATADIR}/lintian/overrides
@@ -62,7 +92,7 @@ set(CPACK_DEBIAN_FILE_NAME DEB-DEFAULT)
 set(CPACK_DEBIAN_PACKAGE_SHLIBDEPS ON)
 set(CPACK_DEBIAN_PACKAGE_GENERATE_SHLIBS OFF)
 set(CPACK_DEBIAN_PACKAGE_CONTROL_EXTRA ${IDEM_RESOURCES}/debian/conffiles ${IDEM_RESOURCES}/debian/postinst
-    ${IDEM_RESOURCES}/debian/postrm)
+    ${IDEM_RESOURCES}/debian/prerm ${IDEM_RESOURCES}/debian/postrm)
 set(CPACK_DEBIAN_PACKAGE_CONTROL_STRICT_PERMISSION ON)
 set(CPACK_STRIP_FILES ON)
 set(CPACK_PACKAGING_INSTALL_PREFIX /usr)
