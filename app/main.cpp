@@ -49,10 +49,10 @@ int main(int argc, char **argv)
         return 0;
     }
     if (command.isEmpty() || command.startsWith(u'-'))
-        return idem::cli::gui(argc, argv, arguments);
+        return idem::cli::gui(argc, argv);
     arguments.removeAt(1);
     if (command == u"gui")
-        return idem::cli::gui(argc, argv, arguments);
+        return idem::cli::gui(argc, argv);
     // Headless: Qt's own poll-based event loop rather than GLib's, which costs more per wakeup
     // and has nothing to integrate with here (about a tenth more deliveries per second).
     if (!qEnvironmentVariableIsSet("QT_NO_GLIB"))

@@ -64,7 +64,7 @@ std::optional<QPair<QByteArray, quint16>> receiverAddress(const QCommandLinePars
                                                           const Config &config);
 
 int serve(const QStringList &arguments);
-int gui(int argc, char **argv, const QStringList &arguments);
+int gui(int argc, char **argv);
 int keys(const QStringList &arguments);
 int stats(const QStringList &arguments);
 int storm(const QStringList &arguments);

@@ -181,9 +181,13 @@ int serve(const QStringList &arguments)
     return rc;
 }
 
-int gui(int argc, char **argv, const QStringList &arguments)
+int gui(int argc, char **argv)
 {
     QApplication app(argc, argv);
+    // What is left once Qt has taken its own options (-platform, -style, ...) out of argv.
+    QStringList arguments = QCoreApplication::arguments();
+    if (arguments.size() > 1 && arguments.at(1) == u"gui"_qs)
+        arguments.removeAt(1);
     QApplication::setWindowIcon(applicationIcon());
     // The taskbar finds idemdesk.desktop, and its icon, by this name.
     QGuiApplication::setDesktopFileName(u"idemdesk"_qs);
