@@ -1,7 +1,11 @@
 #include "config/config.h"
 #include "providers/provider.h"
 #include "store/storeurl.h"
+#include "util/crypto.h"
 #include "util/format.h"
+
+#include <QCryptographicHash>
+#include <QDateTime>
 
 #include <QJsonDocument>
 #include <QTemporaryDir>
@@ -13,6 +17,21 @@ class TestConfig : public QObject
 {
     Q_OBJECT
 private Q_SLOTS:
+    void timesAndFingerprintsAsQtMakesThem()
+    {
+        // formatTime() caches the second's text per thread; sha256Hex() is libcrypto's: both
+        // give what QDateTime and QCryptographicHash give, across second boundaries too.
+        for (const qint64 ms :
+             {qint64(0), qint64(999), qint64(1'000), qint64(1'796'278'959'706),
+              qint64(1'796'278'959'999), qint64(1'796'278'960'000), qint64(1'796'278'960'007),
+              qint64(1'796'278'959'706), qint64(-1'500)})
+            QCOMPARE(formatTime(ms),
+                     QDateTime::fromMSecsSinceEpoch(ms, Qt::UTC).toString(Qt::ISODateWithMs));
+        for (const QByteArray &data : {QByteArray(), QByteArray("{}"), QByteArray(5000, 'x')})
+            QCOMPARE(sha256Hex(data),
+                     QCryptographicHash::hash(data, QCryptographicHash::Sha256).toHex());
+    }
+
     void builtinHasOneEndpointPerProvider()
     {
         const Config c = Config::builtin();
