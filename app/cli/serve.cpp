@@ -15,6 +15,7 @@
 #include <QFile>
 #include <QJsonDocument>
 #include <QMessageBox>
+#include <QMutex>
 #include <QSettings>
 #include <QSocketNotifier>
 #include <QTextStream>
@@ -42,9 +43,8 @@ QString logLine(const DeliveryEvent &e, bool json)
     if (json)
         return QString::fromUtf8(QJsonDocument(deliveryToJson(e)).toJson(QJsonDocument::Compact));
     QString line = u"%1 %2 %3 %4 %5 %6ms"_qs.arg(
-        QDateTime::fromMSecsSinceEpoch(e.atMs, Qt::UTC).toString(Qt::ISODateWithMs),
-        e.endpoint.isEmpty() ? u"-"_qs : e.endpoint, e.key.isEmpty() ? u"-"_qs : e.key,
-        toString(e.outcome), QString::number(e.status),
+        formatTime(e.atMs), e.endpoint.isEmpty() ? u"-"_qs : e.endpoint,
+        e.key.isEmpty() ? u"-"_qs : e.key, toString(e.outcome), QString::number(e.status),
         QString::number(double(e.latencyUs) / 1000.0, 'f', 1));
     if (!e.detail.isEmpty())
         line += u" ("_qs + e.detail + u")"_qs;
@@ -120,26 +120,38 @@ int serve(const QStringList &arguments)
 
     const bool json = format == u"json"_qs;
     // One line per delivery, written in slices (every 100 ms or 64 KB) rather than one
-    // write per line: under load the log must not cost more than the delivery.
+    // write per line: under load the log must not cost more than the delivery. The line is made
+    // on the receiver thread as the delivery ends (a direct connection): a queued signal per
+    // delivery woke this thread for each one, which cost more than the line itself.
     QObject logContext;
+    QMutex logLock;
     QByteArray logBuffer;
-    auto flushLog = [&logBuffer] {
-        if (logBuffer.isEmpty())
+    auto flushLog = [&logBuffer, &logLock] {
+        QByteArray out;
+        {
+            QMutexLocker locked(&logLock);
+            out.swap(logBuffer);
+        }
+        if (out.isEmpty())
             return;
-        std::fwrite(logBuffer.constData(), 1, size_t(logBuffer.size()), stdout);
+        std::fwrite(out.constData(), 1, size_t(out.size()), stdout);
         std::fflush(stdout);
-        logBuffer.clear();
     };
     QTimer logTimer;
     logTimer.setInterval(100);
     QObject::connect(&logTimer, &QTimer::timeout, &logContext, flushLog);
     logTimer.start();
-    QObject::connect(receiver->engine(), &IdempotencyEngine::delivered, &logContext,
-                     [json, &logBuffer, &flushLog](const DeliveryEvent &e) {
-                         logBuffer += logLine(e, json).toUtf8() + '\n';
-                         if (logBuffer.size() > 65536)
-                             flushLog();
-                     });
+    QObject::connect(
+        receiver->engine(), &IdempotencyEngine::delivered, &logContext,
+        [json, &logBuffer, &logLock, &logContext, &flushLog](const DeliveryEvent &e) {
+            const QByteArray line = logLine(e, json).toUtf8() + '\n';
+            QMutexLocker locked(&logLock);
+            const bool full = logBuffer.size() <= 65536 && logBuffer.size() + line.size() > 65536;
+            logBuffer += line;
+            if (full) // written by the main thread, sooner than its timer
+                QMetaObject::invokeMethod(&logContext, flushLog, Qt::QueuedConnection);
+        },
+        Qt::DirectConnection);
 
     // SIGINT / SIGTERM: stop accepting, let in-flight deliveries finish, exit 0.
     if (::socketpair(AF_UNIX, SOCK_STREAM, 0, g_signalPipe) != 0) {

@@ -1,9 +1,9 @@
 #include "engine/engine.h"
 
 #include "providers/provider.h"
+#include "util/crypto.h"
 #include "util/format.h"
 
-#include <QCryptographicHash>
 #include <QJsonArray>
 #include <QJsonDocument>
 #include <QSet>
@@ -240,7 +240,7 @@ void IdempotencyEngine::handle(HttpRequest request, Responder responder)
     claim.key = d->key;
     claim.endpoint = e.name;
     claim.provider = e.provider;
-    claim.fingerprint = QCryptographicHash::hash(d->request.body, QCryptographicHash::Sha256).toHex();
+    claim.fingerprint = sha256Hex(d->request.body);
     // The stored request keeps no secrets (Authorization, signatures): the live delivery is
     // forwarded with them, an operator's retry of the stored one without.
     claim.request = {d->request.method, d->request.target, maskSecrets(d->request.headers), d->request.body};

@@ -4,6 +4,7 @@
 
 #include <QCoreApplication>
 #include <QSocketNotifier>
+#include <QThread>
 
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
@@ -61,26 +62,46 @@ void EpollDispatcher::update(int fd)
 {
     auto it = m_watches.find(fd);
     const Watch &w = it->second;
-    const quint32 events = (w.read ? quint32(EPOLLIN) : 0u) | (w.write ? quint32(EPOLLOUT) : 0u)
-                           | (w.exception ? quint32(EPOLLPRI) : 0u);
-    epoll_event e{};
-    e.events = events;
-    e.data.fd = fd;
-    if (events == 0) {
-        // A closed descriptor has left the epoll set by itself (ENOENT/EBADF are expected).
-        if (w.events)
-            epoll_ctl(m_epoll, EPOLL_CTL_DEL, fd, &e);
-        m_watches.erase(it);
+    if (w.read || w.write || w.exception) {
+        // Applied before the next wait; by then it may be undone (see applyUpdates()).
+        m_dirty.push_back(fd);
         return;
     }
-    int rc = epoll_ctl(m_epoll, w.events ? EPOLL_CTL_MOD : EPOLL_CTL_ADD, fd, &e);
-    if (rc < 0 && errno == ENOENT) // closed and reused while we thought it watched
-        rc = epoll_ctl(m_epoll, EPOLL_CTL_ADD, fd, &e);
-    else if (rc < 0 && errno == EEXIST)
-        rc = epoll_ctl(m_epoll, EPOLL_CTL_MOD, fd, &e);
-    if (rc < 0)
-        qWarning("idemdesk: cannot watch socket %d: %s", fd, strerror(errno));
-    it->second.events = rc < 0 ? 0 : events;
+    // Nothing watches it any more: it leaves the set now, since it may be closed and its number
+    // reused before the next wait. A closed descriptor has left the set by itself (ENOENT/EBADF
+    // are expected).
+    if (w.events) {
+        epoll_event e{};
+        epoll_ctl(m_epoll, EPOLL_CTL_DEL, fd, &e);
+    }
+    m_watches.erase(it);
+}
+
+void EpollDispatcher::applyUpdates()
+{
+    for (const int fd : m_dirty) {
+        auto it = m_watches.find(fd);
+        if (it == m_watches.end())
+            continue; // left the set since
+        Watch &w = it->second;
+        const quint32 events = (w.read ? quint32(EPOLLIN) : 0u) |
+                               (w.write ? quint32(EPOLLOUT) : 0u) |
+                               (w.exception ? quint32(EPOLLPRI) : 0u);
+        if (events == w.events)
+            continue; // changed and changed back, or a repeat
+        epoll_event e{};
+        e.events = events;
+        e.data.fd = fd;
+        int rc = epoll_ctl(m_epoll, w.events ? EPOLL_CTL_MOD : EPOLL_CTL_ADD, fd, &e);
+        if (rc < 0 && errno == ENOENT) // closed and reused while we thought it watched
+            rc = epoll_ctl(m_epoll, EPOLL_CTL_ADD, fd, &e);
+        else if (rc < 0 && errno == EEXIST)
+            rc = epoll_ctl(m_epoll, EPOLL_CTL_MOD, fd, &e);
+        if (rc < 0)
+            qWarning("idemdesk: cannot watch socket %d: %s", fd, strerror(errno));
+        w.events = rc < 0 ? 0 : events;
+    }
+    m_dirty.clear();
 }
 
 void EpollDispatcher::schedule(int timerId, Timer &timer, qint64 fromUs)
@@ -141,6 +162,11 @@ int EpollDispatcher::remainingTime(int timerId)
 
 void EpollDispatcher::wakeUp()
 {
+    if (QThread::currentThreadId() == m_owner.load(std::memory_order_relaxed)) {
+        // Posted by the loop's own thread, which is not waiting: it does not wait next either.
+        m_postedByOwner = true;
+        return;
+    }
     if (m_wakePending.exchange(1))
         return; // already on its way
     const quint64 one = 1;
@@ -189,18 +215,23 @@ bool EpollDispatcher::fireTimers()
 bool EpollDispatcher::processEvents(QEventLoop::ProcessEventsFlags flags)
 {
     m_interrupted = false;
+    m_owner.store(QThread::currentThreadId(), std::memory_order_relaxed);
+    m_postedByOwner = false;
     Q_EMIT awake();
     QCoreApplication::sendPostedEvents();
     if (m_interrupted)
         return true;
 
-    const bool wait = flags.testFlag(QEventLoop::WaitForMoreEvents);
+    const bool wait = flags.testFlag(QEventLoop::WaitForMoreEvents) && !m_postedByOwner;
     int timeout = wait ? waitMs() : 0;
     if (flags.testFlag(QEventLoop::X11ExcludeTimers) && wait)
         timeout = -1;
     epoll_event ready[256];
     if (timeout != 0)
         Q_EMIT aboutToBlock();
+    if (m_postedByOwner)
+        timeout = 0;
+    applyUpdates();
     int n = epoll_wait(m_epoll, ready, 256, timeout);
     if (n < 0 && errno != EINTR)
         qWarning("idemdesk: epoll_wait: %s", strerror(errno));

@@ -5,6 +5,7 @@
 #include <atomic>
 #include <map>
 #include <unordered_map>
+#include <vector>
 
 namespace idem {
 
@@ -13,6 +14,10 @@ namespace idem {
 // connections made each delivery several times slower; here a wakeup costs what is ready, and
 // restarting a connection's timer costs a log of the timers. Level-triggered, like poll: the
 // sockets, timers and posted events of the thread behave as with Qt's dispatchers.
+// Per delivery it makes as few system calls as it can (each costs several µs on a virtual
+// machine): a change of what a socket is watched for reaches epoll only when the loop is about to
+// wait, so a write notifier enabled and disabled again within one turn (a response written at
+// once) costs nothing; an event posted by the thread itself needs no wake-up through the eventfd.
 class EpollDispatcher final : public QAbstractEventDispatcher
 {
     Q_OBJECT
@@ -48,6 +53,7 @@ private:
         bool firing = false;
     };
     void update(int fd);
+    void applyUpdates(); // the watch changes since the last wait, to epoll
     void schedule(int timerId, Timer &timer, qint64 fromUs);
     bool fireTimers();
     int waitMs() const;
@@ -56,6 +62,9 @@ private:
     int m_wakeFd = -1;
     std::atomic<int> m_wakePending{0};
     std::atomic<bool> m_interrupted{false};
+    std::atomic<Qt::HANDLE> m_owner{nullptr}; // the thread that runs processEvents()
+    bool m_postedByOwner = false;             // an event posted by that thread since its last wait
+    std::vector<int> m_dirty;                 // descriptors whose watch changed since the last wait
     std::unordered_map<int, Watch> m_watches;
     std::unordered_map<int, Timer> m_timers;
     std::multimap<qint64, int> m_due; // deadline (monotonic µs) → timer id

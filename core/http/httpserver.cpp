@@ -514,6 +514,9 @@ void HttpConnection::writeResponse(const HttpResponse &response, bool closeAfter
     out += "\r\n";
     out += response.body;
     m_socket->write(out);
+    // Written now, not when the loop next sees the socket writable: the write notifier QTcpSocket
+    // enables is disabled again within this turn, so epoll is not told (EpollDispatcher).
+    m_socket->flush();
     if (closeAfter)
         close();
 }

@@ -1,5 +1,6 @@
 #include "model/keyrecord.h"
 
+#include <QHash>
 #include <QJsonDocument>
 
 #include <array>
@@ -87,6 +88,28 @@ QList<HistoryEntry> historyFromJson(const QJsonArray &array)
 QByteArray compactJson(const QJsonArray &array)
 {
     return QJsonDocument(array).toJson(QJsonDocument::Compact);
+}
+
+QByteArray headersJson(const HeaderList &headers)
+{
+    constexpr qsizetype kRemembered = 512; // pairs per thread, forgotten all at once past this
+    thread_local QHash<QPair<QByteArray, QByteArray>, QByteArray> pairs;
+    QByteArray out = "[";
+    for (const auto &header : headers) {
+        auto it = pairs.constFind(header);
+        if (it == pairs.cend()) {
+            if (pairs.size() >= kRemembered)
+                pairs.clear();
+            QByteArray text = compactJson(
+                QJsonArray{QString::fromLatin1(header.first), QString::fromLatin1(header.second)});
+            it = pairs.insert(header, std::move(text));
+        }
+        if (out.size() > 1)
+            out += ',';
+        out += *it;
+    }
+    out += ']';
+    return out;
 }
 
 QJsonArray parseJsonArray(const QByteArray &text)

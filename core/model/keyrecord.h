@@ -86,6 +86,10 @@ QJsonArray historyToJson(const QList<HistoryEntry> &history);
 QList<HistoryEntry> historyFromJson(const QJsonArray &array);
 QByteArray headerValue(const HeaderList &headers, QByteArrayView name);
 QByteArray compactJson(const QJsonArray &array);
+// compactJson(headersToJson(headers)), the text every store keeps, made on every delivery: each
+// [name, value] pair is QJson's text for it, remembered per thread for the pairs that recur
+// (Content-Type, Host, ...), so only the ones that differ are made each time. Same bytes.
+QByteArray headersJson(const HeaderList &headers);
 QJsonArray parseJsonArray(const QByteArray &text);
 
 // A record keeps its first history entry (how it started) and the newest ones, up to this many.

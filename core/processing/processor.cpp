@@ -166,8 +166,9 @@ void SimulatedProcessor::run(const ProcessJob &job, Done done)
             result.response = problemResult(500, u"Simulated failure"_qs, result.error);
         } else {
             const HttpResponse r = HttpResponse::json(
-                200, {{u"processed"_qs, true}, {u"key"_qs, key},
-                      {u"processed_at"_qs, QDateTime::currentDateTimeUtc().toString(Qt::ISODateWithMs)}});
+                200, {{u"processed"_qs, true},
+                      {u"key"_qs, key},
+                      {u"processed_at"_qs, formatTime(QDateTime::currentMSecsSinceEpoch())}});
             result.success = true;
             result.response = {r.status, r.headers, r.body};
         }

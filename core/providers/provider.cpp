@@ -1,5 +1,7 @@
 #include "providers/provider.h"
 
+#include "util/crypto.h"
+
 #include <QCryptographicHash>
 #include <QJsonArray>
 #include <QJsonDocument>
@@ -222,9 +224,7 @@ public:
                     joined += '\n';
                 }
                 if (any)
-                    return {KeyExtraction::Kind::Found,
-                            QString::fromLatin1(QCryptographicHash::hash(joined, QCryptographicHash::Sha256).toHex()),
-                            {}};
+                    return {KeyExtraction::Kind::Found, QString::fromLatin1(sha256Hex(joined)), {}};
                 tried << u"the composite fields %1"_qs.arg(spec.composite.join(u", "_qs));
             }
         }

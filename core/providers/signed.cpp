@@ -3,7 +3,6 @@
 
 #include "util/crypto.h"
 
-#include <QCryptographicHash>
 #include <QDateTime>
 #include <QJsonArray>
 #include <QJsonDocument>
@@ -335,14 +334,14 @@ public:
             const QByteArray bytes = compact(event);
             BatchElement element;
             element.element = event;
-            element.fingerprint = QCryptographicHash::hash(bytes, QCryptographicHash::Sha256).toHex();
+            element.fingerprint = sha256Hex(bytes);
             element.key = scalarText(event.value(u"sg_event_id"));
             if (element.key.isEmpty()) {
                 // No sg_event_id (older integrations): the fields that identify one event.
                 QByteArray composite;
                 for (const char *field : {"sg_message_id", "event", "email", "timestamp"})
                     composite += compact({{u"v"_qs, event.value(QLatin1String(field))}}) + '\n';
-                element.key = u"c-"_qs + QString::fromLatin1(QCryptographicHash::hash(composite, QCryptographicHash::Sha256).toHex());
+                element.key = u"c-"_qs + QString::fromLatin1(sha256Hex(composite));
             }
             elements.append(element);
         }

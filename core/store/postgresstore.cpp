@@ -264,7 +264,7 @@ std::optional<ClaimResult> PostgresStore::claimLocked(pqxx::transaction_base &w,
                                                       bool insertFirst)
 {
     const std::string key = s(req.key);
-    const std::string headers = s(compactJson(headersToJson(req.request.headers)));
+    const std::string headers = s(headersJson(req.request.headers));
     if (insertFirst) {
         const pqxx::result inserted = w.exec_prepared(
             "claim_insert", key, s(req.endpoint), s(req.provider), s(req.fingerprint), req.policy.leaseMs,
@@ -324,7 +324,7 @@ Result<ClaimResult> PostgresStore::claim(const ClaimRequest &req)
                 const pqxx::result inserted = n.exec_prepared(
                     "claim_insert", s(req.key), s(req.endpoint), s(req.provider), s(req.fingerprint),
                     req.policy.leaseMs, req.policy.ttlMs, s(req.request.method), s(req.request.path),
-                    s(compactJson(headersToJson(req.request.headers))), bin(req.request.body));
+                    s(headersJson(req.request.headers)), bin(req.request.body));
                 if (!inserted.empty()) {
                     ClaimResult result;
                     result.decision = {ClaimAction::Create, Outcome::Processed};
@@ -397,7 +397,7 @@ FinishVerdict PostgresStore::finishIn(pqxx::transaction_base &t, const FinishReq
 {
     const pqxx::result updated = t.exec_prepared(
         "finish", s(req.key), req.token, s(toString(req.state)), req.result.status,
-        s(compactJson(headersToJson(req.result.headers))), bin(req.result.body), s(req.error));
+        s(headersJson(req.result.headers)), bin(req.result.body), s(req.error));
     if (updated.affected_rows() == 1)
         return FinishVerdict::Accept;
     // Refused, or sent again after a lost answer: say which, with the same rules as every backend.
@@ -527,8 +527,8 @@ Result<ImportVerdict> PostgresStore::importRecord(const KeyRecord &r, qint64 ttl
             "import_insert", key, s(r.endpoint), s(r.provider), s(toString(r.state)),
             s(r.fingerprint), r.attempts, r.createdMs, r.updatedMs, leaseMs, ttlMs,
             s(r.request.method), s(r.request.path),
-            s(compactJson(headersToJson(r.request.headers))), bin(r.request.body), r.result.status,
-            s(compactJson(headersToJson(r.result.headers))), bin(r.result.body), s(r.error),
+            s(headersJson(r.request.headers)), bin(r.request.body), r.result.status,
+            s(headersJson(r.result.headers)), bin(r.result.body), s(r.error),
             s(compactJson(historyToJson(r.history))));
         w.commit();
         return inserted.empty() ? ImportVerdict::Exists : ImportVerdict::Imported;

@@ -53,7 +53,7 @@ constexpr KeyState kStates[] = {KeyState::Processing, KeyState::Completed, KeySt
 // "METHOD path\n" + the headers' JSON: the request's head in one field.
 QByteArray requestHead(const StoredRequest &r)
 {
-    return r.method + ' ' + r.path + '\n' + compactJson(headersToJson(r.headers));
+    return r.method + ' ' + r.path + '\n' + headersJson(r.headers);
 }
 
 } // namespace
@@ -238,7 +238,7 @@ QList<QByteArray> finishArgs(const QByteArray &prefix, const FinishRequest &req)
             num(req.token),
             stateName(req.state),
             num(req.result.status),
-            compactJson(headersToJson(req.result.headers)),
+            headersJson(req.result.headers),
             req.result.body,
             req.error.toUtf8()};
 }
@@ -297,7 +297,7 @@ QList<QByteArray> importArgs(const QByteArray &prefix, const KeyRecord &r, qint6
             requestHead(r.request),
             r.request.body,
             num(r.result.status),
-            compactJson(headersToJson(r.result.headers)),
+            headersJson(r.result.headers),
             r.result.body,
             r.error.toUtf8(),
             compactJson(historyToJson(r.history))};

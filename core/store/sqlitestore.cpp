@@ -328,7 +328,7 @@ Result<ClaimResult> SqliteStore::claim(const ClaimRequest &req)
         upsert.bind(5, r.token).bind(6, qint64(r.attempts)).bind(7, r.createdMs).bind(8, r.updatedMs);
         upsert.bind(9, r.leaseUntilMs).bind(10, r.expiresAtMs);
         upsert.bindText(11, r.request.method).bindText(12, r.request.path);
-        upsert.bindText(13, compactJson(headersToJson(r.request.headers))).bindBlob(14, r.request.body);
+        upsert.bindText(13, headersJson(r.request.headers)).bindBlob(14, r.request.body);
         upsert.bindText(15, compactJson(historyToJson(r.history)));
         if (upsert.step() != SQLITE_DONE)
             return lastError("claim");
@@ -376,7 +376,7 @@ Result<FinishVerdict> SqliteStore::finish(const FinishRequest &req)
                  " res_status = ?4, res_headers = ?5, res_body = ?6, error = ?7, history = ?8"
                  " WHERE key = ?1");
     update.bind(1, req.key).bind(2, toString(req.state)).bind(3, nowMs);
-    update.bind(4, qint64(req.result.status)).bindText(5, compactJson(headersToJson(req.result.headers)));
+    update.bind(4, qint64(req.result.status)).bindText(5, headersJson(req.result.headers));
     update.bindBlob(6, req.result.body).bind(7, req.error).bindText(8, compactJson(historyToJson(history)));
     if (update.step() != SQLITE_DONE)
         return lastError("finish");
@@ -556,9 +556,9 @@ Result<ImportVerdict> SqliteStore::importRecord(const KeyRecord &r, qint64 ttlMs
     insert.bind(10, r.state == KeyState::Processing ? nowMs + leaseMs : qint64(0))
         .bind(11, nowMs + ttlMs);
     insert.bindText(12, r.request.method).bindText(13, r.request.path);
-    insert.bindText(14, compactJson(headersToJson(r.request.headers))).bindBlob(15, r.request.body);
+    insert.bindText(14, headersJson(r.request.headers)).bindBlob(15, r.request.body);
     insert.bind(16, qint64(r.result.status))
-        .bindText(17, compactJson(headersToJson(r.result.headers)));
+        .bindText(17, headersJson(r.result.headers));
     insert.bindBlob(18, r.result.body)
         .bind(19, r.error)
         .bindText(20, compactJson(historyToJson(r.history)));

@@ -96,4 +96,16 @@ Result<QByteArray> ecdsaSign(const QByteArray &privateKeyPem, const QByteArray &
     return signature;
 }
 
+QByteArray sha256Hex(QByteArrayView data)
+{
+    // Fetched once: an implicit fetch (EVP_sha256()) on every call costs a provider lookup.
+    static EVP_MD *const sha256 = EVP_MD_fetch(nullptr, "SHA256", nullptr);
+    unsigned char digest[EVP_MAX_MD_SIZE];
+    unsigned int length = 0;
+    if (!sha256 ||
+        EVP_Digest(data.data(), size_t(data.size()), digest, &length, sha256, nullptr) != 1)
+        qFatal("idemdesk: SHA-256 is not available from libcrypto");
+    return QByteArray(reinterpret_cast<const char *>(digest), qsizetype(length)).toHex();
+}
+
 } // namespace idem

@@ -32,7 +32,30 @@ QString countOf(qint64 n, QStringView one, QStringView many)
 
 QString formatTime(qint64 epochMs)
 {
-    return QDateTime::fromMSecsSinceEpoch(epochMs, Qt::UTC).toString(Qt::ISODateWithMs);
+    // On every delivery's path (the log line, the built-in processor's answer): QDateTime's
+    // formatting once a second per thread, the milliseconds appended.
+    thread_local qint64 cachedSecond = -1;
+    thread_local QString cachedPrefix; // "2026-12-03T06:11:05."
+    const qint64 second = epochMs / 1000;
+    if (epochMs < 0)
+        return QDateTime::fromMSecsSinceEpoch(epochMs, Qt::UTC).toString(Qt::ISODateWithMs);
+    if (second != cachedSecond) {
+        const QString full =
+            QDateTime::fromMSecsSinceEpoch(second * 1000, Qt::UTC).toString(Qt::ISODateWithMs);
+        if (!full.endsWith(u".000Z"))
+            return QDateTime::fromMSecsSinceEpoch(epochMs, Qt::UTC).toString(Qt::ISODateWithMs);
+        cachedPrefix = full.chopped(4);
+        cachedSecond = second;
+    }
+    const int ms = int(epochMs % 1000);
+    QString out;
+    out.reserve(cachedPrefix.size() + 4);
+    out += cachedPrefix;
+    out += QChar(u'0' + ms / 100);
+    out += QChar(u'0' + ms / 10 % 10);
+    out += QChar(u'0' + ms % 10);
+    out += u'Z';
+    return out;
 }
 
 bool isSecretHeader(QByteArrayView name)

@@ -13,6 +13,7 @@
 local rk, tk = KEYS[1], KEYS[2]
 local fp, leaseMs, ttlMs, policy = ARGV[3], tonumber(ARGV[4]), tonumber(ARGV[5]), ARGV[6]
 local now, nowUs = clock()
+local nowText = fmt(now)
 -- The SUMMARY (the order redisprotocol.cpp reads), then the history.
 local FIELDS = {'endpoint', 'provider', 'state', 'fingerprint', 'token', 'attempts', 'created', 'updated',
                 'lease_until', 'expires_at', 'res_status', 'res_headers', 'res_body', 'error', 'history'}
@@ -46,7 +47,7 @@ local function summary()
   for i = 1, #FIELDS - 1 do
     answer[i + 2] = cur[i] or ''
   end
-  answer[#FIELDS + 2] = fmt(now)
+  answer[#FIELDS + 2] = nowText
   return answer
 end
 
@@ -55,7 +56,7 @@ if action == 'mismatch' then
 end
 if action == 'replay' or action == 'in-progress' then
   cur[6] = tostring(tonumber(cur[6]) + 1)
-  cur[8] = fmt(now)
+  cur[8] = nowText
   redis.call('HSET', rk, 'attempts', cur[6], 'updated', cur[8])
   return summary()
 end
@@ -65,13 +66,15 @@ end
 -- climbs after the counter too has expired or was lost in a failover. One SET ... GET.
 local expiresAt = now + ttlMs
 local token = nowUs
-local last = tonumber(redis.call('SET', tk, fmt(token), 'GET', 'PXAT', fmt(expiresAt + TOKEN_GRACE_MS)) or '0')
+local counterUntil = fmt(expiresAt + TOKEN_GRACE_MS)
+local last = tonumber(redis.call('SET', tk, fmt(token), 'GET', 'PXAT', counterUntil) or '0')
 local before = tonumber(cur[5] or '0')
 if before > last then last = before end
 if last >= token then
   token = last + 1
-  redis.call('SET', tk, fmt(token), 'PXAT', fmt(expiresAt + TOKEN_GRACE_MS))
+  redis.call('SET', tk, fmt(token), 'PXAT', counterUntil)
 end
+local tokenText, expiresText = fmt(token), fmt(expiresAt)
 
 local attempts, created, history
 if state then
@@ -83,17 +86,17 @@ if action == 'reclaim' then
   if outcome == 'recovered' or outcome == 'reprocessed' then
     event = outcome
   end
-  history = appendHistory(cur[15], historyEntry(now, event, fmt(token)))
+  history = appendHistory(cur[15], historyEntry(now, event, tokenText))
 else
   attempts, created = 1, now
-  history = '[' .. historyEntry(now, 'claimed', fmt(token)) .. ']'
+  history = '[' .. historyEntry(now, 'claimed', tokenText) .. ']'
 end
-redis.call('HSET', rk, 'state', 'processing', 'fingerprint', fp, 'token', fmt(token), 'attempts', attempts,
-           'created', fmt(created), 'updated', fmt(now), 'lease_until', fmt(now + leaseMs),
-           'expires_at', fmt(expiresAt), 'endpoint', ARGV[1], 'provider', ARGV[2], 'req_head', ARGV[7],
+redis.call('HSET', rk, 'state', 'processing', 'fingerprint', fp, 'token', tokenText, 'attempts', attempts,
+           'created', fmt(created), 'updated', nowText, 'lease_until', fmt(now + leaseMs),
+           'expires_at', expiresText, 'endpoint', ARGV[1], 'provider', ARGV[2], 'req_head', ARGV[7],
            'req_body', ARGV[8], 'history', history)
-redis.call('PEXPIREAT', rk, fmt(expiresAt))
+redis.call('PEXPIREAT', rk, expiresText)
 if action == 'reclaim' then
-  return {action, outcome, token, cur[6], cur[7], cur[15] or '[]', fmt(now), state}
+  return {action, outcome, token, cur[6], cur[7], cur[15] or '[]', nowText, state}
 end
-return {action, outcome, token, fmt(now)}
+return {action, outcome, token, nowText}

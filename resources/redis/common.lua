@@ -35,8 +35,10 @@
 local STATES = {'processing', 'completed', 'failed', 'reset'}
 local TOKEN_GRACE_MS = 86400000
 
+-- An integer as text (ms, µs, tokens: all below 2^53). '%d' formats it as an integer; '%.0f'
+-- went through the floating-point printer, measured a few µs of Redis CPU per delivery.
 local function fmt(n)
-  return string.format('%.0f', n)
+  return string.format('%d', n)
 end
 
 -- The store's clock: leases and expiry are decided here, never on a desk's clock. In ms and µs.

@@ -7,6 +7,7 @@
 -- repeated | stale-token | not-processing | missing.
 local rk, token, newState = KEYS[1], ARGV[1], ARGV[2]
 local now = clock()
+local nowText = fmt(now)
 local cur = redis.call('HMGET', rk, 'state', 'token', 'expires_at', 'endpoint', 'history', 'res_status', 'res_body')
 if not cur[1] or tonumber(cur[3]) <= now then
   return 'missing'
@@ -20,7 +21,7 @@ if cur[1] ~= 'processing' then
   end
   return 'not-processing'
 end
-redis.call('HSET', rk, 'state', newState, 'updated', fmt(now), 'lease_until', 0, 'res_status', ARGV[3],
+redis.call('HSET', rk, 'state', newState, 'updated', nowText, 'lease_until', 0, 'res_status', ARGV[3],
            'res_headers', ARGV[4], 'res_body', ARGV[5], 'error', ARGV[6],
            'history', appendHistory(cur[5], historyEntry(now, newState, token, ARGV[6])))
-return {'accept', fmt(now), cur[4]}
+return {'accept', nowText, cur[4]}

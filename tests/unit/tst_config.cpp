@@ -1,7 +1,11 @@
 #include "config/config.h"
 #include "providers/provider.h"
 #include "store/storeurl.h"
+#include "util/crypto.h"
 #include "util/format.h"
+
+#include <QCryptographicHash>
+#include <QDateTime>
 
 #include <QJsonDocument>
 #include <QTemporaryDir>
@@ -13,6 +17,40 @@ class TestConfig : public QObject
 {
     Q_OBJECT
 private Q_SLOTS:
+    void timesAndFingerprintsAsQtMakesThem()
+    {
+        // formatTime() caches the second's text per thread; sha256Hex() is libcrypto's: both
+        // give what QDateTime and QCryptographicHash give, across second boundaries too.
+        for (const qint64 ms :
+             {qint64(0), qint64(999), qint64(1'000), qint64(1'796'278'959'706),
+              qint64(1'796'278'959'999), qint64(1'796'278'960'000), qint64(1'796'278'960'007),
+              qint64(1'796'278'959'706), qint64(-1'500)})
+            QCOMPARE(formatTime(ms),
+                     QDateTime::fromMSecsSinceEpoch(ms, Qt::UTC).toString(Qt::ISODateWithMs));
+        for (const QByteArray &data : {QByteArray(), QByteArray("{}"), QByteArray(5000, 'x')})
+            QCOMPARE(sha256Hex(data),
+                     QCryptographicHash::hash(data, QCryptographicHash::Sha256).toHex());
+    }
+
+    void headersJsonIsQJsonsText()
+    {
+        // headersJson() remembers pairs per thread: the same text as QJson's whole array, on
+        // first sight, when remembered, and after it forgot them (past 512).
+        const HeaderList odd{{"Content-Type", "application/json"},
+                             {"X-Quote", "say \"hi\"\\ \x01\t"},
+                             {"X-Latin", "caf\xe9"},
+                             {"Host", "127.0.0.1:8080"}};
+        for (int round = 0; round < 3; ++round) {
+            QCOMPARE(headersJson(odd), compactJson(headersToJson(odd)));
+            QCOMPARE(headersJson({}), QByteArray("[]"));
+            for (int i = 0; i < 400; ++i) {
+                const HeaderList one{{"Idempotency-Key", QByteArray::number(round * 400 + i)},
+                                     odd.first()};
+                QCOMPARE(headersJson(one), compactJson(headersToJson(one)));
+            }
+        }
+    }
+
     void builtinHasOneEndpointPerProvider()
     {
         const Config c = Config::builtin();

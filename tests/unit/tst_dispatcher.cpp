@@ -1,6 +1,7 @@
 // The receiver thread's epoll event loop: posted events from many threads are never lost,
 // timers fire in order and can be stopped from their own handler, sockets are served, and
-// thousands of idle sockets do not stop it from serving the busy one.
+// thousands of idle sockets do not stop it from serving the busy one; events the loop posts to
+// itself run without a wake-up, and watch changes deferred to the next wait lose no socket.
 #include "http/epolldispatcher.h"
 
 #include <QElapsedTimer>
@@ -11,6 +12,7 @@
 #include <QTimer>
 
 #include <atomic>
+#include <functional>
 #include <memory>
 #include <thread>
 #include <vector>
@@ -71,6 +73,55 @@ private Q_SLOTS:
         // And it still wakes for one more, alone.
         QMetaObject::invokeMethod(loop.object, [&] { ++received; }, Qt::QueuedConnection);
         QTRY_COMPARE_WITH_TIMEOUT(received.load(), kThreads * kEach + 1, 5'000);
+    }
+
+    void eventsPostedByTheLoopItselfNeverWait()
+    {
+        // Posted from the loop's own thread, an event wakes nothing: the loop must not go to
+        // sleep with it queued (no timer and no socket would wake it here).
+        LoopThread loop;
+        std::atomic<int> ran{0};
+        std::function<void()> next = [&] {
+            if (++ran < 10000)
+                QMetaObject::invokeMethod(loop.object, next, Qt::QueuedConnection);
+        };
+        QMetaObject::invokeMethod(loop.object, next, Qt::QueuedConnection);
+        QTRY_COMPARE_WITH_TIMEOUT(ran.load(), 10000, 10'000);
+    }
+
+    void aSocketClosedAndItsNumberReusedInOneTurnIsWatched()
+    {
+        // The second connection usually gets the first one's descriptor number: its watch must
+        // reach epoll although, for the loop, that number "was" watched already.
+        LoopThread loop;
+        QTcpServer listener;
+        QVERIFY(listener.listen(QHostAddress::LocalHost));
+        QTcpSocket *second = nullptr;
+        std::atomic<int> echoed{0};
+        loop.run([&] {
+            auto *first = new QTcpSocket(loop.object);
+            first->connectToHost(QHostAddress::LocalHost, listener.serverPort());
+            QVERIFY(first->waitForConnected(5000));
+            QObject::connect(first, &QTcpSocket::readyRead, first, [] {});
+            const qintptr number = first->socketDescriptor();
+            delete first;
+            second = new QTcpSocket(loop.object);
+            second->connectToHost(QHostAddress::LocalHost, listener.serverPort());
+            QVERIFY(second->waitForConnected(5000));
+            QObject::connect(second, &QTcpSocket::readyRead, second,
+                             [&] { echoed += int(second->readAll().size()); });
+            qInfo("descriptor %lld, then %lld", qlonglong(number),
+                  qlonglong(second->socketDescriptor()));
+        });
+        QVERIFY(listener.waitForNewConnection(5000));
+        QTcpSocket *firstPeer = listener.nextPendingConnection();
+        QVERIFY(listener.waitForNewConnection(5000) || listener.hasPendingConnections());
+        QTcpSocket *secondPeer = listener.nextPendingConnection();
+        QVERIFY(firstPeer && secondPeer);
+        secondPeer->write("hello");
+        QVERIFY(secondPeer->waitForBytesWritten(5000));
+        QTRY_COMPARE_WITH_TIMEOUT(echoed.load(), 5, 5'000);
+        loop.run([&] { delete second; });
     }
 
     void timersFireInOrderAndStop()
