@@ -231,6 +231,7 @@ MainWindow::MainWindow(DeskSession session, QWidget *parent)
 
 MainWindow::~MainWindow()
 {
+    m_closing->store(true);
     // Remembered for the next start: where the window was and how the panes were split.
     QSettings settings;
     settings.setValue(u"window/geometry"_qs, saveGeometry());
@@ -939,25 +940,29 @@ void MainWindow::exportTo(const QString &path, const QStringList &keys)
     filter.state = kTabStates[size_t(tab)];
     filter.endpoint = m_endpointFilter->currentData().toString();
     filter.glob = m_keys->glob();
-    m_session.pool->submit<qint64>(
+    m_session.pool->submit<ExportReport>(
         this,
-        [path, keys, filter](IdempotencyStore &store) -> Result<qint64> {
+        [path, keys, filter, closing = m_closing](IdempotencyStore &store) -> Result<ExportReport> {
             QSaveFile file(path);
             if (!file.open(QIODevice::WriteOnly))
                 return makeError(ErrorCode::Invalid, u"%1: %2"_qs.arg(path, file.errorString()));
-            auto written = idem::exportKeys(
-                store, filter, keys, [&](const QByteArray &line) { file.write(line + '\n'); });
-            if (!written)
-                return written.error(); // the file is not replaced
+            auto report = idem::exportKeys(
+                store, filter, keys, [&](const QByteArray &line) { file.write(line + '\n'); },
+                closing.get());
+            if (!report)
+                return report.error(); // the file is not replaced
             if (!file.commit())
                 return makeError(ErrorCode::Invalid, u"%1: %2"_qs.arg(path, file.errorString()));
-            return written;
+            return report;
         },
-        [this, path](Result<qint64> written) {
-            if (!written)
-                return finishAction(tr("Export not done: %1").arg(written.error().message), false);
-            finishAction(tr("Exported %1 to %2.").arg(countOf(*written, u"key", u"keys"), path),
-                         true);
+        [this, path](Result<ExportReport> report) {
+            if (!report)
+                return finishAction(tr("Export not done: %1").arg(report.error().message), false);
+            QString message =
+                tr("Exported %1 to %2.").arg(countOf(report->written, u"key", u"keys"), path);
+            if (!report->missing.isEmpty())
+                message += tr(" Gone meanwhile: %1.").arg(report->missing.join(u", "_qs));
+            finishAction(message, report->missing.isEmpty());
         });
 }
 
@@ -966,29 +971,28 @@ void MainWindow::importFrom(const QString &path)
     struct Report
     {
         QStringList imported, existing, refused;
+        QString stopped;
     };
     m_session.pool->submit<Report>(
         this,
-        [path](IdempotencyStore &store) -> Result<Report> {
+        [path, config = m_session.config,
+         closing = m_closing](IdempotencyStore &store) -> Result<Report> {
             QFile file(path);
             if (!file.open(QIODevice::ReadOnly))
                 return makeError(ErrorCode::Invalid, u"%1: %2"_qs.arg(path, file.errorString()));
             Report report;
-            int number = 0;
-            while (!file.atEnd()) {
-                const QByteArray line = file.readLine().trimmed();
-                ++number;
-                if (line.isEmpty())
-                    continue;
-                auto done = importLine(store, line);
-                if (!done && done.error().code != ErrorCode::Invalid)
-                    return done.error();
-                if (!done)
-                    report.refused << u"line %1: %2"_qs.arg(number).arg(done.error().message);
-                else
-                    (done->verdict == ImportVerdict::Imported ? report.imported : report.existing)
-                        << done->key;
-            }
+            const ImportReport counts = importLines(
+                store, file, config,
+                [&](qint64 number, const Result<ImportedLine> &done) {
+                    if (!done)
+                        report.refused << u"line %1: %2"_qs.arg(number).arg(done.error().message);
+                    else
+                        (done->verdict == ImportVerdict::Imported ? report.imported
+                                                                  : report.existing)
+                            << done->key;
+                },
+                closing.get());
+            report.stopped = counts.stopped;
             return report;
         },
         [this, path](Result<Report> report) {
@@ -1001,7 +1005,9 @@ void MainWindow::importFrom(const QString &path)
                     tr(" Already here, left alone: %1.").arg(report->existing.join(u", "_qs));
             if (!report->refused.isEmpty())
                 message += tr(" Refused: %1").arg(report->refused.join(u"; "_qs));
-            finishAction(message, report->refused.isEmpty());
+            if (!report->stopped.isEmpty())
+                message += tr(" Stopped: %1").arg(report->stopped);
+            finishAction(message, report->refused.isEmpty() && report->stopped.isEmpty());
         });
 }
 

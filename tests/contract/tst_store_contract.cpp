@@ -5,12 +5,17 @@
 #include "store/sqlitestore.h"
 #include "store/storefactory.h"
 #include "store/storepool.h"
+#include "store/transfer.h"
 #include "support/names.h"
 #include "util/clock.h"
 
 #include <QDeadlineTimer>
 #include <QFileInfo>
+#include <QJsonArray>
+#include <QJsonDocument>
+#include <QJsonObject>
 #include <QRandomGenerator>
+#include <QSet>
 #include <QTemporaryDir>
 #include <QTest>
 
@@ -37,6 +42,7 @@ struct CommitProbe final : IdempotencyStore
     Result<FinishVerdict> finish(const FinishRequest &q) override { return inner->finish(q); }
     Result<std::optional<KeyRecord>> key(const QString &k) override { return inner->key(k); }
     Result<QList<KeyRecord>> listKeys(const KeyQuery &q) override { return inner->listKeys(q); }
+    Result<QStringList> keyNames(const KeyQuery &q) override { return inner->keyNames(q); }
     Result<StateCounts> countKeys(const QString &e) override { return inner->countKeys(e); }
     Result<OperatorVerdict> applyOperator(const QString &k, OperatorAction a, bool f, const QString &d) override
     {
@@ -67,6 +73,50 @@ struct CommitProbe final : IdempotencyStore
         }
         return inner->endBatch();
     }
+};
+
+// A real store whose key() first runs `onKey` (what other connections do meanwhile), and which
+// counts deliveries() calls.
+struct Moving final : IdempotencyStore
+{
+    IdempotencyStore *inner;
+    std::function<void(const QString &)> onKey;
+    int deliveryReads = 0;
+    explicit Moving(IdempotencyStore *s) : inner(s) {}
+    Result<ClaimResult> claim(const ClaimRequest &q) override { return inner->claim(q); }
+    Result<FinishVerdict> finish(const FinishRequest &q) override { return inner->finish(q); }
+    Result<std::optional<KeyRecord>> key(const QString &k) override
+    {
+        if (onKey)
+            onKey(k);
+        return inner->key(k);
+    }
+    Result<QList<KeyRecord>> listKeys(const KeyQuery &q) override { return inner->listKeys(q); }
+    Result<QStringList> keyNames(const KeyQuery &q) override { return inner->keyNames(q); }
+    Result<StateCounts> countKeys(const QString &e) override { return inner->countKeys(e); }
+    Result<OperatorVerdict> applyOperator(const QString &k, OperatorAction a, bool f,
+                                          const QString &d) override
+    {
+        return inner->applyOperator(k, a, f, d);
+    }
+    Result<qint64> purgeExpired() override { return inner->purgeExpired(); }
+    Result<ImportVerdict> importRecord(const KeyRecord &r, qint64 t, qint64 l) override
+    {
+        return inner->importRecord(r, t, l);
+    }
+    Result<QString> serverVersion() override { return inner->serverVersion(); }
+    Result<qint64> clockMs() override { return inner->clockMs(); }
+    Result<void> appendDeliveries(const QList<DeliveryEvent> &e) override
+    {
+        return inner->appendDeliveries(e);
+    }
+    bool deliveriesIndexedByKey() const override { return inner->deliveriesIndexedByKey(); }
+    Result<QList<DeliveryEvent>> deliveries(const DeliveryQuery &q) override
+    {
+        ++deliveryReads;
+        return inner->deliveries(q);
+    }
+    Result<void> ping() override { return inner->ping(); }
 };
 } // namespace
 
@@ -474,6 +524,79 @@ private Q_SLOTS:
                  name(ImportVerdict::Imported)); // expired: replaced
         QCOMPARE(m_store->countKeys(ep)->processing,
                  3); // the probe, the reclaimed key and the re-imported one
+    }
+
+    void exportIsOneSetWhileKeysMove()
+    {
+        // `keys export` while deliveries arrive: keys reset (they jump to the listing's top),
+        // deleted after they were written (the rest move up), and new ones claimed. Every key
+        // that lived through the export is written exactly once; a store whose log has no
+        // per-key index is read once, not once per key.
+        const QString ep = endpoint();
+        QStringList all;
+        for (int i = 0; i < 1100; ++i) {
+            const ClaimResult c = claim(request(ep, u"k%1"_qs.arg(i, 4, 10, QChar(u'0'))));
+            finish(c.record.key, c.record.token, KeyState::Failed, 500);
+            all << c.record.key;
+        }
+        DeliveryEvent logged;
+        logged.endpoint = ep;
+        logged.key = all.at(7);
+        logged.outcome = Outcome::Processed;
+        logged.status = 500;
+        for (int i = 0; i < 3; ++i) {
+            logged.atMs = storeNow() + i;
+            QVERIFY(m_store->appendDeliveries({logged}).ok());
+        }
+        Moving moving(m_store.get());
+        QSet<QString> read, touched;
+        int calls = 0, fresh = 0;
+        QString previous;
+        moving.onKey = [&](const QString &k) {
+            ++calls;
+            if (calls % 5 == 0) // an unread key gets a new state and the newest update
+                for (const QString &other : std::as_const(all))
+                    if (!read.contains(other) && other != k && !touched.contains(other)) {
+                        touched.insert(other);
+                        QCOMPARE(name(*m_store->applyOperator(other, OperatorAction::Reset, false,
+                                                              u"meanwhile"_qs)),
+                                 name(OperatorVerdict::Accept));
+                        break;
+                    }
+            if (calls % 7 == 0 && !previous.isEmpty()) // a written key goes
+                QVERIFY(m_store->applyOperator(previous, OperatorAction::Delete, true, {}).ok());
+            if (calls % 10 == 0) // and new ones come
+                claim(request(ep, u"new%1"_qs.arg(++fresh)));
+            read.insert(k);
+            previous = k;
+        };
+        KeyQuery filter;
+        filter.endpoint = ep;
+        QStringList written;
+        QByteArray line7;
+        auto report = exportKeys(moving, filter, {}, [&](const QByteArray &line) {
+            const QJsonObject o = QJsonDocument::fromJson(line).object();
+            written << o.value(u"record").toObject().value(u"key").toString();
+            if (written.last() == all.at(7))
+                line7 = line;
+        });
+        QVERIFY2(report.ok(), report.ok() ? "" : qPrintable(report.error().message));
+        QCOMPARE(report->written, written.size());
+        const QSet<QString> unique(written.cbegin(), written.cend());
+        QCOMPARE(unique.size(), written.size()); // none twice
+        for (const QString &k : std::as_const(all))
+            QVERIFY2(unique.contains(k), qPrintable(k + u" was not exported"_qs));
+        QVERIFY(touched.size() > 100);
+        QCOMPARE(QJsonDocument::fromJson(line7).object().value(u"timeline").toArray().size(), 3);
+        if (!m_store->deliveriesIndexedByKey())
+            QCOMPARE(moving.deliveryReads, 1);
+        // Named keys: each once, and one the store does not hold is reported.
+        moving.onKey = {};
+        report =
+            exportKeys(moving, {}, {all.at(3), u"nope:x"_qs, all.at(3)}, [](const QByteArray &) {});
+        QVERIFY(report.ok());
+        QCOMPARE(report->written, 1);
+        QCOMPARE(report->missing, QStringList{u"nope:x"_qs});
     }
 
     void deliveryLog()

@@ -109,6 +109,10 @@ public:
     Result<QList<FinishVerdict>> finishBatch(const QList<FinishRequest> &q) override { return recorded([&] { return m_inner->finishBatch(q); }); }
     Result<std::optional<KeyRecord>> key(const QString &k) override { return recorded([&] { return m_inner->key(k); }); }
     Result<QList<KeyRecord>> listKeys(const KeyQuery &q) override { return recorded([&] { return m_inner->listKeys(q); }); }
+    Result<QStringList> keyNames(const KeyQuery &q) override
+    {
+        return recorded([&] { return m_inner->keyNames(q); });
+    }
     Result<StateCounts> countKeys(const QString &e) override { return recorded([&] { return m_inner->countKeys(e); }); }
     Result<OperatorVerdict> applyOperator(const QString &k, OperatorAction a, bool f, const QString &d) override
     {
@@ -147,6 +151,7 @@ public:
     {
         return recorded([&] { return m_inner->ping(); });
     }
+    bool deliveriesIndexedByKey() const override { return m_inner->deliveriesIndexedByKey(); }
     bool batches() const override { return m_inner->batches(); }
     bool beginBatch() override { return m_inner->beginBatch(); }
     Result<void> endBatch() override { return m_inner->endBatch(); }
