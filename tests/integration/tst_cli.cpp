@@ -436,6 +436,23 @@ private Q_SLOTS:
             r.out + first.readAllStandardOutput(); // either may have won the claim
         QVERIFY2(both.contains("#1  409 in-progress") && both.contains("#1  200 processed"),
                  both.constData());
+        // --sign-key: a SendGrid endpoint's, and a P-256 private key only.
+        const QString p384 = writeFile(m_dir, u"p384.pem"_qs,
+                                       opensslOut({u"genpkey"_qs, u"-algorithm"_qs, u"EC"_qs,
+                                                   u"-pkeyopt"_qs, u"ec_paramgen_curve:P-384"_qs}));
+        r = idemdesk(QStringList{u"send"_qs, u"--endpoint"_qs, u"s"_qs, u"--sign-key"_qs, p384} +
+                     common);
+        QCOMPARE(r.rc, 2);
+        QVERIFY2(r.err.contains("--sign-key is for a sendgrid endpoint"), r.err.constData());
+        const QString sgConfig =
+            writeFile(m_dir, u"codes-sg.json"_qs,
+                      "{\"store\": \"sqlite:" + m_dir.filePath(u"codes.db"_qs).toUtf8() +
+                          "\", \"endpoints\": [{\"name\": \"sg\", \"provider\": \"sendgrid\"}]}");
+        r = idemdesk({u"send"_qs, u"--config"_qs, sgConfig, u"--url"_qs,
+                      u"http://127.0.0.1:%1"_qs.arg(port), u"--endpoint"_qs, u"sg"_qs,
+                      u"--sign-key"_qs, p384});
+        QCOMPARE(r.rc, 2);
+        QVERIFY2(r.err.contains("not an ECDSA P-256 private key"), r.err.constData());
         r = idemdesk(QStringList{u"send"_qs, u"--endpoint"_qs, u"nope"_qs} + common);
         QCOMPARE(r.rc, 2);
         QVERIFY2(r.err.contains("no endpoint 'nope'"), r.err.constData());
