@@ -196,8 +196,7 @@ MainWindow::MainWindow(DeskSession session, QWidget *parent)
     connect(m_textFilter, &QLineEdit::textChanged, m_filterDelay, qOverload<>(&QTimer::start));
     connect(m_filterDelay, &QTimer::timeout, this, &MainWindow::applyFilter);
     connect(m_table->selectionModel(), &QItemSelectionModel::selectionChanged, this, [this] {
-        if (m_table->selectionModel()->hasSelection())
-            m_keptSelection.clear(); // the user chose: nothing to bring back
+        m_keptSelection.clear(); // the user chose (a model reset clears it without a signal)
         updateActions();
         loadDetail();
     });
@@ -248,10 +247,10 @@ void MainWindow::buildActions()
         connect(a, &QAction::triggered, this, slot);
         return a;
     };
-    m_resetAction =
-        action(tr("Reset"), themed(this, "edit-undo", QStyle::SP_BrowserReload),
-               QKeySequence(Qt::CTRL | Qt::Key_R),
-               [this] { operatorOn(selectedKeys(), OperatorAction::Reset, false, tr("reset")); });
+    m_resetAction = action(tr("Reset"), themed(this, "edit-undo", QStyle::SP_BrowserReload),
+                           QKeySequence(Qt::CTRL | Qt::Key_R), [this] {
+                               operatorOn(actionKeys(), OperatorAction::Reset, false, tr("reset"));
+                           });
     m_resetAction->setToolTip(tr("Make the selected failed keys processable again: the next "
                                  "delivery is processed (history kept)."));
     m_retryAction =
@@ -261,7 +260,7 @@ void MainWindow::buildActions()
         tr("Run the stored request through the endpoint's processor now and show the result."));
     m_forceFailAction =
         action(tr("Force-fail"), themed(this, "process-stop", QStyle::SP_BrowserStop), {}, [this] {
-            const QStringList keys = selectedKeys();
+            const QStringList keys = actionKeys();
             if (!keys.isEmpty() &&
                 confirm(tr("Force-fail"), tr("Mark %1 as failed? A worker still processing it will "
                                              "not be able to record its result.")
@@ -273,7 +272,7 @@ void MainWindow::buildActions()
     m_deleteAction = action(
         tr("Delete"), themed(this, "edit-delete", QStyle::SP_TrashIcon), QKeySequence::Delete,
         [this] {
-            const QStringList keys = selectedKeys();
+            const QStringList keys = actionKeys();
             if (!keys.isEmpty() &&
                 confirm(tr("Delete keys"), tr("Delete %1? Their stored results are lost: the next "
                                               "delivery of these events is processed again.")
@@ -282,7 +281,7 @@ void MainWindow::buildActions()
         });
     m_copyKeyAction = action(
         tr("Copy key"), themed(this, "edit-copy", QStyle::SP_FileIcon), QKeySequence::Copy, [this] {
-            const QStringList keys = selectedKeys();
+            const QStringList keys = actionKeys();
             if (keys.isEmpty())
                 return;
             QApplication::clipboard()->setText(keys.join(u'\n'));
@@ -672,6 +671,14 @@ QStringList MainWindow::selectedKeys() const
     return keys;
 }
 
+QStringList MainWindow::actionKeys() const
+{
+    // A refresh took the selected keys out of the filter (a reset on the failed tab): the
+    // detail still shows them, and the actions still apply to them until another is chosen.
+    const QStringList keys = selectedKeys();
+    return keys.isEmpty() ? m_keptSelection : keys;
+}
+
 void MainWindow::selectKey(const QString &key)
 {
     const int row = m_keys->rowOfKey(key);
@@ -685,7 +692,7 @@ void MainWindow::selectKey(const QString &key)
 
 void MainWindow::updateActions()
 {
-    const QStringList keys = selectedKeys();
+    const QStringList keys = actionKeys();
     const bool one = keys.size() == 1;
     m_resetAction->setEnabled(!keys.isEmpty());
     m_deleteAction->setEnabled(!keys.isEmpty());
@@ -697,7 +704,7 @@ void MainWindow::updateActions()
 
 void MainWindow::loadDetail()
 {
-    const QStringList keys = selectedKeys();
+    const QStringList keys = actionKeys();
     if (keys.size() != 1) {
         if (keys.isEmpty())
             m_detail->showNothing(tr("Select a key to see its stored request, result, history and timeline."));
@@ -748,7 +755,7 @@ void MainWindow::refreshAll()
     if (m_refreshes++ % 5 == 0)
         pollTray();
     m_keys->refresh();
-    if (!m_detailLoading && !m_detail->currentKey().isEmpty() && selectedKeys().size() == 1)
+    if (!m_detailLoading && !m_detail->currentKey().isEmpty() && actionKeys().size() == 1)
         loadDetail();
     updateStatus();
 }
@@ -844,7 +851,7 @@ void MainWindow::runRetry(const QString &key, bool force, std::function<void(Res
 
 void MainWindow::retrySelected()
 {
-    const QStringList keys = selectedKeys();
+    const QStringList keys = actionKeys();
     if (keys.size() != 1)
         return;
     const QString key = keys.first();
@@ -921,7 +928,7 @@ void MainWindow::exportKeys()
         QFileDialog::getSaveFileName(this, tr("Export keys"), u"idemdesk-keys.jsonl"_qs,
                                      tr("JSON Lines (*.jsonl);;All files (*)"));
     if (!path.isEmpty())
-        exportTo(path, selectedKeys());
+        exportTo(path, actionKeys());
 }
 
 void MainWindow::importKeys()

@@ -78,6 +78,9 @@ public:
     QLabel *statusWarnings() const { return m_warnings; }
     QString statusText() const;
     QStringList selectedKeys() const;
+    // What Reset, Delete, Retry … act on: the selection, or the selected keys a refresh took
+    // out of the filter (still in the detail) until another row is chosen.
+    QStringList actionKeys() const;
     void selectKey(const QString &key);
 
     QAction *resetAction() const { return m_resetAction; }

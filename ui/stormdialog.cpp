@@ -1,5 +1,8 @@
 #include "stormdialog.h"
 
+#include "colours.h"
+#include "util/format.h"
+
 #include <QComboBox>
 #include <QDialogButtonBox>
 #include <QFormLayout>
@@ -119,15 +122,25 @@ QString StormDialog::resultText() const
     for (size_t i = 0; i < r.outcomes.size(); ++i)
         if (r.outcomes[i])
             outcomes << u"%1 <b>%2</b>"_qs.arg(toString(Outcome(i))).arg(r.outcomes[i]);
-    QString text = tr("%1 deliveries in %2 ms · p50 %3 ms · p99 %4 ms<br>%5<br>")
-                       .arg(r.sent).arg(r.elapsedMs).arg(r.p50Ms, 0, 'f', 1).arg(r.p99Ms, 0, 'f', 1)
+    QString text = tr("%1 in %2 ms · p50 %3 ms · p99 %4 ms<br>%5<br>")
+                       .arg(countOf(r.sent, u"delivery", u"deliveries"))
+                       .arg(r.elapsedMs)
+                       .arg(r.p50Ms, 0, 'f', 1)
+                       .arg(r.p99Ms, 0, 'f', 1)
                        .arg(outcomes.join(u" · "_qs));
     if (r.exactlyOnce())
-        text += tr("<span style='color:#1b7f3b'><b>Reached the processor: one per key</b> (%1 of %2 keys exactly once).</span>")
-                    .arg(r.keysProcessedOnce()).arg(r.keys);
+        text += tr("<span style='color:%1'><b>Reached the processor: one per key</b> (%2 of %3 "
+                   "exactly once).</span>")
+                    .arg(stateColour(KeyState::Completed).name())
+                    .arg(r.keysProcessedOnce())
+                    .arg(countOf(r.keys, u"key", u"keys"));
     else
-        text += tr("<span style='color:#b02020'><b>Not exactly once</b>: %1 of %2 keys processed once; %3 deliveries got no answer.</span>")
-                    .arg(r.keysProcessedOnce()).arg(r.keys).arg(r.statuses.value(0));
+        text += tr("<span style='color:%1'><b>Not exactly once</b>: %2 of %3 processed once; %4 "
+                   "got no answer.</span>")
+                    .arg(stateColour(KeyState::Failed).name())
+                    .arg(r.keysProcessedOnce())
+                    .arg(countOf(r.keys, u"key", u"keys"))
+                    .arg(countOf(r.statuses.value(0), u"delivery", u"deliveries"));
     return text;
 }
 

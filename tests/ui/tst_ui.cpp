@@ -298,6 +298,36 @@ private Q_SLOTS:
         QVERIFY(!one.window->statusText().contains(u"1 deliveries"_qs));
     }
 
+    void resetOnTheFailedTabKeepsTheKeyInTheDetail()
+    {
+        // On the failed tab, Reset takes the key out of the list. The detail keeps showing it
+        // (now reset), and the actions still apply to it until another row is chosen.
+        Desk desk = open("[{\"name\": \"f\", \"on_failed\": \"reject\", \"simulate\": "
+                         "{\"fail_rate\": 1}}]");
+        MainWindow &w = *desk.window;
+        QCOMPARE(deliver(desk.port, "f", "one").status, 500);
+        QCOMPARE(deliver(desk.port, "f", "two").status, 500);
+        w.stateTabs()->setCurrentIndex(2); // failed
+        QTRY_COMPARE(w.keys()->rowCount(), 2);
+        selectAndWait(w, u"f:one"_qs);
+        QSignalSpy done(&w, &MainWindow::actionFinished);
+        w.resetAction()->trigger();
+        QTRY_COMPARE(done.count(), 1);
+        QTRY_COMPARE(w.keys()->rowCount(), 1); // it left the failed list
+        QVERIFY(w.selectedKeys().isEmpty());
+        QCOMPARE(w.actionKeys(), QStringList{u"f:one"_qs});
+        QCOMPARE(w.detail()->currentKey(), u"f:one"_qs);
+        QVERIFY(w.deleteAction()->isEnabled() && w.retryAction()->isEnabled() &&
+                w.copyKeyAction()->isEnabled());
+        // The detail follows the key's new state, and Delete still acts on it.
+        w.refreshAction()->trigger();
+        QTRY_COMPARE(int(w.detail()->current().state), int(KeyState::Reset));
+        QCOMPARE(w.detail()->current().key, u"f:one"_qs);
+        // Choosing another row moves the actions there.
+        selectAndWait(w, u"f:two"_qs);
+        QCOMPARE(w.actionKeys(), QStringList{u"f:two"_qs});
+    }
+
     void keysColumnKeepsTheDistinguishingTail()
     {
         Desk desk = open("[{\"name\": \"gh\"}]");
