@@ -3,6 +3,7 @@
 #include "colours.h"
 #include "util/format.h"
 
+#include <QApplication>
 #include <QComboBox>
 #include <QDialogButtonBox>
 #include <QFormLayout>
@@ -57,13 +58,7 @@ StormDialog::StormDialog(const Config &config, const QString &receiverUrl, QWidg
     resize(520, 460);
 }
 
-StormDialog::~StormDialog()
-{
-    if (m_thread) {
-        m_thread->wait(); // a storm is bounded: copies × keys requests with their timeouts
-        delete m_thread;
-    }
-}
+StormDialog::~StormDialog() = default; // a running storm's thread outlives the dialog (start())
 
 void StormDialog::start()
 {
@@ -73,7 +68,8 @@ void StormDialog::start()
     const QUrl url(m_url->text().trimmed());
     const QHostAddress host(url.host() == u"localhost"_qs ? u"127.0.0.1"_qs : url.host());
     if (!endpoint || host.protocol() != QAbstractSocket::IPv4Protocol || url.port() <= 0) {
-        m_result->setText(tr("<span style='color:#b02020'>The receiver must be http://IPv4:PORT.</span>"));
+        m_result->setText(tr("<span style='color:%1'>The receiver must be http://IPv4:PORT.</span>")
+                              .arg(stateColour(KeyState::Failed).name()));
         return;
     }
     StormPlan plan;
@@ -88,25 +84,32 @@ void StormDialog::start()
     m_result->setText(tr("Storming…"));
     const EndpointConfig e = *endpoint;
     QPointer<StormDialog> self(this);
-    m_thread = QThread::create([this, plan, e, self] {
+    m_thread = QThread::create([plan, e, self] {
+        // Answers go through qApp: the dialog may be gone, `self` says so on the GUI thread.
         StormReport report = runStorm(plan, e, [self](qint64 done, qint64) {
-            QMetaObject::invokeMethod(self.data(), [self, done] {
-                if (self)
-                    self->m_progress->setValue(int(done));
-            }, Qt::QueuedConnection);
+            QMetaObject::invokeMethod(
+                qApp,
+                [self, done] {
+                    if (self)
+                        self->m_progress->setValue(int(done));
+                },
+                Qt::QueuedConnection);
         });
-        QMetaObject::invokeMethod(self.data(), [self, report] {
-            if (!self)
-                return;
-            self->m_report = report;
-            self->m_thread->wait();
-            delete self->m_thread;
-            self->m_thread = nullptr;
-            self->m_run->setEnabled(true);
-            self->showReport();
-            Q_EMIT self->finished();
-        }, Qt::QueuedConnection);
+        QMetaObject::invokeMethod(
+            qApp,
+            [self, report] {
+                if (!self)
+                    return;
+                self->m_report = report;
+                self->m_thread = nullptr; // it deletes itself when it has finished
+                self->m_run->setEnabled(true);
+                self->showReport();
+                Q_EMIT self->finished();
+            },
+            Qt::QueuedConnection);
     });
+    // Closing the dialog never waits for the storm: the thread outlives it if need be.
+    connect(m_thread, &QThread::finished, m_thread, &QObject::deleteLater);
     m_thread->start();
 }
 

@@ -972,6 +972,24 @@ private Q_SLOTS:
         QVERIFY(desk.window->traffic()->ratios()->rowCount() >= 1);
     }
 
+    void closingTheStormDialogNeverWaitsForTheStorm()
+    {
+        // The storm's deliveries take 3 s each; closing the dialog at once returns at once: the
+        // key is still being processed when the dialog is gone (a wait would have seen it done).
+        Desk desk = open("[{\"name\": \"slow\", \"simulate\": {\"delay_ms\": 3000}}]");
+        auto *dialog = new StormDialog(desk.receiver->engine()->config(),
+                                       u"http://"_qs + desk.receiver->address().toString());
+        dialog->copies()->setValue(1);
+        dialog->keys()->setValue(1);
+        dialog->start();
+        QTRY_COMPARE(desk.window->keys()->rowCount(), 1); // claimed: the processor is at work
+        QTRY_COMPARE(desk.receiver->engine()->counters().inFlight, 1);
+        delete dialog;
+        QCOMPARE(desk.receiver->engine()->counters().inFlight, 1); // still answering it
+        QTRY_COMPARE_WITH_TIMEOUT(
+            desk.receiver->engine()->counters().byOutcome[size_t(Outcome::Processed)], 1, 15000);
+    }
+
     void settingsValidateTestAndPersist()
     {
         Desk desk = open("[{\"name\": \"s\", \"provider\": \"stripe\", \"secret\": \"whsec_abcdefghijklmnop\", \"ttl_seconds\": 3600}]");
