@@ -381,6 +381,7 @@ void MainWindow::buildLivePage()
     auto *bar = new QHBoxLayout;
     m_liveOutcome = new QComboBox(page);
     m_liveOutcome->addItem(tr("All outcomes"), -1);
+    m_liveOutcome->addItem(tr("Failures (5xx)"), -2);
     for (int o = int(Outcome::Processed); o <= int(Outcome::Unavailable); ++o)
         m_liveOutcome->addItem(toString(Outcome(o)), o);
     m_liveEndpoint = new QComboBox(page);
@@ -411,6 +412,7 @@ void MainWindow::buildLivePage()
     connect(m_liveOutcome, &QComboBox::currentIndexChanged, this, [this] {
         const int o = m_liveOutcome->currentData().toInt();
         m_liveFilter->setOutcome(o < 0 ? std::nullopt : std::optional<Outcome>(Outcome(o)));
+        m_liveFilter->setFailuresOnly(o == -2);
     });
     connect(m_liveEndpoint, &QComboBox::currentIndexChanged, this,
             [this] { m_liveFilter->setEndpoint(m_liveEndpoint->currentData().toString()); });

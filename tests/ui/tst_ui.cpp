@@ -609,25 +609,51 @@ private Q_SLOTS:
 
     void liveDeliveriesFilterPauseAndOpen()
     {
-        Desk desk = open("[{\"name\": \"a\"}, {\"name\": \"b\"}]");
+        Desk desk = open("[{\"name\": \"a\"}, {\"name\": \"b\"}, {\"name\": \"down\", "
+                         "\"simulate\": {\"fail_rate\": 1}}]");
         MainWindow &w = *desk.window;
+        // A processed delivery whose processor failed is a failure: coloured and filterable.
+        QCOMPARE(deliver(desk.port, "down", "x").status, 500);
+        QTRY_COMPARE(w.liveView()->model()->rowCount(), 1);
+        const QModelIndex failed = w.liveView()->model()->index(0, DeliveriesModel::Outcome);
+        QCOMPARE(failed.data().toString(), u"processed"_qs);
+        QCOMPARE(failed.data(Qt::ForegroundRole).value<QBrush>().color(),
+                 stateColour(KeyState::Failed));
+        QCOMPARE(failed.siblingAtColumn(DeliveriesModel::Status)
+                     .data(Qt::ForegroundRole)
+                     .value<QBrush>()
+                     .color(),
+                 stateColour(KeyState::Failed));
         QCOMPARE(deliver(desk.port, "a", "k1").status, 200);
         QCOMPARE(deliver(desk.port, "a", "k1").status, 200); // replayed
         QCOMPARE(deliver(desk.port, "b", "k2").status, 200);
-        QTRY_COMPARE(w.liveView()->model()->rowCount(), 3);
-        w.liveOutcomeFilter()->setCurrentIndex(w.liveOutcomeFilter()->findText(u"replayed"_qs));
+        QTRY_COMPARE(w.liveView()->model()->rowCount(), 4);
+        QVERIFY(w.liveView()
+                    ->model()
+                    ->index(0, DeliveriesModel::Outcome)
+                    .data(Qt::ForegroundRole)
+                    .value<QBrush>()
+                    .color() != stateColour(KeyState::Failed));
+        w.liveOutcomeFilter()->setCurrentIndex(w.liveOutcomeFilter()->findData(-2));
         QCOMPARE(w.liveView()->model()->rowCount(), 1);
         w.liveOutcomeFilter()->setCurrentIndex(0);
+        w.liveEndpointFilter()->setCurrentIndex(w.liveEndpointFilter()->findData(u"down"_qs));
+        QCOMPARE(w.liveView()->model()->rowCount(), 1);
+        w.liveEndpointFilter()->setCurrentIndex(w.liveEndpointFilter()->findData(u"a"_qs));
+        QCOMPARE(w.liveView()->model()->rowCount(), 2);
         w.liveEndpointFilter()->setCurrentIndex(w.liveEndpointFilter()->findData(u"b"_qs));
         QCOMPARE(w.liveView()->model()->rowCount(), 1);
         w.liveEndpointFilter()->setCurrentIndex(0);
+        w.liveOutcomeFilter()->setCurrentIndex(w.liveOutcomeFilter()->findText(u"replayed"_qs));
+        QCOMPARE(w.liveView()->model()->rowCount(), 1);
+        w.liveOutcomeFilter()->setCurrentIndex(0);
         // Paused: new deliveries wait; resumed: they come in.
         w.livePause()->setChecked(true);
         QCOMPARE(deliver(desk.port, "b", "k3").status, 200);
         QTest::qWait(200);
-        QCOMPARE(w.liveView()->model()->rowCount(), 3);
-        w.livePause()->setChecked(false);
         QCOMPARE(w.liveView()->model()->rowCount(), 4);
+        w.livePause()->setChecked(false);
+        QCOMPARE(w.liveView()->model()->rowCount(), 5);
         // A double-click opens the key on the Keys page, even one the current filter hides.
         w.stateTabs()->setCurrentIndex(2); // failed: none of these
         QTRY_COMPARE(w.keys()->rowCount(), 0);
