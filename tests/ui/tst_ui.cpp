@@ -5,6 +5,7 @@
 #include "deliveriesmodel.h"
 #include "engine/engine.h"
 #include "http/blockingclient.h"
+#include "jsonhighlighter.h"
 #include "keydetailview.h"
 #include "keysmodel.h"
 #include "mainwindow.h"
@@ -50,6 +51,9 @@
 #include <QTableWidget>
 #include <QTemporaryDir>
 #include <QTest>
+#include <QTextBlock>
+#include <QTextDocument>
+#include <QTextLayout>
 #include <QTimer>
 #include <cmath>
 
@@ -544,13 +548,48 @@ private Q_SLOTS:
             QApplication::setPalette(palette);
             QCOMPARE(paletteIsDark(),
                      palette.color(QPalette::Window) == dark.color(QPalette::Window));
-            for (KeyState state :
-                 {KeyState::Processing, KeyState::Completed, KeyState::Failed, KeyState::Reset})
-                QVERIFY2(contrast(stateColour(state), palette.color(QPalette::Base)) >= 3.0,
-                         qPrintable(toString(state)));
+            // Text in views (Base) and in dialogs (Window): WCAG AA, 4.5:1.
+            for (QPalette::ColorRole role : {QPalette::Base, QPalette::Window}) {
+                for (KeyState state :
+                     {KeyState::Processing, KeyState::Completed, KeyState::Failed, KeyState::Reset})
+                    QVERIFY2(contrast(stateColour(state), palette.color(role)) >= 4.5,
+                             qPrintable(toString(state)));
+                for (JsonPart part :
+                     {JsonPart::Key, JsonPart::String, JsonPart::Number, JsonPart::Literal})
+                    QVERIFY(contrast(jsonColour(part), palette.color(role)) >= 4.5);
+            }
             QVERIFY(contrast(stuckBackground(), palette.color(QPalette::Text)) >=
                     4.5); // a stuck row's text
+            // The JSON highlighter draws with them.
+            QTextDocument doc(u"{\"id\": \"evt_1\", \"n\": 2, \"ok\": true}"_qs);
+            JsonHighlighter highlighter(&doc);
+            highlighter.rehighlight();
+            QList<QColor> drawn;
+            for (const QTextLayout::FormatRange &range : doc.firstBlock().layout()->formats())
+                drawn << range.format.foreground().color();
+            QVERIFY(drawn.contains(jsonColour(JsonPart::Key)) &&
+                    drawn.contains(jsonColour(JsonPart::String)) &&
+                    drawn.contains(jsonColour(JsonPart::Number)) &&
+                    drawn.contains(jsonColour(JsonPart::Literal)));
         }
+        // A dark palette of the platform theme (Qt's own lightness) counts as dark, whatever
+        // its text colour; a desktop asking for a dark GTK theme by any name is followed.
+        QPalette dim = dark;
+        dim.setColor(QPalette::WindowText, QColor(0x20, 0x20, 0x20));
+        QApplication::setPalette(dim);
+        QVERIFY(paletteIsDark());
+        const QByteArray gtkTheme = qgetenv("GTK_THEME"), desktop = qgetenv("XDG_CURRENT_DESKTOP");
+        const auto env = qScopeGuard([&] {
+            qputenv("GTK_THEME", gtkTheme);
+            qputenv("XDG_CURRENT_DESKTOP", desktop);
+        });
+        qunsetenv("XDG_CURRENT_DESKTOP");
+        for (const char *theme : {"Adwaita:dark", "Adwaita-dark", "Yaru-dark", "Yaru-Dark"}) {
+            qputenv("GTK_THEME", theme);
+            QVERIFY2(desktopWantsDark(), theme);
+        }
+        qputenv("GTK_THEME", "Adwaita");
+        QVERIFY(!desktopWantsDark());
     }
 
     void trayMonitorCountsAndRateLimitsNotifications()
