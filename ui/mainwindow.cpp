@@ -477,8 +477,11 @@ void MainWindow::buildTray()
     if (m_session.receiver)
         connect(m_session.receiver->engine(), &IdempotencyEngine::delivered, m_tray,
                 &TrayMonitor::delivered);
+    m_tray->setSeesDeliveries(m_session.receiver != nullptr); // attach mode: from the counts
+    // No tray on this desktop: nothing shows the monitor, so no switch for it either.
+    m_notifyAction->setVisible(QSystemTrayIcon::isSystemTrayAvailable());
     if (!QSystemTrayIcon::isSystemTrayAvailable())
-        return; // no tray on this desktop: the monitor still feeds nothing visible
+        return;
     m_trayIcon = new QSystemTrayIcon(applicationIcon(), this);
     m_trayIcon->setToolTip(m_tray->toolTip());
     connect(m_tray, &TrayMonitor::countsChanged, this,

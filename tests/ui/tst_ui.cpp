@@ -45,6 +45,7 @@
 #include <QSignalSpy>
 #include <QSpinBox>
 #include <QSplitter>
+#include <QSystemTrayIcon>
 #include <QTabBar>
 #include <QTabWidget>
 #include <QTableView>
@@ -637,8 +638,37 @@ private Q_SLOTS:
         tray.setCounts(3, 2);
         QTest::qWait(50);
         QCOMPARE(notes.count(), 2);
-        // The window's switch, remembered.
+        // The catch-up: one timer however many notes wait, the notes bounded, then one
+        // notification when the interval is over.
+        TrayMonitor quick(300);
+        QSignalSpy quickNotes(&quick, &TrayMonitor::notify);
+        quick.setCounts(0, 0);
+        for (int i = 0; i < 200; ++i) {
+            failed.key = u"orders:burst_%1"_qs.arg(i);
+            quick.delivered(failed);
+        }
+        QCOMPARE(quickNotes.count(), 1); // the first at once
+        QVERIFY(quick.catchUp()->isActive());
+        QCOMPARE(quick.findChildren<QTimer *>().size(), 1);
+        QTRY_COMPARE(quickNotes.count(), 2); // the rest, once the interval is over
+        const QString burst = quickNotes.last().at(1).toString();
+        QVERIFY2(burst.contains(u"orders:burst_1 failed"_qs) && burst.contains(u"and 194 more"_qs),
+                 qPrintable(burst));
+        QCOMPARE(burst.count(u'\n'), 5);
+        QVERIFY(!quick.catchUp()->isActive());
+        // Attach mode (no receiver's deliveries): a failure is told from the counts.
+        TrayMonitor attached(0);
+        attached.setSeesDeliveries(false);
+        QSignalSpy attachedNotes(&attached, &TrayMonitor::notify);
+        attached.setCounts(2, 0);
+        attached.setCounts(4, 0);
+        QCOMPARE(attachedNotes.count(), 1);
+        QVERIFY2(attachedNotes.last().at(1).toString().contains(u"2 keys failed: 4 failed keys"_qs),
+                 qPrintable(attachedNotes.last().at(1).toString()));
+        // The window's switch, remembered; shown only where there is a tray to notify from.
         Desk desk = open("[{\"name\": \"t\"}]");
+        QCOMPARE(desk.window->notificationsAction()->isVisible(),
+                 QSystemTrayIcon::isSystemTrayAvailable());
         QVERIFY(desk.window->notificationsAction()->isCheckable());
         desk.window->notificationsAction()->setChecked(false);
         QVERIFY(!desk.window->trayMonitor()->isEnabled());
