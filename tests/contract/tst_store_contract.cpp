@@ -29,15 +29,11 @@ using idem::test::name;
 namespace {
 QString g_backend;
 
-// A real store whose group commit can be made to fail, and which counts its batches.
-struct CommitProbe final : IdempotencyStore
+// A real store, every call forwarded; the probes below change what they watch.
+struct Forwarding : IdempotencyStore
 {
-    std::unique_ptr<IdempotencyStore> inner;
-    std::atomic<int> *begun;
-    std::atomic<bool> *failCommits;
-    CommitProbe(std::unique_ptr<IdempotencyStore> s, std::atomic<int> *b, std::atomic<bool> *f)
-        : inner(std::move(s)), begun(b), failCommits(f)
-    {}
+    IdempotencyStore *inner;
+    explicit Forwarding(IdempotencyStore *s) : inner(s) {}
     Result<ClaimResult> claim(const ClaimRequest &q) override { return inner->claim(q); }
     Result<FinishVerdict> finish(const FinishRequest &q) override { return inner->finish(q); }
     Result<std::optional<KeyRecord>> key(const QString &k) override { return inner->key(k); }
@@ -56,9 +52,23 @@ struct CommitProbe final : IdempotencyStore
     Result<QString> serverVersion() override { return inner->serverVersion(); }
     Result<qint64> clockMs() override { return inner->clockMs(); }
     Result<void> appendDeliveries(const QList<DeliveryEvent> &e) override { return inner->appendDeliveries(e); }
+    bool deliveriesIndexedByKey() const override { return inner->deliveriesIndexedByKey(); }
     Result<QList<DeliveryEvent>> deliveries(const DeliveryQuery &q) override { return inner->deliveries(q); }
     Result<void> ping() override { return inner->ping(); }
     bool batches() const override { return inner->batches(); }
+    bool beginBatch() override { return inner->beginBatch(); }
+    Result<void> endBatch() override { return inner->endBatch(); }
+};
+
+// A real store whose group commit can be made to fail, and which counts its batches.
+struct CommitProbe final : Forwarding
+{
+    std::unique_ptr<IdempotencyStore> owned;
+    std::atomic<int> *begun;
+    std::atomic<bool> *failCommits;
+    CommitProbe(std::unique_ptr<IdempotencyStore> s, std::atomic<int> *b, std::atomic<bool> *f)
+        : Forwarding(s.get()), owned(std::move(s)), begun(b), failCommits(f)
+    {}
     bool beginBatch() override
     {
         const bool ok = inner->beginBatch();
@@ -77,46 +87,22 @@ struct CommitProbe final : IdempotencyStore
 
 // A real store whose key() first runs `onKey` (what other connections do meanwhile), and which
 // counts deliveries() calls.
-struct Moving final : IdempotencyStore
+struct Moving final : Forwarding
 {
-    IdempotencyStore *inner;
     std::function<void(const QString &)> onKey;
     int deliveryReads = 0;
-    explicit Moving(IdempotencyStore *s) : inner(s) {}
-    Result<ClaimResult> claim(const ClaimRequest &q) override { return inner->claim(q); }
-    Result<FinishVerdict> finish(const FinishRequest &q) override { return inner->finish(q); }
+    using Forwarding::Forwarding;
     Result<std::optional<KeyRecord>> key(const QString &k) override
     {
         if (onKey)
             onKey(k);
         return inner->key(k);
     }
-    Result<QList<KeyRecord>> listKeys(const KeyQuery &q) override { return inner->listKeys(q); }
-    Result<QStringList> keyNames(const KeyQuery &q) override { return inner->keyNames(q); }
-    Result<StateCounts> countKeys(const QString &e) override { return inner->countKeys(e); }
-    Result<OperatorVerdict> applyOperator(const QString &k, OperatorAction a, bool f,
-                                          const QString &d) override
-    {
-        return inner->applyOperator(k, a, f, d);
-    }
-    Result<qint64> purgeExpired() override { return inner->purgeExpired(); }
-    Result<ImportVerdict> importRecord(const KeyRecord &r, qint64 t, qint64 l) override
-    {
-        return inner->importRecord(r, t, l);
-    }
-    Result<QString> serverVersion() override { return inner->serverVersion(); }
-    Result<qint64> clockMs() override { return inner->clockMs(); }
-    Result<void> appendDeliveries(const QList<DeliveryEvent> &e) override
-    {
-        return inner->appendDeliveries(e);
-    }
-    bool deliveriesIndexedByKey() const override { return inner->deliveriesIndexedByKey(); }
     Result<QList<DeliveryEvent>> deliveries(const DeliveryQuery &q) override
     {
         ++deliveryReads;
         return inner->deliveries(q);
     }
-    Result<void> ping() override { return inner->ping(); }
 };
 } // namespace
 
