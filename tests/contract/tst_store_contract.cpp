@@ -9,6 +9,7 @@
 #include "support/names.h"
 #include "util/clock.h"
 
+#include <QBuffer>
 #include <QDeadlineTimer>
 #include <QFileInfo>
 #include <QJsonArray>
@@ -102,6 +103,27 @@ struct Moving final : Forwarding
     {
         ++deliveryReads;
         return inner->deliveries(q);
+    }
+};
+
+// A real store that refuses some imports (as a store refuses a value out of its range) and can
+// stop answering altogether.
+struct Refusing final : Forwarding
+{
+    QString refuse;    // importRecord() of this key fails
+    bool down = false; // every import and ping fails
+    using Forwarding::Forwarding;
+    Result<ImportVerdict> importRecord(const KeyRecord &r, qint64 t, qint64 l) override
+    {
+        if (down || r.key == refuse)
+            return makeError(ErrorCode::Unavailable, u"refused by the test"_qs);
+        return inner->importRecord(r, t, l);
+    }
+    Result<void> ping() override
+    {
+        if (down)
+            return makeError(ErrorCode::Unavailable, u"down"_qs);
+        return inner->ping();
     }
 };
 } // namespace
@@ -583,6 +605,44 @@ private Q_SLOTS:
         QVERIFY(report.ok());
         QCOMPARE(report->written, 1);
         QCOMPARE(report->missing, QStringList{u"nope:x"_qs});
+    }
+
+    void importGoesOnPastAStoreErrorAndStopsWhenTheStoreIsGone()
+    {
+        // One line the store refuses is reported and the next ones still go in; a store that
+        // no longer answers ends the run, saying how many went in.
+        const QString ep = endpoint();
+        KeyQuery filter;
+        filter.endpoint = ep;
+        QByteArray lines;
+        for (int i = 0; i < 3; ++i) {
+            const ClaimResult c = claim(request(ep, u"t%1"_qs.arg(i), QByteArray(64, 'a')));
+            finish(c.record.key, c.record.token, KeyState::Completed);
+        }
+        QVERIFY(exportKeys(*m_store, filter, {}, [&](const QByteArray &l) { lines += l + '\n'; }).ok());
+        for (int i = 0; i < 3; ++i)
+            QVERIFY(m_store->applyOperator(ep + u":t%1"_qs.arg(i), OperatorAction::Delete, true, {}).ok());
+        Refusing refusing(m_store.get());
+        refusing.refuse = ep + u":t1"_qs;
+        QBuffer in(&lines);
+        QVERIFY(in.open(QIODevice::ReadOnly));
+        QStringList said;
+        ImportReport report = importLines(refusing, in, Config::builtin(),
+                                          [&](qint64 n, const Result<ImportedLine> &done) {
+                                              said << u"%1 %2"_qs.arg(n).arg(
+                                                  done ? done->key : done.error().message);
+                                          });
+        QVERIFY2(report.stopped.isEmpty(), qPrintable(report.stopped));
+        QCOMPARE(report.imported, 2);
+        QCOMPARE(report.refused, 1);
+        QVERIFY2(said.contains(u"2 refused by the test"_qs), qPrintable(said.join(u" | "_qs)));
+        QCOMPARE(m_store->countKeys(ep)->completed, 2);
+        // The store gone: it stops at the first line.
+        refusing.down = true;
+        in.seek(0);
+        report = importLines(refusing, in, Config::builtin(), [](qint64, const Result<ImportedLine> &) {});
+        QVERIFY2(report.stopped.startsWith(u"line 1: refused by the test; stopped there (0 imported"_qs),
+                 qPrintable(report.stopped));
     }
 
     void deliveryLog()
