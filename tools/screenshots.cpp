@@ -110,7 +110,9 @@ int main(int argc, char **argv)
     wait(2500);
     save(&window, out + u"/traffic.png"_qs);
     window.pages()->setCurrentIndex(2);
-    wait(300);
+    // A processing that fails, on top: drawn as a failure though its outcome is 'processed'.
+    deliverInBackground(port, "payments", "pay_78", "{\"payment\":78,\"amount\":500,\"currency\":\"eur\"}");
+    wait(800);
     save(&window, out + u"/live.png"_qs);
     window.pages()->setCurrentIndex(0);
 
@@ -134,6 +136,16 @@ int main(int argc, char **argv)
     select(u"payments:pay_77"_qs, 0);
     wait(300);
     save(&window, out + u"/keys-dark.png"_qs);
+    // Reset on the failed tab: the key leaves the list, the detail and the actions stay on it.
+    window.stateTabs()->setCurrentIndex(2);
+    select(u"payments:pay_77"_qs, 3);
+    bool reset = false;
+    QObject::connect(&window, &MainWindow::actionFinished, &window, [&] { reset = true; });
+    window.resetAction()->trigger();
+    (void)QTest::qWaitFor([&] { return reset && window.keys()->rowOfKey(u"payments:pay_77"_qs) < 0; }, 5000);
+    window.refreshAction()->trigger();
+    wait(1500);
+    save(&window, out + u"/failed-reset-dark.png"_qs);
     DeliveryQuery all;
     all.limit = 100000;
     std::printf("log %lld, traffic processed %lld in-progress %lld\n",

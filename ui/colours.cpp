@@ -9,9 +9,27 @@ namespace idem {
 
 bool paletteIsDark()
 {
+    // Qt's own palette decides: a dark window (what a dark platform theme, Adwaita-dark or
+    // Yaru-dark through the GTK platform theme, or useDarkPalette() gives).
     const QPalette palette = QApplication::palette();
-    return palette.color(QPalette::Window).lightness() <
-           palette.color(QPalette::WindowText).lightness();
+    const int window = palette.color(QPalette::Window).lightness();
+    return window < 128 || window < palette.color(QPalette::WindowText).lightness();
+}
+
+QColor jsonColour(JsonPart part)
+{
+    const bool dark = paletteIsDark();
+    switch (part) {
+    case JsonPart::Key:
+        return dark ? QColor(0xd2, 0xa8, 0xff) : QColor(0x88, 0x22, 0x88);
+    case JsonPart::String:
+        return stateColour(KeyState::Completed);
+    case JsonPart::Number:
+        return stateColour(KeyState::Reset);
+    case JsonPart::Literal:
+        return stateColour(KeyState::Processing);
+    }
+    return {};
 }
 
 QColor stateColour(KeyState state)
@@ -19,11 +37,11 @@ QColor stateColour(KeyState state)
     const bool dark = paletteIsDark();
     switch (state) {
     case KeyState::Completed:
-        return dark ? QColor(0x6c, 0xd6, 0x8a) : QColor(0x1b, 0x7f, 0x3b);
+        return dark ? QColor(0x6c, 0xd6, 0x8a) : QColor(0x17, 0x73, 0x3a);
     case KeyState::Failed:
         return dark ? QColor(0xff, 0x7b, 0x72) : QColor(0xb0, 0x20, 0x20);
     case KeyState::Processing:
-        return dark ? QColor(0xf0, 0xb4, 0x4c) : QColor(0xb0, 0x6a, 0x00);
+        return dark ? QColor(0xf0, 0xb4, 0x4c) : QColor(0x93, 0x57, 0x00);
     case KeyState::Reset:
         return dark ? QColor(0x79, 0xb8, 0xff) : QColor(0x1f, 0x5f, 0xb0);
     }
@@ -56,24 +74,26 @@ QColor winnerBackground()
     return paletteIsDark() ? QColor(0x1e, 0x4a, 0x2c) : QColor(0xe3, 0xf4, 0xe8);
 }
 
-namespace {
 bool desktopWantsDark()
 {
-    if (qEnvironmentVariable("GTK_THEME").endsWith(u":dark"_qs))
+    // GTK_THEME=Adwaita:dark, Adwaita-dark, Yaru-dark, …
+    if (qEnvironmentVariable("GTK_THEME").contains(u"dark"_qs, Qt::CaseInsensitive))
         return true;
     const QString desktop = qEnvironmentVariable("XDG_CURRENT_DESKTOP");
     if (desktop.contains(u"GNOME"_qs) || desktop.contains(u"Unity"_qs)) {
         // Run once at start, before the window exists; bounded so a broken gsettings cannot hang
         // it.
-        QProcess gsettings;
-        gsettings.start(u"gsettings"_qs,
-                        {u"get"_qs, u"org.gnome.desktop.interface"_qs, u"color-scheme"_qs});
-        if (gsettings.waitForFinished(1000))
-            return gsettings.readAllStandardOutput().contains("prefer-dark");
+        // GNOME 42's color-scheme, or a dark GTK theme chosen by name (Yaru-dark, …).
+        for (const QString key : {u"color-scheme"_qs, u"gtk-theme"_qs}) {
+            QProcess gsettings;
+            gsettings.start(u"gsettings"_qs, {u"get"_qs, u"org.gnome.desktop.interface"_qs, key});
+            if (gsettings.waitForFinished(1000) &&
+                gsettings.readAllStandardOutput().toLower().contains("dark"))
+                return true;
+        }
     }
     return false;
 }
-} // namespace
 
 void followDesktopColourScheme(QApplication &app)
 {

@@ -61,8 +61,14 @@ QVariant DeliveriesModel::data(const QModelIndex &index, int role) const
         case Latency: return u"%1 ms"_qs.arg(double(e.latencyUs) / 1000.0, 0, 'f', 1);
         }
     }
+    if (role == Qt::ToolTipRole && deliveryFailed(e))
+        return e.detail.isEmpty() ? tr("failed: %1").arg(e.status) : e.detail;
     if (role == Qt::ToolTipRole && !e.detail.isEmpty())
         return e.detail;
+    // A processed delivery whose processor failed (5xx) is a failure, whatever its outcome.
+    if (role == Qt::ForegroundRole && deliveryFailed(e) &&
+        (index.column() == Outcome || index.column() == Status))
+        return QBrush(stateColour(KeyState::Failed));
     if (role == Qt::ForegroundRole && index.column() == Outcome) {
         return QBrush(outcomeColour(e.outcome));
     }
@@ -81,9 +87,20 @@ void DeliveriesModel::append(const DeliveryEvent &event)
     }
 }
 
+bool deliveryFailed(const DeliveryEvent &e)
+{
+    return e.status >= 500;
+}
+
 void DeliveriesFilter::setOutcome(std::optional<idem::Outcome> outcome)
 {
     m_outcome = outcome;
+    invalidateRowsFilter();
+}
+
+void DeliveriesFilter::setFailuresOnly(bool only)
+{
+    m_failuresOnly = only;
     invalidateRowsFilter();
 }
 
@@ -97,7 +114,7 @@ bool DeliveriesFilter::filterAcceptsRow(int sourceRow, const QModelIndex &) cons
 {
     const auto *model = static_cast<const DeliveriesModel *>(sourceModel());
     const DeliveryEvent &e = model->at(sourceRow);
-    return (!m_outcome || e.outcome == *m_outcome) &&
+    return (!m_outcome || e.outcome == *m_outcome) && (!m_failuresOnly || deliveryFailed(e)) &&
            (m_endpoint.isEmpty() || e.endpoint == m_endpoint);
 }
 

@@ -35,6 +35,10 @@ private:
 };
 
 // The live list filtered by outcome and endpoint (Live deliveries page).
+// A delivery that failed, whatever its outcome: answered 5xx (the processor failed, the store
+// was unavailable, a replay of a stored failure).
+bool deliveryFailed(const DeliveryEvent &event);
+
 class DeliveriesFilter final : public QSortFilterProxyModel
 {
     Q_OBJECT
@@ -42,6 +46,7 @@ public:
     using QSortFilterProxyModel::QSortFilterProxyModel;
     void setOutcome(std::optional<idem::Outcome> outcome);
     void setEndpoint(const QString &endpoint); // empty: every endpoint
+    void setFailuresOnly(bool only);           // only deliveryFailed() ones
 
 protected:
     bool filterAcceptsRow(int sourceRow, const QModelIndex &sourceParent) const override;
@@ -49,6 +54,7 @@ protected:
 private:
     std::optional<idem::Outcome> m_outcome;
     QString m_endpoint;
+    bool m_failuresOnly = false;
 };
 
 } // namespace idem

@@ -151,14 +151,16 @@ void KeyDetailView::showKey(const KeyRecord &r, const QList<DeliveryEvent> &newe
                                            {KeyState::Processing, stateColour(KeyState::Processing).name()},
                                            {KeyState::Reset, stateColour(KeyState::Reset).name()}};
     m_title->setText(u"<b>%1</b> &nbsp; <span style='color:%2'><b>%3</b></span>"_qs.arg(r.key.toHtmlEscaped(), colours.value(r.state), toString(r.state)));
-    QString summary = tr("endpoint %1 (%2) · %3 deliveries · TTL %4 · token %5 · first seen %6 · last seen %7<br>fingerprint sha256:%8")
-                          .arg(r.endpoint, r.provider)
-                          .arg(r.attempts)
-                          .arg(formatDuration(r.expiresAtMs - now))
-                          .arg(r.token)
-                          .arg(QDateTime::fromMSecsSinceEpoch(r.createdMs).toString(u"yyyy-MM-dd hh:mm:ss"_qs),
-                               QDateTime::fromMSecsSinceEpoch(r.updatedMs).toString(u"yyyy-MM-dd hh:mm:ss"_qs),
-                               QString::fromLatin1(r.fingerprint));
+    QString summary =
+        tr("endpoint %1 (%2) · %3 · TTL %4 · token %5 · first seen %6 · last seen "
+           "%7<br>fingerprint sha256:%8")
+            .arg(r.endpoint, r.provider)
+            .arg(countOf(r.attempts, u"delivery", u"deliveries"))
+            .arg(formatDuration(r.expiresAtMs - now))
+            .arg(r.token)
+            .arg(QDateTime::fromMSecsSinceEpoch(r.createdMs).toString(u"yyyy-MM-dd hh:mm:ss"_qs),
+                 QDateTime::fromMSecsSinceEpoch(r.updatedMs).toString(u"yyyy-MM-dd hh:mm:ss"_qs),
+                 QString::fromLatin1(r.fingerprint));
     if (r.state == KeyState::Processing)
         summary += r.leaseUntilMs > now ? tr("<br>lease: %1 left").arg(formatDuration(r.leaseUntilMs - now))
                                         : tr("<br><span style='color:%2'><b>stuck</b>: the lease ran out %1 ago</span>").arg(formatDuration(now - r.leaseUntilMs), failed);

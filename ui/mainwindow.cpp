@@ -197,8 +197,7 @@ MainWindow::MainWindow(DeskSession session, QWidget *parent)
     connect(m_textFilter, &QLineEdit::textChanged, m_filterDelay, qOverload<>(&QTimer::start));
     connect(m_filterDelay, &QTimer::timeout, this, &MainWindow::applyFilter);
     connect(m_table->selectionModel(), &QItemSelectionModel::selectionChanged, this, [this] {
-        if (m_table->selectionModel()->hasSelection())
-            m_keptSelection.clear(); // the user chose: nothing to bring back
+        m_keptSelection.clear(); // the user chose (a model reset clears it without a signal)
         updateActions();
         loadDetail();
     });
@@ -232,6 +231,7 @@ MainWindow::MainWindow(DeskSession session, QWidget *parent)
 
 MainWindow::~MainWindow()
 {
+    m_closing->store(true);
     // Remembered for the next start: where the window was and how the panes were split.
     QSettings settings;
     settings.setValue(u"window/geometry"_qs, saveGeometry());
@@ -248,10 +248,10 @@ void MainWindow::buildActions()
         connect(a, &QAction::triggered, this, slot);
         return a;
     };
-    m_resetAction =
-        action(tr("Reset"), themed(this, "edit-undo", QStyle::SP_BrowserReload),
-               QKeySequence(Qt::CTRL | Qt::Key_R),
-               [this] { operatorOn(selectedKeys(), OperatorAction::Reset, false, tr("reset")); });
+    m_resetAction = action(tr("Reset"), themed(this, "edit-undo", QStyle::SP_BrowserReload),
+                           QKeySequence(Qt::CTRL | Qt::Key_R), [this] {
+                               operatorOn(actionKeys(), OperatorAction::Reset, false, tr("reset"));
+                           });
     m_resetAction->setToolTip(tr("Make the selected failed keys processable again: the next "
                                  "delivery is processed (history kept)."));
     m_retryAction =
@@ -261,7 +261,7 @@ void MainWindow::buildActions()
         tr("Run the stored request through the endpoint's processor now and show the result."));
     m_forceFailAction =
         action(tr("Force-fail"), themed(this, "process-stop", QStyle::SP_BrowserStop), {}, [this] {
-            const QStringList keys = selectedKeys();
+            const QStringList keys = actionKeys();
             if (!keys.isEmpty() &&
                 confirm(tr("Force-fail"), tr("Mark %1 as failed? A worker still processing it will "
                                              "not be able to record its result.")
@@ -273,7 +273,7 @@ void MainWindow::buildActions()
     m_deleteAction = action(
         tr("Delete"), themed(this, "edit-delete", QStyle::SP_TrashIcon), QKeySequence::Delete,
         [this] {
-            const QStringList keys = selectedKeys();
+            const QStringList keys = actionKeys();
             if (!keys.isEmpty() &&
                 confirm(tr("Delete keys"), tr("Delete %1? Their stored results are lost: the next "
                                               "delivery of these events is processed again.")
@@ -282,7 +282,7 @@ void MainWindow::buildActions()
         });
     m_copyKeyAction = action(
         tr("Copy key"), themed(this, "edit-copy", QStyle::SP_FileIcon), QKeySequence::Copy, [this] {
-            const QStringList keys = selectedKeys();
+            const QStringList keys = actionKeys();
             if (keys.isEmpty())
                 return;
             QApplication::clipboard()->setText(keys.join(u'\n'));
@@ -382,6 +382,7 @@ void MainWindow::buildLivePage()
     auto *bar = new QHBoxLayout;
     m_liveOutcome = new QComboBox(page);
     m_liveOutcome->addItem(tr("All outcomes"), -1);
+    m_liveOutcome->addItem(tr("Failures (5xx)"), -2);
     for (int o = int(Outcome::Processed); o <= int(Outcome::Unavailable); ++o)
         m_liveOutcome->addItem(toString(Outcome(o)), o);
     m_liveEndpoint = new QComboBox(page);
@@ -412,6 +413,7 @@ void MainWindow::buildLivePage()
     connect(m_liveOutcome, &QComboBox::currentIndexChanged, this, [this] {
         const int o = m_liveOutcome->currentData().toInt();
         m_liveFilter->setOutcome(o < 0 ? std::nullopt : std::optional<Outcome>(Outcome(o)));
+        m_liveFilter->setFailuresOnly(o == -2);
     });
     connect(m_liveEndpoint, &QComboBox::currentIndexChanged, this,
             [this] { m_liveFilter->setEndpoint(m_liveEndpoint->currentData().toString()); });
@@ -476,8 +478,11 @@ void MainWindow::buildTray()
     if (m_session.receiver)
         connect(m_session.receiver->engine(), &IdempotencyEngine::delivered, m_tray,
                 &TrayMonitor::delivered);
+    m_tray->setSeesDeliveries(m_session.receiver != nullptr); // attach mode: from the counts
+    // No tray on this desktop: nothing shows the monitor, so no switch for it either.
+    m_notifyAction->setVisible(QSystemTrayIcon::isSystemTrayAvailable());
     if (!QSystemTrayIcon::isSystemTrayAvailable())
-        return; // no tray on this desktop: the monitor still feeds nothing visible
+        return;
     m_trayIcon = new QSystemTrayIcon(applicationIcon(), this);
     m_trayIcon->setToolTip(m_tray->toolTip());
     connect(m_tray, &TrayMonitor::countsChanged, this,
@@ -675,6 +680,14 @@ QStringList MainWindow::selectedKeys() const
     return keys;
 }
 
+QStringList MainWindow::actionKeys() const
+{
+    // A refresh took the selected keys out of the filter (a reset on the failed tab): the
+    // detail still shows them, and the actions still apply to them until another is chosen.
+    const QStringList keys = selectedKeys();
+    return keys.isEmpty() ? m_keptSelection : keys;
+}
+
 void MainWindow::selectKey(const QString &key)
 {
     const int row = m_keys->rowOfKey(key);
@@ -688,7 +701,7 @@ void MainWindow::selectKey(const QString &key)
 
 void MainWindow::updateActions()
 {
-    const QStringList keys = selectedKeys();
+    const QStringList keys = actionKeys();
     const bool one = keys.size() == 1;
     m_resetAction->setEnabled(!keys.isEmpty());
     m_deleteAction->setEnabled(!keys.isEmpty());
@@ -700,7 +713,7 @@ void MainWindow::updateActions()
 
 void MainWindow::loadDetail()
 {
-    const QStringList keys = selectedKeys();
+    const QStringList keys = actionKeys();
     if (keys.size() != 1) {
         if (keys.isEmpty())
             m_detail->showNothing(tr("Select a key to see its stored request, result, history and timeline."));
@@ -751,7 +764,7 @@ void MainWindow::refreshAll()
     if (m_refreshes++ % 5 == 0)
         pollTray();
     m_keys->refresh();
-    if (!m_detailLoading && !m_detail->currentKey().isEmpty() && selectedKeys().size() == 1)
+    if (!m_detailLoading && !m_detail->currentKey().isEmpty() && actionKeys().size() == 1)
         loadDetail();
     updateStatus();
 }
@@ -847,7 +860,7 @@ void MainWindow::runRetry(const QString &key, bool force, std::function<void(Res
 
 void MainWindow::retrySelected()
 {
-    const QStringList keys = selectedKeys();
+    const QStringList keys = actionKeys();
     if (keys.size() != 1)
         return;
     const QString key = keys.first();
@@ -924,7 +937,7 @@ void MainWindow::exportKeys()
         QFileDialog::getSaveFileName(this, tr("Export keys"), u"idemdesk-keys.jsonl"_qs,
                                      tr("JSON Lines (*.jsonl);;All files (*)"));
     if (!path.isEmpty())
-        exportTo(path, selectedKeys());
+        exportTo(path, actionKeys());
 }
 
 void MainWindow::importKeys()
@@ -943,25 +956,29 @@ void MainWindow::exportTo(const QString &path, const QStringList &keys)
     filter.state = kTabStates[size_t(tab)];
     filter.endpoint = m_endpointFilter->currentData().toString();
     filter.glob = m_keys->glob();
-    m_session.pool->submit<qint64>(
+    m_session.pool->submit<ExportReport>(
         this,
-        [path, keys, filter](IdempotencyStore &store) -> Result<qint64> {
+        [path, keys, filter, closing = m_closing](IdempotencyStore &store) -> Result<ExportReport> {
             QSaveFile file(path);
             if (!file.open(QIODevice::WriteOnly))
                 return makeError(ErrorCode::Invalid, u"%1: %2"_qs.arg(path, file.errorString()));
-            auto written = idem::exportKeys(
-                store, filter, keys, [&](const QByteArray &line) { file.write(line + '\n'); });
-            if (!written)
-                return written.error(); // the file is not replaced
+            auto report = idem::exportKeys(
+                store, filter, keys, [&](const QByteArray &line) { file.write(line + '\n'); },
+                closing.get());
+            if (!report)
+                return report.error(); // the file is not replaced
             if (!file.commit())
                 return makeError(ErrorCode::Invalid, u"%1: %2"_qs.arg(path, file.errorString()));
-            return written;
+            return report;
         },
-        [this, path](Result<qint64> written) {
-            if (!written)
-                return finishAction(tr("Export not done: %1").arg(written.error().message), false);
-            finishAction(tr("Exported %1 to %2.").arg(countOf(*written, u"key", u"keys"), path),
-                         true);
+        [this, path](Result<ExportReport> report) {
+            if (!report)
+                return finishAction(tr("Export not done: %1").arg(report.error().message), false);
+            QString message =
+                tr("Exported %1 to %2.").arg(countOf(report->written, u"key", u"keys"), path);
+            if (!report->missing.isEmpty())
+                message += tr(" Gone meanwhile: %1.").arg(report->missing.join(u", "_qs));
+            finishAction(message, report->missing.isEmpty());
         });
 }
 
@@ -970,29 +987,28 @@ void MainWindow::importFrom(const QString &path)
     struct Report
     {
         QStringList imported, existing, refused;
+        QString stopped;
     };
     m_session.pool->submit<Report>(
         this,
-        [path](IdempotencyStore &store) -> Result<Report> {
+        [path, config = m_session.config,
+         closing = m_closing](IdempotencyStore &store) -> Result<Report> {
             QFile file(path);
             if (!file.open(QIODevice::ReadOnly))
                 return makeError(ErrorCode::Invalid, u"%1: %2"_qs.arg(path, file.errorString()));
             Report report;
-            int number = 0;
-            while (!file.atEnd()) {
-                const QByteArray line = file.readLine().trimmed();
-                ++number;
-                if (line.isEmpty())
-                    continue;
-                auto done = importLine(store, line);
-                if (!done && done.error().code != ErrorCode::Invalid)
-                    return done.error();
-                if (!done)
-                    report.refused << u"line %1: %2"_qs.arg(number).arg(done.error().message);
-                else
-                    (done->verdict == ImportVerdict::Imported ? report.imported : report.existing)
-                        << done->key;
-            }
+            const ImportReport counts = importLines(
+                store, file, config,
+                [&](qint64 number, const Result<ImportedLine> &done) {
+                    if (!done)
+                        report.refused << u"line %1: %2"_qs.arg(number).arg(done.error().message);
+                    else
+                        (done->verdict == ImportVerdict::Imported ? report.imported
+                                                                  : report.existing)
+                            << done->key;
+                },
+                closing.get());
+            report.stopped = counts.stopped;
             return report;
         },
         [this, path](Result<Report> report) {
@@ -1005,7 +1021,9 @@ void MainWindow::importFrom(const QString &path)
                     tr(" Already here, left alone: %1.").arg(report->existing.join(u", "_qs));
             if (!report->refused.isEmpty())
                 message += tr(" Refused: %1").arg(report->refused.join(u"; "_qs));
-            finishAction(message, report->refused.isEmpty());
+            if (!report->stopped.isEmpty())
+                message += tr(" Stopped: %1").arg(report->stopped);
+            finishAction(message, report->refused.isEmpty() && report->stopped.isEmpty());
         });
 }
 

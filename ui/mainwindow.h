@@ -6,6 +6,7 @@
 
 #include <QMainWindow>
 
+#include <atomic>
 #include <functional>
 #include <memory>
 
@@ -77,6 +78,9 @@ public:
     QLabel *statusWarnings() const { return m_warnings; }
     QString statusText() const;
     QStringList selectedKeys() const;
+    // What Reset, Delete, Retry … act on: the selection, or the selected keys a refresh took
+    // out of the filter (still in the detail) until another row is chosen.
+    QStringList actionKeys() const;
     void selectKey(const QString &key);
 
     QAction *resetAction() const { return m_resetAction; }
@@ -140,6 +144,9 @@ private:
     void finishAction(const QString &message, bool ok);
 
     DeskSession m_session;
+    // Set when the window goes: an export or import on a store worker stops at its next key,
+    // so quitting never waits for a whole store to be written out.
+    std::shared_ptr<std::atomic<bool>> m_closing = std::make_shared<std::atomic<bool>>(false);
     IdempotencyEngine *m_localEngine = nullptr; // attach mode: runs retries here (never blocks)
     KeysModel *m_keys;
     QSortFilterProxyModel *m_sorted;

@@ -2,6 +2,7 @@
 
 #include "colours.h"
 #include "jsonhighlighter.h"
+#include "util/crypto.h"
 #include "util/format.h"
 
 #include <QApplication>
@@ -172,6 +173,13 @@ void SendDialog::send()
             return;
         }
         e.privateKey = pem.readAll();
+        if (auto ok = checkEcPrivateKey(e.privateKey); !ok) {
+            m_summary->setText(tr("<span style='color:%1'>The signing key %2: %3</span>")
+                                   .arg(stateColour(KeyState::Failed).name(),
+                                        pem.fileName().toHtmlEscaped(), ok.error().message));
+            Q_EMIT sent(-1);
+            return;
+        }
     }
     OutgoingDelivery d;
     for (const QString &line : m_headers->toPlainText().split(u'\n', Qt::SkipEmptyParts)) {

@@ -1,8 +1,11 @@
 #include "settingsdialog.h"
 
+#include "colours.h"
+
 #include "store/storefactory.h"
 #include "util/format.h"
 
+#include <QApplication>
 #include <QComboBox>
 #include <QDialogButtonBox>
 #include <QDir>
@@ -122,13 +125,7 @@ SettingsDialog::SettingsDialog(Config config, QString storeUrl, QString configPa
     resize(900, 520);
 }
 
-SettingsDialog::~SettingsDialog()
-{
-    if (m_tester) {
-        m_tester->wait();
-        delete m_tester;
-    }
-}
+SettingsDialog::~SettingsDialog() = default; // a connection test's thread outlives the dialog
 
 void SettingsDialog::fillEndpoints()
 {
@@ -199,7 +196,7 @@ void SettingsDialog::editEndpoint(int row)
     form->addRow(tr("On mismatch"), onMismatch);
     form->addRow(tr("In-progress status"), inProgress);
     auto *error = new QLabel(&dialog);
-    error->setStyleSheet(u"color:#b02020"_qs);
+    error->setStyleSheet(u"color:%1"_qs.arg(stateColour(KeyState::Failed).name()));
     error->setWordWrap(true);
     form->addRow(error);
     auto *box = new QDialogButtonBox(QDialogButtonBox::Ok | QDialogButtonBox::Cancel, &dialog);
@@ -255,7 +252,8 @@ bool SettingsDialog::save()
 {
     auto config = edited();
     if (!config) {
-        m_status->setText(u"<span style='color:#b02020'>%1</span>"_qs.arg(config.error().message.toHtmlEscaped()));
+        m_status->setText(u"<span style='color:%1'>%2</span>"_qs.arg(
+            stateColour(KeyState::Failed).name(), config.error().message.toHtmlEscaped()));
         return false;
     }
     QDir().mkpath(QFileInfo(m_path).absolutePath());
@@ -288,17 +286,21 @@ void SettingsDialog::testConnection()
         auto pool = openStorePool(url, 1);
         const bool ok = pool.ok();
         const QString message = ok ? tr("Connected to %1.").arg(StoreUrl::parse(url)->display()) : pool.error().message;
-        QMetaObject::invokeMethod(self.data(), [self, ok, message] {
-            if (!self)
-                return;
-            self->m_tester->wait();
-            delete self->m_tester;
-            self->m_tester = nullptr;
-            self->m_test->setText(ok ? u"<span style='color:#1b7f3b'>%1</span>"_qs.arg(message.toHtmlEscaped())
-                                     : u"<span style='color:#b02020'>%1</span>"_qs.arg(message.toHtmlEscaped()));
-            Q_EMIT self->connectionTested(ok);
-        }, Qt::QueuedConnection);
+        QMetaObject::invokeMethod(
+            qApp, // the dialog may be gone: `self` says so on the GUI thread
+            [self, ok, message] {
+                if (!self)
+                    return;
+                self->m_tester = nullptr; // it deletes itself when it has finished
+                self->m_test->setText(u"<span style='color:%1'>%2</span>"_qs.arg(
+                    stateColour(ok ? KeyState::Completed : KeyState::Failed).name(),
+                    message.toHtmlEscaped()));
+                Q_EMIT self->connectionTested(ok);
+            },
+            Qt::QueuedConnection);
     });
+    // Closing the dialog never waits for the store's connect timeout.
+    connect(m_tester, &QThread::finished, m_tester, &QObject::deleteLater);
     m_tester->start();
 }
 

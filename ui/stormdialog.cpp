@@ -1,5 +1,9 @@
 #include "stormdialog.h"
 
+#include "colours.h"
+#include "util/format.h"
+
+#include <QApplication>
 #include <QComboBox>
 #include <QDialogButtonBox>
 #include <QFormLayout>
@@ -54,13 +58,7 @@ StormDialog::StormDialog(const Config &config, const QString &receiverUrl, QWidg
     resize(520, 460);
 }
 
-StormDialog::~StormDialog()
-{
-    if (m_thread) {
-        m_thread->wait(); // a storm is bounded: copies × keys requests with their timeouts
-        delete m_thread;
-    }
-}
+StormDialog::~StormDialog() = default; // a running storm's thread outlives the dialog (start())
 
 void StormDialog::start()
 {
@@ -70,7 +68,8 @@ void StormDialog::start()
     const QUrl url(m_url->text().trimmed());
     const QHostAddress host(url.host() == u"localhost"_qs ? u"127.0.0.1"_qs : url.host());
     if (!endpoint || host.protocol() != QAbstractSocket::IPv4Protocol || url.port() <= 0) {
-        m_result->setText(tr("<span style='color:#b02020'>The receiver must be http://IPv4:PORT.</span>"));
+        m_result->setText(tr("<span style='color:%1'>The receiver must be http://IPv4:PORT.</span>")
+                              .arg(stateColour(KeyState::Failed).name()));
         return;
     }
     StormPlan plan;
@@ -85,25 +84,32 @@ void StormDialog::start()
     m_result->setText(tr("Storming…"));
     const EndpointConfig e = *endpoint;
     QPointer<StormDialog> self(this);
-    m_thread = QThread::create([this, plan, e, self] {
+    m_thread = QThread::create([plan, e, self] {
+        // Answers go through qApp: the dialog may be gone, `self` says so on the GUI thread.
         StormReport report = runStorm(plan, e, [self](qint64 done, qint64) {
-            QMetaObject::invokeMethod(self.data(), [self, done] {
-                if (self)
-                    self->m_progress->setValue(int(done));
-            }, Qt::QueuedConnection);
+            QMetaObject::invokeMethod(
+                qApp,
+                [self, done] {
+                    if (self)
+                        self->m_progress->setValue(int(done));
+                },
+                Qt::QueuedConnection);
         });
-        QMetaObject::invokeMethod(self.data(), [self, report] {
-            if (!self)
-                return;
-            self->m_report = report;
-            self->m_thread->wait();
-            delete self->m_thread;
-            self->m_thread = nullptr;
-            self->m_run->setEnabled(true);
-            self->showReport();
-            Q_EMIT self->finished();
-        }, Qt::QueuedConnection);
+        QMetaObject::invokeMethod(
+            qApp,
+            [self, report] {
+                if (!self)
+                    return;
+                self->m_report = report;
+                self->m_thread = nullptr; // it deletes itself when it has finished
+                self->m_run->setEnabled(true);
+                self->showReport();
+                Q_EMIT self->finished();
+            },
+            Qt::QueuedConnection);
     });
+    // Closing the dialog never waits for the storm: the thread outlives it if need be.
+    connect(m_thread, &QThread::finished, m_thread, &QObject::deleteLater);
     m_thread->start();
 }
 
@@ -119,15 +125,25 @@ QString StormDialog::resultText() const
     for (size_t i = 0; i < r.outcomes.size(); ++i)
         if (r.outcomes[i])
             outcomes << u"%1 <b>%2</b>"_qs.arg(toString(Outcome(i))).arg(r.outcomes[i]);
-    QString text = tr("%1 deliveries in %2 ms · p50 %3 ms · p99 %4 ms<br>%5<br>")
-                       .arg(r.sent).arg(r.elapsedMs).arg(r.p50Ms, 0, 'f', 1).arg(r.p99Ms, 0, 'f', 1)
+    QString text = tr("%1 in %2 ms · p50 %3 ms · p99 %4 ms<br>%5<br>")
+                       .arg(countOf(r.sent, u"delivery", u"deliveries"))
+                       .arg(r.elapsedMs)
+                       .arg(r.p50Ms, 0, 'f', 1)
+                       .arg(r.p99Ms, 0, 'f', 1)
                        .arg(outcomes.join(u" · "_qs));
     if (r.exactlyOnce())
-        text += tr("<span style='color:#1b7f3b'><b>Reached the processor: one per key</b> (%1 of %2 keys exactly once).</span>")
-                    .arg(r.keysProcessedOnce()).arg(r.keys);
+        text += tr("<span style='color:%1'><b>Reached the processor: one per key</b> (%2 of %3 "
+                   "exactly once).</span>")
+                    .arg(stateColour(KeyState::Completed).name())
+                    .arg(r.keysProcessedOnce())
+                    .arg(countOf(r.keys, u"key", u"keys"));
     else
-        text += tr("<span style='color:#b02020'><b>Not exactly once</b>: %1 of %2 keys processed once; %3 deliveries got no answer.</span>")
-                    .arg(r.keysProcessedOnce()).arg(r.keys).arg(r.statuses.value(0));
+        text += tr("<span style='color:%1'><b>Not exactly once</b>: %2 of %3 processed once; %4 "
+                   "got no answer.</span>")
+                    .arg(stateColour(KeyState::Failed).name())
+                    .arg(r.keysProcessedOnce())
+                    .arg(countOf(r.keys, u"key", u"keys"))
+                    .arg(countOf(r.statuses.value(0), u"delivery", u"deliveries"));
     return text;
 }
 

@@ -9,12 +9,20 @@ namespace idem {
 
 TrayMonitor::TrayMonitor(qint64 minIntervalMs, std::function<qint64()> clockMs, QObject *parent)
     : QObject(parent), m_minIntervalMs(minIntervalMs),
-      m_clockMs(clockMs ? std::move(clockMs) : [] { return wallMs(); })
-{}
+      m_clockMs(clockMs ? std::move(clockMs) : [] { return wallMs(); }), m_catchUp(new QTimer(this))
+{
+    m_catchUp->setSingleShot(true);
+    connect(m_catchUp, &QTimer::timeout, this, &TrayMonitor::flush);
+}
 
 void TrayMonitor::setCounts(qint64 failed, qint64 stuck)
 {
-    // Only a rise is news; the first counts are where we start from.
+    // Only a rise is news; the first counts are where we start from. Without the receiver's
+    // deliveries (attach mode) a failure is known from the count alone.
+    if (!m_seesDeliveries && m_failed >= 0 && failed > m_failed)
+        note(tr("%1 failed: %2")
+                 .arg(countOf(failed - m_failed, u"key", u"keys"),
+                      countOf(failed, u"failed key", u"failed keys")));
     if (m_stuck >= 0 && stuck > m_stuck)
         note(tr("%1 ran out: %2")
                  .arg(countOf(stuck - m_stuck, u"lease", u"leases"),
@@ -46,7 +54,11 @@ void TrayMonitor::note(const QString &what)
 {
     if (!m_enabled)
         return;
-    m_pending << what;
+    // Bounded: the first few, then how many more.
+    if (m_pending.size() < kShown)
+        m_pending << what;
+    else
+        ++m_more;
     flush();
 }
 
@@ -56,16 +68,19 @@ void TrayMonitor::flush()
         return;
     const qint64 now = m_clockMs();
     if (m_lastNotifiedMs >= 0 && now - m_lastNotifiedMs < m_minIntervalMs) {
-        // Rate limited: sent with the next notification, or when the interval is over.
-        QTimer::singleShot(int(m_minIntervalMs - (now - m_lastNotifiedMs)) + 1, this,
-                           &TrayMonitor::flush);
+        // Rate limited: sent with the next notification, or by one catch-up when the interval
+        // is over (one timer, however many notes wait).
+        if (!m_catchUp->isActive())
+            m_catchUp->start(int(m_minIntervalMs - (now - m_lastNotifiedMs)) + 1);
         return;
     }
+    m_catchUp->stop();
     m_lastNotifiedMs = now;
-    QStringList lines = m_pending.mid(0, 5);
-    if (m_pending.size() > 5)
-        lines << tr("and %1 more").arg(m_pending.size() - 5);
+    QStringList lines = m_pending;
+    if (m_more)
+        lines << tr("and %1 more").arg(m_more);
     m_pending.clear();
+    m_more = 0;
     Q_EMIT notify(tr("Idempotency Desk"), lines.join(u'\n'));
 }
 

@@ -6,6 +6,8 @@
 
 #include <functional>
 
+class QTimer;
+
 namespace idem {
 
 // What the tray icon says while the window is minimized: the counts of failed and stuck keys
@@ -26,6 +28,11 @@ public:
     void setCounts(qint64 failed, qint64 stuck);
     // A delivery the receiver answered: a processing that failed counts as a failed key.
     void delivered(const DeliveryEvent &event);
+    // Whether delivered() is fed (the embedded receiver). Without it (attach mode) a rise of
+    // the failed count is the news.
+    void setSeesDeliveries(bool sees) { m_seesDeliveries = sees; }
+    // The catch-up flush waiting for the end of the interval (for tests).
+    const QTimer *catchUp() const { return m_catchUp; }
     QString toolTip() const;
 
 Q_SIGNALS:
@@ -42,8 +49,11 @@ private:
     qint64 m_failed = -1;
     qint64 m_stuck = -1;
     qint64 m_lastNotifiedMs = -1;
-    QStringList m_pending; // what happened since the last notification
-    bool m_flushScheduled = false;
+    static constexpr int kShown = 5;
+    QStringList m_pending; // what happened since the last notification (the first kShown)
+    qint64 m_more = 0;     // and how many more
+    bool m_seesDeliveries = true;
+    QTimer *m_catchUp; // the one catch-up flush after a rate-limited note
 };
 
 } // namespace idem

@@ -3,6 +3,7 @@
 #include "cli/common.h"
 
 #include "engine/send.h"
+#include "util/crypto.h"
 #include "util/format.h"
 
 #include <QFile>
@@ -68,6 +69,17 @@ int send(const QStringList &arguments)
             return ExitUsage;
         }
         endpoint.privateKey = pem.readAll();
+        // Only SendGrid signs with a private key, and only with a P-256 one.
+        if (endpoint.provider != u"sendgrid"_qs) {
+            printError(
+                u"--sign-key is for a sendgrid endpoint; %1 is %2 (signed with its secret)"_qs.arg(
+                    endpoint.name, endpoint.provider));
+            return ExitUsage;
+        }
+        if (auto ok = checkEcPrivateKey(endpoint.privateKey); !ok) {
+            printError(u"--sign-key %1: %2"_qs.arg(pem.fileName(), ok.error().message));
+            return ExitUsage;
+        }
     }
     std::optional<QByteArray> body;
     if (parser.isSet(u"file"_qs)) {

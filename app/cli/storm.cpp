@@ -65,8 +65,10 @@ int storm(const QStringList &arguments)
         statuses << (it.key() ? u"%1 ×%2"_qs.arg(it.key()).arg(it.value()) : u"no answer ×%1"_qs.arg(it.value()));
     printOut(u"outcomes   %1\n"_qs.arg(outcomes.isEmpty() ? u"none"_qs : outcomes.join(u" · "_qs)));
     printOut(u"status     %1\n"_qs.arg(statuses.join(u" · "_qs)));
-    printOut(u"latency    p50 %1 ms · p99 %2 ms · %3 deliveries in %4 ms\n"_qs.arg(r.p50Ms, 0, 'f', 2)
-                 .arg(r.p99Ms, 0, 'f', 2).arg(r.sent).arg(r.elapsedMs));
+    printOut(u"latency    p50 %1 ms · p99 %2 ms · %3 in %4 ms\n"_qs.arg(r.p50Ms, 0, 'f', 2)
+                 .arg(r.p99Ms, 0, 'f', 2)
+                 .arg(countOf(r.sent, u"delivery", u"deliveries"))
+                 .arg(r.elapsedMs));
     if (r.exactlyOnce()) {
         printOut(u"processor  every key processed exactly once (%1 of %2)\n"_qs.arg(r.keysProcessedOnce()).arg(r.keys));
         return ExitOk;

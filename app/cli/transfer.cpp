@@ -5,6 +5,7 @@
 #include "util/format.h"
 
 #include <QFile>
+#include <QSaveFile>
 
 #include <cstdio>
 
@@ -37,30 +38,44 @@ int keysExport(const QStringList &arguments)
     }
     filter.endpoint = parser.value(u"endpoint"_qs);
     filter.glob = parser.value(u"match"_qs);
-    QFile out;
-    const bool opened = parser.isSet(u"output"_qs)
-                            ? (out.setFileName(parser.value(u"output"_qs)),
-                               out.open(QIODevice::WriteOnly | QIODevice::Truncate))
-                            : out.open(stdout, QIODevice::WriteOnly);
+    // --output: all or nothing (QSaveFile), never a file cut half-way.
+    QSaveFile file;
+    QFile stdOut;
+    QIODevice *out = &stdOut;
+    bool opened;
+    if (parser.isSet(u"output"_qs)) {
+        file.setFileName(parser.value(u"output"_qs));
+        opened = file.open(QIODevice::WriteOnly);
+        out = &file;
+    } else {
+        opened = stdOut.open(stdout, QIODevice::WriteOnly);
+    }
     if (!opened) {
-        printError(u"--output %1: %2"_qs.arg(out.fileName(), out.errorString()));
+        printError(u"--output %1: %2"_qs.arg(parser.value(u"output"_qs), out->errorString()));
         return ExitUsage;
     }
     StoreSession session;
     if (const int rc = openSession(parser, session); rc >= 0)
         return rc;
     const QStringList keys = parser.positionalArguments();
-    auto written = session.pool->run<qint64>([&](IdempotencyStore &store) {
+    auto report = session.pool->run<ExportReport>([&](IdempotencyStore &store) {
         return exportKeys(store, filter, keys,
-                          [&](const QByteArray &line) { out.write(line + '\n'); });
+                          [&](const QByteArray &line) { out->write(line + '\n'); });
     });
-    out.flush();
-    if (!written) {
-        printError(written.error().message);
+    if (!report) {
+        printError(report.error().message);
+        return ExitRuntime; // an --output file is not written
+    }
+    if (parser.isSet(u"output"_qs) && !file.commit()) {
+        printError(u"--output %1: %2"_qs.arg(file.fileName(), file.errorString()));
         return ExitRuntime;
     }
-    std::fprintf(stderr, "idemdesk: exported %s\n", qPrintable(countOf(*written, u"key", u"keys")));
-    return ExitOk;
+    stdOut.flush();
+    for (const QString &key : std::as_const(report->missing))
+        printError(u"no key %1 in the store"_qs.arg(escapeControls(key)));
+    std::fprintf(stderr, "idemdesk: exported %s\n",
+                 qPrintable(countOf(report->written, u"key", u"keys")));
+    return report->missing.isEmpty() ? ExitOk : ExitRuntime;
 }
 
 int keysImport(const QStringList &arguments)
@@ -88,35 +103,32 @@ int keysImport(const QStringList &arguments)
     StoreSession session;
     if (const int rc = openSession(parser, session); rc >= 0)
         return rc;
-    qint64 imported = 0, existing = 0, refused = 0, number = 0;
-    while (!in.atEnd()) {
-        const QByteArray line = in.readLine().trimmed();
-        ++number;
-        if (line.isEmpty())
-            continue;
-        auto done = session.pool->run<ImportedLine>(
-            [&](IdempotencyStore &store) { return importLine(store, line); });
-        if (!done) {
-            if (done.error().code !=
-                ErrorCode::Invalid) { // the store: stop, nothing more can go in
-                printError(u"line %1: %2"_qs.arg(number).arg(done.error().message));
-                return ExitRuntime;
-            }
-            printError(u"line %1 refused: %2"_qs.arg(number).arg(done.error().message));
-            ++refused;
-        } else if (done->verdict == ImportVerdict::Exists) {
-            printOut(u"exists   %1 (left alone)\n"_qs.arg(done->key));
-            ++existing;
-        } else {
-            printOut(u"imported %1\n"_qs.arg(done->key));
-            ++imported;
-        }
+    const Config &config = session.options.config;
+    auto report =
+        session.pool->run<ImportReport>([&](IdempotencyStore &store) -> Result<ImportReport> {
+            return importLines(
+                store, in, config, [](qint64 number, const Result<ImportedLine> &done) {
+                    if (!done)
+                        printError(u"line %1 refused: %2"_qs.arg(number).arg(done.error().message));
+                    else if (done->verdict == ImportVerdict::Exists)
+                        printOut(u"exists   %1 (left alone)\n"_qs.arg(escapeControls(done->key)));
+                    else
+                        printOut(u"imported %1\n"_qs.arg(escapeControls(done->key)));
+                });
+        });
+    if (!report) { // the pool itself could not run it
+        printError(report.error().message);
+        return ExitRuntime;
     }
-    printOut(
-        u"%1 imported, %2 already here, %3 refused\n"_qs.arg(countOf(imported, u"key", u"keys"))
-            .arg(existing)
-            .arg(refused));
-    return refused ? ExitRuntime : ExitOk;
+    if (!report->stopped.isEmpty()) {
+        printError(report->stopped);
+        return ExitRuntime;
+    }
+    printOut(u"%1 imported, %2 already here, %3 refused\n"_qs
+                 .arg(countOf(report->imported, u"key", u"keys"))
+                 .arg(report->existing)
+                 .arg(report->refused));
+    return report->refused ? ExitRuntime : ExitOk;
 }
 
 } // namespace idem::cli

@@ -206,7 +206,10 @@ QByteArray buildPost(const QByteArray &path, const QByteArray &body, const Heade
     QByteArray out = "POST " + path + " HTTP/1.1\r\nHost: 127.0.0.1\r\n";
     for (const auto &[n, v] : headers)
         out += n + ": " + v + "\r\n";
-    out += "Content-Type: application/json\r\nContent-Length: " + QByteArray::number(body.size()) + "\r\n";
+    // The caller's Content-Type when it gives one (a form, a provider's own), else JSON.
+    if (headerValue(headers, "Content-Type").isNull())
+        out += "Content-Type: application/json\r\n";
+    out += "Content-Length: " + QByteArray::number(body.size()) + "\r\n";
     if (close)
         out += "Connection: close\r\n";
     out += "\r\n" + body;

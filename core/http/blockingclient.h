@@ -51,6 +51,7 @@ private:
 
 ClientResponse post(quint16 port, const QByteArray &path, const QByteArray &body,
                     const HeaderList &headers = {});
+// A POST as bytes; Content-Type: application/json unless `headers` carry their own.
 QByteArray buildPost(const QByteArray &path, const QByteArray &body, const HeaderList &headers,
                      bool close = true);
 

@@ -122,18 +122,30 @@ public:
                             qint64 now) const override
     {
         OutgoingDelivery d;
-        const QJsonObject intent{{u"id"_qs, u"pi_3Q"_qs + id.right(12)},
-                                 {u"object"_qs, u"payment_intent"_qs},
-                                 {u"amount"_qs, 4200},
-                                 {u"currency"_qs, u"usd"_qs},
-                                 {u"status"_qs, u"succeeded"_qs}};
-        d.body = indented({{u"id"_qs, id},
-                           {u"object"_qs, u"event"_qs},
-                           {u"api_version"_qs, u"2024-06-20"_qs},
-                           {u"created"_qs, now},
-                           {u"type"_qs, u"payment_intent.succeeded"_qs},
-                           {u"livemode"_qs, false},
-                           {u"data"_qs, QJsonObject{{u"object"_qs, intent}}}});
+        // In Stripe's own order (id first), which QJsonObject would sort away.
+        d.body = QStringLiteral("{\n"
+                                "  \"id\": \"%1\",\n"
+                                "  \"object\": \"event\",\n"
+                                "  \"api_version\": \"2024-06-20\",\n"
+                                "  \"created\": %2,\n"
+                                "  \"data\": {\n"
+                                "    \"object\": {\n"
+                                "      \"id\": \"pi_3Q%3\",\n"
+                                "      \"object\": \"payment_intent\",\n"
+                                "      \"amount\": 4200,\n"
+                                "      \"currency\": \"usd\",\n"
+                                "      \"status\": \"succeeded\"\n"
+                                "    }\n"
+                                "  },\n"
+                                "  \"livemode\": false,\n"
+                                "  \"pending_webhooks\": 1,\n"
+                                "  \"request\": {\"id\": null, \"idempotency_key\": null},\n"
+                                "  \"type\": \"payment_intent.succeeded\"\n"
+                                "}\n")
+                     .arg(id)
+                     .arg(now)
+                     .arg(id.right(12))
+                     .toUtf8();
         d.headers = {{"Content-Type", "application/json; charset=utf-8"},
                      {"User-Agent", "Stripe/1.0 (+https://stripe.com/docs/webhooks)"}};
         return d;

@@ -109,6 +109,11 @@ public:
     virtual Result<QList<FinishVerdict>> finishBatch(const QList<FinishRequest> &requests);
     virtual Result<std::optional<KeyRecord>> key(const QString &key) = 0;
     virtual Result<QList<KeyRecord>> listKeys(const KeyQuery &query) = 0;
+    // Every live key's name the filter matches (endpoint, glob and, except on Redis, state;
+    // not offset and limit), in one pass that neither loses nor repeats a key living from its
+    // start to its end, whatever claims and finishes do meanwhile (`keys export`). The caller
+    // reading the records checks their state. Names only: millions of keys, millions of names.
+    virtual Result<QStringList> keyNames(const KeyQuery &filter) = 0;
     virtual Result<StateCounts> countKeys(const QString &endpoint) = 0;
     virtual Result<OperatorVerdict> applyOperator(const QString &key, OperatorAction action,
                                                   bool force, const QString &detail) = 0;
@@ -131,6 +136,9 @@ public:
     // persistence), in words for a log line, `stats` and the status bar. Empty: nothing known.
     virtual Result<QStringList> durabilityWarnings() { return QStringList(); }
     virtual Result<void> appendDeliveries(const QList<DeliveryEvent> &events) = 0;
+    // Whether deliveries() of one key reads an index (SQLite, PostgreSQL) or walks the whole
+    // log (Redis: its capped stream). An export of many keys reads such a log once.
+    virtual bool deliveriesIndexedByKey() const { return true; }
     virtual Result<QList<DeliveryEvent>> deliveries(const DeliveryQuery &query) = 0;
     virtual Result<void> ping() = 0;
     // Ready to take deliveries (/readyz): the store answers and its schema is the one this build

@@ -452,23 +452,45 @@ Result<std::optional<KeyRecord>> PostgresStore::key(const QString &key)
     });
 }
 
+namespace {
+// The WHERE of a key query, its values quoted by `n`.
+std::string keyFilter(const pqxx::transaction_base &n, const KeyQuery &q)
+{
+    std::string sql = " WHERE expires_at_ms > idem_now_ms()";
+    if (q.state)
+        sql += " AND state = " + n.quote(s(toString(*q.state)));
+    if (!q.endpoint.isEmpty())
+        sql += " AND endpoint = " + n.quote(s(q.endpoint));
+    if (!q.glob.isEmpty())
+        sql += " AND key ~ " + n.quote(s(globToPosixRegex(q.glob)));
+    return sql;
+}
+} // namespace
+
 Result<QList<KeyRecord>> PostgresStore::listKeys(const KeyQuery &q)
 {
     return guarded("list", false, [&]() -> Result<QList<KeyRecord>> {
         pqxx::nontransaction n(m_conn->c);
-        std::string sql = std::string("SELECT ") + kColumns + " FROM idem_keys WHERE expires_at_ms > idem_now_ms()";
-        if (q.state)
-            sql += " AND state = " + n.quote(s(toString(*q.state)));
-        if (!q.endpoint.isEmpty())
-            sql += " AND endpoint = " + n.quote(s(q.endpoint));
-        if (!q.glob.isEmpty())
-            sql += " AND key ~ " + n.quote(s(globToPosixRegex(q.glob)));
-        sql += " ORDER BY updated_ms DESC, key DESC LIMIT " + std::to_string(q.limit) + " OFFSET "
-               + std::to_string(q.offset);
+        const std::string sql = std::string("SELECT ") + kColumns + " FROM idem_keys" +
+                                keyFilter(n, q) + " ORDER BY updated_ms DESC, key DESC LIMIT " +
+                                std::to_string(q.limit) + " OFFSET " + std::to_string(q.offset);
         QList<KeyRecord> records;
         for (const auto &row : n.exec(sql))
             records.append(recordFrom(row, false));
         return records;
+    });
+}
+
+Result<QStringList> PostgresStore::keyNames(const KeyQuery &q)
+{
+    // One statement: one snapshot, whatever is written meanwhile.
+    return guarded("list", false, [&]() -> Result<QStringList> {
+        pqxx::nontransaction n(m_conn->c);
+        QStringList names;
+        for (const auto &row :
+             n.exec("SELECT key FROM idem_keys" + keyFilter(n, q) + " ORDER BY key"))
+            names << text(row[0]);
+        return names;
     });
 }
 

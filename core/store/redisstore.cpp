@@ -4,6 +4,7 @@
 #include "store/redisprotocol.h"
 
 #include <QRegularExpression>
+#include <QSet>
 
 #include <algorithm>
 
@@ -678,6 +679,46 @@ Result<QList<QByteArray>> RedisStore::clusterScanSlice()
         for (size_t i = 0; i < answer->element[1]->elements; ++i)
             names << text(answer->element[1]->element[i]);
     }
+    return names;
+}
+
+Result<QStringList> RedisStore::keyNames(const KeyQuery &q)
+{
+    // The expiry index holds every live key from its claim to its end, whatever its state:
+    // ZSCAN returns each member present for the whole scan at least once (duplicates dropped
+    // here). The state is the caller's to check on the record.
+    const QRegularExpression glob(
+        q.glob.isEmpty() ? QString()
+                         : u"\\A(?:"_qs +
+                               QRegularExpression::wildcardToRegularExpression(
+                                   q.glob, QRegularExpression::UnanchoredWildcardConversion) +
+                               u")\\z"_qs);
+    const QByteArray match =
+        q.endpoint.isEmpty() ? QByteArray("*") : globEscaped(q.endpoint.toUtf8() + ":") + "*";
+    QSet<QString> seen;
+    QStringList names;
+    QByteArray cursor = "0";
+    do {
+        auto r = command(
+            {"ZSCAN", redis::expiryIndex(m_prefix), cursor, "MATCH", match, "COUNT", "1000"},
+            false);
+        if (!r)
+            return r.error();
+        const redisReply *answer = r->get();
+        if (answer->type != REDIS_REPLY_ARRAY || answer->elements != 2)
+            return makeError(ErrorCode::Unavailable,
+                             u"Redis %1: unexpected answer to ZSCAN"_qs.arg(m_url.display()));
+        cursor = text(answer->element[0]);
+        const redisReply *members = answer->element[1];
+        for (size_t i = 0; i + 1 < members->elements; i += 2) { // member, score
+            const QString key = QString::fromUtf8(text(members->element[i]));
+            if ((glob.pattern().isEmpty() || glob.match(key).hasMatch()) && !seen.contains(key)) {
+                seen.insert(key);
+                names << key;
+            }
+        }
+    } while (cursor != "0");
+    names.sort();
     return names;
 }
 

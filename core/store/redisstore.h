@@ -52,6 +52,8 @@ public:
     Result<QList<FinishVerdict>> finishBatch(const QList<FinishRequest> &requests) override;
     Result<std::optional<KeyRecord>> key(const QString &key) override;
     Result<QList<KeyRecord>> listKeys(const KeyQuery &query) override;
+    Result<QStringList> keyNames(const KeyQuery &filter) override;
+    bool deliveriesIndexedByKey() const override { return false; } // one stream, read newest first
     Result<StateCounts> countKeys(const QString &endpoint) override;
     Result<OperatorVerdict> applyOperator(const QString &key, OperatorAction action, bool force,
                                           const QString &detail) override;

@@ -427,29 +427,44 @@ Result<std::optional<KeyRecord>> SqliteStore::key(const QString &key)
     return r;
 }
 
-Result<QList<KeyRecord>> SqliteStore::listKeys(const KeyQuery &q)
+namespace {
+// The WHERE of a key query: ?1 now, ?2 state, ?3 endpoint, ?4 glob.
+QByteArray keyFilter(const KeyQuery &q)
 {
-    QByteArray sql = QByteArray(kSelectKey) + " WHERE expires_at_ms > ?1";
+    QByteArray sql = " WHERE expires_at_ms > ?1";
     if (q.state)
         sql += " AND state = ?2";
     if (!q.endpoint.isEmpty())
         sql += " AND endpoint = ?3";
     if (!q.glob.isEmpty())
         sql += " AND key GLOB ?4";
-    sql += " ORDER BY updated_ms DESC, key DESC LIMIT ?5 OFFSET ?6";
+    return sql;
+}
+
+template <typename Statement> void bindFilter(Statement &s, const KeyQuery &q, qint64 nowMs)
+{
+    s.bind(1, nowMs);
+    if (q.state)
+        s.bind(2, toString(*q.state));
+    if (!q.endpoint.isEmpty())
+        s.bind(3, q.endpoint);
+    if (!q.glob.isEmpty())
+        s.bind(4, q.glob);
+}
+} // namespace
+
+Result<QList<KeyRecord>> SqliteStore::listKeys(const KeyQuery &q)
+{
+    const QByteArray sql = QByteArray(kSelectKey) + keyFilter(q) +
+                           " ORDER BY updated_ms DESC, key DESC LIMIT ?5 OFFSET ?6";
     sqlite3_stmt *raw = nullptr;
     if (sqlite3_prepare_v2(m_db, sql.constData(), -1, &raw, nullptr) != SQLITE_OK)
         return lastError("list");
     std::unique_ptr<sqlite3_stmt, int (*)(sqlite3_stmt *)> owner(raw, sqlite3_finalize);
     {
         Statement s(raw);
-        s.bind(1, wallMs()).bind(5, qint64(q.limit)).bind(6, qint64(q.offset));
-        if (q.state)
-            s.bind(2, toString(*q.state));
-        if (!q.endpoint.isEmpty())
-            s.bind(3, q.endpoint);
-        if (!q.glob.isEmpty())
-            s.bind(4, q.glob);
+        bindFilter(s, q, wallMs());
+        s.bind(5, qint64(q.limit)).bind(6, qint64(q.offset));
         QList<KeyRecord> keys;
         int rc;
         while ((rc = s.step()) == SQLITE_ROW) {
@@ -459,6 +474,25 @@ Result<QList<KeyRecord>> SqliteStore::listKeys(const KeyQuery &q)
             return lastError("list");
         return keys;
     }
+}
+
+Result<QStringList> SqliteStore::keyNames(const KeyQuery &q)
+{
+    // One statement: one snapshot of the table, whatever is written meanwhile.
+    const QByteArray sql = "SELECT key FROM idem_keys" + keyFilter(q) + " ORDER BY key";
+    sqlite3_stmt *raw = nullptr;
+    if (sqlite3_prepare_v2(m_db, sql.constData(), -1, &raw, nullptr) != SQLITE_OK)
+        return lastError("list");
+    std::unique_ptr<sqlite3_stmt, int (*)(sqlite3_stmt *)> owner(raw, sqlite3_finalize);
+    Statement s(raw);
+    bindFilter(s, q, wallMs());
+    QStringList names;
+    int rc;
+    while ((rc = s.step()) == SQLITE_ROW)
+        names << s.text(0);
+    if (rc != SQLITE_DONE)
+        return lastError("list");
+    return names;
 }
 
 Result<StateCounts> SqliteStore::countKeys(const QString &endpoint)

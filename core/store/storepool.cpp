@@ -37,6 +37,7 @@ struct StoreWatch final : IdempotencyStore
     Result<QList<FinishVerdict>> finishBatch(const QList<FinishRequest> &q) override { return seen(inner.finishBatch(q)); }
     Result<std::optional<KeyRecord>> key(const QString &k) override { return seen(inner.key(k)); }
     Result<QList<KeyRecord>> listKeys(const KeyQuery &q) override { return seen(inner.listKeys(q)); }
+    Result<QStringList> keyNames(const KeyQuery &q) override { return seen(inner.keyNames(q)); }
     Result<StateCounts> countKeys(const QString &e) override { return seen(inner.countKeys(e)); }
     Result<OperatorVerdict> applyOperator(const QString &k, OperatorAction a, bool f, const QString &d) override
     {
@@ -55,6 +56,7 @@ struct StoreWatch final : IdempotencyStore
     Result<QList<DeliveryEvent>> deliveries(const DeliveryQuery &q) override { return seen(inner.deliveries(q)); }
     Result<void> ping() override { return seen(inner.ping()); }
     Result<void> ready() override { return seen(inner.ready()); }
+    bool deliveriesIndexedByKey() const override { return inner.deliveriesIndexedByKey(); }
     bool batches() const override { return inner.batches(); }
     bool beginBatch() override { return inner.beginBatch(); }
     Result<void> endBatch() override { return seen(inner.endBatch()); }

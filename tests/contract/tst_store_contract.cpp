@@ -5,12 +5,18 @@
 #include "store/sqlitestore.h"
 #include "store/storefactory.h"
 #include "store/storepool.h"
+#include "store/transfer.h"
 #include "support/names.h"
 #include "util/clock.h"
 
+#include <QBuffer>
 #include <QDeadlineTimer>
 #include <QFileInfo>
+#include <QJsonArray>
+#include <QJsonDocument>
+#include <QJsonObject>
 #include <QRandomGenerator>
+#include <QSet>
 #include <QTemporaryDir>
 #include <QTest>
 
@@ -24,19 +30,16 @@ using idem::test::name;
 namespace {
 QString g_backend;
 
-// A real store whose group commit can be made to fail, and which counts its batches.
-struct CommitProbe final : IdempotencyStore
+// A real store, every call forwarded; the probes below change what they watch.
+struct Forwarding : IdempotencyStore
 {
-    std::unique_ptr<IdempotencyStore> inner;
-    std::atomic<int> *begun;
-    std::atomic<bool> *failCommits;
-    CommitProbe(std::unique_ptr<IdempotencyStore> s, std::atomic<int> *b, std::atomic<bool> *f)
-        : inner(std::move(s)), begun(b), failCommits(f)
-    {}
+    IdempotencyStore *inner;
+    explicit Forwarding(IdempotencyStore *s) : inner(s) {}
     Result<ClaimResult> claim(const ClaimRequest &q) override { return inner->claim(q); }
     Result<FinishVerdict> finish(const FinishRequest &q) override { return inner->finish(q); }
     Result<std::optional<KeyRecord>> key(const QString &k) override { return inner->key(k); }
     Result<QList<KeyRecord>> listKeys(const KeyQuery &q) override { return inner->listKeys(q); }
+    Result<QStringList> keyNames(const KeyQuery &q) override { return inner->keyNames(q); }
     Result<StateCounts> countKeys(const QString &e) override { return inner->countKeys(e); }
     Result<OperatorVerdict> applyOperator(const QString &k, OperatorAction a, bool f, const QString &d) override
     {
@@ -50,9 +53,23 @@ struct CommitProbe final : IdempotencyStore
     Result<QString> serverVersion() override { return inner->serverVersion(); }
     Result<qint64> clockMs() override { return inner->clockMs(); }
     Result<void> appendDeliveries(const QList<DeliveryEvent> &e) override { return inner->appendDeliveries(e); }
+    bool deliveriesIndexedByKey() const override { return inner->deliveriesIndexedByKey(); }
     Result<QList<DeliveryEvent>> deliveries(const DeliveryQuery &q) override { return inner->deliveries(q); }
     Result<void> ping() override { return inner->ping(); }
     bool batches() const override { return inner->batches(); }
+    bool beginBatch() override { return inner->beginBatch(); }
+    Result<void> endBatch() override { return inner->endBatch(); }
+};
+
+// A real store whose group commit can be made to fail, and which counts its batches.
+struct CommitProbe final : Forwarding
+{
+    std::unique_ptr<IdempotencyStore> owned;
+    std::atomic<int> *begun;
+    std::atomic<bool> *failCommits;
+    CommitProbe(std::unique_ptr<IdempotencyStore> s, std::atomic<int> *b, std::atomic<bool> *f)
+        : Forwarding(s.get()), owned(std::move(s)), begun(b), failCommits(f)
+    {}
     bool beginBatch() override
     {
         const bool ok = inner->beginBatch();
@@ -66,6 +83,47 @@ struct CommitProbe final : IdempotencyStore
             return makeError(ErrorCode::Unavailable, u"commit refused by the test"_qs);
         }
         return inner->endBatch();
+    }
+};
+
+// A real store whose key() first runs `onKey` (what other connections do meanwhile), and which
+// counts deliveries() calls.
+struct Moving final : Forwarding
+{
+    std::function<void(const QString &)> onKey;
+    int deliveryReads = 0;
+    using Forwarding::Forwarding;
+    Result<std::optional<KeyRecord>> key(const QString &k) override
+    {
+        if (onKey)
+            onKey(k);
+        return inner->key(k);
+    }
+    Result<QList<DeliveryEvent>> deliveries(const DeliveryQuery &q) override
+    {
+        ++deliveryReads;
+        return inner->deliveries(q);
+    }
+};
+
+// A real store that refuses some imports (as a store refuses a value out of its range) and can
+// stop answering altogether.
+struct Refusing final : Forwarding
+{
+    QString refuse;    // importRecord() of this key fails
+    bool down = false; // every import and ping fails
+    using Forwarding::Forwarding;
+    Result<ImportVerdict> importRecord(const KeyRecord &r, qint64 t, qint64 l) override
+    {
+        if (down || r.key == refuse)
+            return makeError(ErrorCode::Unavailable, u"refused by the test"_qs);
+        return inner->importRecord(r, t, l);
+    }
+    Result<void> ping() override
+    {
+        if (down)
+            return makeError(ErrorCode::Unavailable, u"down"_qs);
+        return inner->ping();
     }
 };
 } // namespace
@@ -474,6 +532,117 @@ private Q_SLOTS:
                  name(ImportVerdict::Imported)); // expired: replaced
         QCOMPARE(m_store->countKeys(ep)->processing,
                  3); // the probe, the reclaimed key and the re-imported one
+    }
+
+    void exportIsOneSetWhileKeysMove()
+    {
+        // `keys export` while deliveries arrive: keys reset (they jump to the listing's top),
+        // deleted after they were written (the rest move up), and new ones claimed. Every key
+        // that lived through the export is written exactly once; a store whose log has no
+        // per-key index is read once, not once per key.
+        const QString ep = endpoint();
+        QStringList all;
+        for (int i = 0; i < 1100; ++i) {
+            const ClaimResult c = claim(request(ep, u"k%1"_qs.arg(i, 4, 10, QChar(u'0'))));
+            finish(c.record.key, c.record.token, KeyState::Failed, 500);
+            all << c.record.key;
+        }
+        DeliveryEvent logged;
+        logged.endpoint = ep;
+        logged.key = all.at(7);
+        logged.outcome = Outcome::Processed;
+        logged.status = 500;
+        for (int i = 0; i < 3; ++i) {
+            logged.atMs = storeNow() + i;
+            QVERIFY(m_store->appendDeliveries({logged}).ok());
+        }
+        Moving moving(m_store.get());
+        QSet<QString> read, touched;
+        int calls = 0, fresh = 0;
+        QString previous;
+        moving.onKey = [&](const QString &k) {
+            ++calls;
+            if (calls % 5 == 0) // an unread key gets a new state and the newest update
+                for (const QString &other : std::as_const(all))
+                    if (!read.contains(other) && other != k && !touched.contains(other)) {
+                        touched.insert(other);
+                        QCOMPARE(name(*m_store->applyOperator(other, OperatorAction::Reset, false,
+                                                              u"meanwhile"_qs)),
+                                 name(OperatorVerdict::Accept));
+                        break;
+                    }
+            if (calls % 7 == 0 && !previous.isEmpty()) // a written key goes
+                QVERIFY(m_store->applyOperator(previous, OperatorAction::Delete, true, {}).ok());
+            if (calls % 10 == 0) // and new ones come
+                claim(request(ep, u"new%1"_qs.arg(++fresh)));
+            read.insert(k);
+            previous = k;
+        };
+        KeyQuery filter;
+        filter.endpoint = ep;
+        QStringList written;
+        QByteArray line7;
+        auto report = exportKeys(moving, filter, {}, [&](const QByteArray &line) {
+            const QJsonObject o = QJsonDocument::fromJson(line).object();
+            written << o.value(u"record").toObject().value(u"key").toString();
+            if (written.last() == all.at(7))
+                line7 = line;
+        });
+        QVERIFY2(report.ok(), report.ok() ? "" : qPrintable(report.error().message));
+        QCOMPARE(report->written, written.size());
+        const QSet<QString> unique(written.cbegin(), written.cend());
+        QCOMPARE(unique.size(), written.size()); // none twice
+        for (const QString &k : std::as_const(all))
+            QVERIFY2(unique.contains(k), qPrintable(k + u" was not exported"_qs));
+        QVERIFY(touched.size() > 100);
+        QCOMPARE(QJsonDocument::fromJson(line7).object().value(u"timeline").toArray().size(), 3);
+        if (!m_store->deliveriesIndexedByKey())
+            QCOMPARE(moving.deliveryReads, 1);
+        // Named keys: each once, and one the store does not hold is reported.
+        moving.onKey = {};
+        report =
+            exportKeys(moving, {}, {all.at(3), u"nope:x"_qs, all.at(3)}, [](const QByteArray &) {});
+        QVERIFY(report.ok());
+        QCOMPARE(report->written, 1);
+        QCOMPARE(report->missing, QStringList{u"nope:x"_qs});
+    }
+
+    void importGoesOnPastAStoreErrorAndStopsWhenTheStoreIsGone()
+    {
+        // One line the store refuses is reported and the next ones still go in; a store that
+        // no longer answers ends the run, saying how many went in.
+        const QString ep = endpoint();
+        KeyQuery filter;
+        filter.endpoint = ep;
+        QByteArray lines;
+        for (int i = 0; i < 3; ++i) {
+            const ClaimResult c = claim(request(ep, u"t%1"_qs.arg(i), QByteArray(64, 'a')));
+            finish(c.record.key, c.record.token, KeyState::Completed);
+        }
+        QVERIFY(exportKeys(*m_store, filter, {}, [&](const QByteArray &l) { lines += l + '\n'; }).ok());
+        for (int i = 0; i < 3; ++i)
+            QVERIFY(m_store->applyOperator(ep + u":t%1"_qs.arg(i), OperatorAction::Delete, true, {}).ok());
+        Refusing refusing(m_store.get());
+        refusing.refuse = ep + u":t1"_qs;
+        QBuffer in(&lines);
+        QVERIFY(in.open(QIODevice::ReadOnly));
+        QStringList said;
+        ImportReport report = importLines(refusing, in, Config::builtin(),
+                                          [&](qint64 n, const Result<ImportedLine> &done) {
+                                              said << u"%1 %2"_qs.arg(n).arg(
+                                                  done ? done->key : done.error().message);
+                                          });
+        QVERIFY2(report.stopped.isEmpty(), qPrintable(report.stopped));
+        QCOMPARE(report.imported, 2);
+        QCOMPARE(report.refused, 1);
+        QVERIFY2(said.contains(u"2 refused by the test"_qs), qPrintable(said.join(u" | "_qs)));
+        QCOMPARE(m_store->countKeys(ep)->completed, 2);
+        // The store gone: it stops at the first line.
+        refusing.down = true;
+        in.seek(0);
+        report = importLines(refusing, in, Config::builtin(), [](qint64, const Result<ImportedLine> &) {});
+        QVERIFY2(report.stopped.startsWith(u"line 1: refused by the test; stopped there (0 imported"_qs),
+                 qPrintable(report.stopped));
     }
 
     void deliveryLog()

@@ -436,6 +436,23 @@ private Q_SLOTS:
             r.out + first.readAllStandardOutput(); // either may have won the claim
         QVERIFY2(both.contains("#1  409 in-progress") && both.contains("#1  200 processed"),
                  both.constData());
+        // --sign-key: a SendGrid endpoint's, and a P-256 private key only.
+        const QString p384 = writeFile(m_dir, u"p384.pem"_qs,
+                                       opensslOut({u"genpkey"_qs, u"-algorithm"_qs, u"EC"_qs,
+                                                   u"-pkeyopt"_qs, u"ec_paramgen_curve:P-384"_qs}));
+        r = idemdesk(QStringList{u"send"_qs, u"--endpoint"_qs, u"s"_qs, u"--sign-key"_qs, p384} +
+                     common);
+        QCOMPARE(r.rc, 2);
+        QVERIFY2(r.err.contains("--sign-key is for a sendgrid endpoint"), r.err.constData());
+        const QString sgConfig =
+            writeFile(m_dir, u"codes-sg.json"_qs,
+                      "{\"store\": \"sqlite:" + m_dir.filePath(u"codes.db"_qs).toUtf8() +
+                          "\", \"endpoints\": [{\"name\": \"sg\", \"provider\": \"sendgrid\"}]}");
+        r = idemdesk({u"send"_qs, u"--config"_qs, sgConfig, u"--url"_qs,
+                      u"http://127.0.0.1:%1"_qs.arg(port), u"--endpoint"_qs, u"sg"_qs,
+                      u"--sign-key"_qs, p384});
+        QCOMPARE(r.rc, 2);
+        QVERIFY2(r.err.contains("not an ECDSA P-256 private key"), r.err.constData());
         r = idemdesk(QStringList{u"send"_qs, u"--endpoint"_qs, u"nope"_qs} + common);
         QCOMPARE(r.rc, 2);
         QVERIFY2(r.err.contains("no endpoint 'nope'"), r.err.constData());
@@ -517,17 +534,32 @@ private Q_SLOTS:
             QJsonDocument::fromJson(
                 idemdesk(QStringList{u"keys"_qs, u"show"_qs, f1, u"--json"_qs} + into).out)
                 .object();
-        for (const char *field : {"state", "deliveries", "fingerprint", "error", "created_at",
-                                  "updated_at", "history", "request", "result"})
+        for (const char *field :
+             {"state", "fingerprint", "error", "created_at", "updated_at", "request", "result"})
             QVERIFY2(after.value(QLatin1String(field)) == before.value(QLatin1String(field)),
                      field);
         QCOMPARE(after.value(u"state").toString(), u"failed"_qs);
         const qint64 ttl = after.value(u"ttl_seconds").toInteger();
         QVERIFY2(ttl > 7000 && ttl <= 7200,
                  qPrintable(QString::number(ttl))); // what was left, not the store's default
-        QCOMPARE(after.value(u"deliveries").toArray().size(), 2);
-        QCOMPARE(after.value(u"deliveries").toArray().first().toObject().value(u"outcome"),
-                 before.value(u"deliveries").toArray().first().toObject().value(u"outcome"));
+        // The timeline comes with the record, into its history (marked imported), never into
+        // this store's delivery log: stats, Traffic and Live show this desk's deliveries only.
+        QCOMPARE(after.value(u"deliveries").toArray().size(), 0);
+        const QJsonArray history = after.value(u"history").toArray();
+        const QJsonArray historyBefore = before.value(u"history").toArray();
+        QCOMPARE(history.size(), historyBefore.size() + 2);
+        for (const QJsonValue &entry : historyBefore)
+            QVERIFY(history.contains(entry));
+        int delivered = 0;
+        for (const QJsonValue &entry : history)
+            if (entry.toObject().value(u"event") == u"delivered"_qs) {
+                ++delivered;
+                QVERIFY2(entry.toObject().value(u"detail").toString().startsWith(u"imported: "_qs),
+                         qPrintable(entry.toObject().value(u"detail").toString()));
+            }
+        QCOMPARE(delivered, 2);
+        r = idemdesk(QStringList{u"stats"_qs, u"--json"_qs} + into);
+        QVERIFY2(!r.out.contains(ep.toUtf8()), r.out.constData());
 
         // Again: every key exists, left alone and reported.
         r = idemdesk(QStringList{u"keys"_qs, u"import"_qs, file} + into);
@@ -538,10 +570,10 @@ private Q_SLOTS:
         QCOMPARE(QJsonDocument::fromJson(
                      idemdesk(QStringList{u"keys"_qs, u"show"_qs, f1, u"--json"_qs} + into).out)
                      .object()
-                     .value(u"deliveries")
+                     .value(u"history")
                      .toArray()
                      .size(),
-                 2);
+                 history.size());
         // A broken line is refused and named; the good ones still go in.
         const QString mixed =
             writeFile(m_dir, run + u"-mixed.jsonl"_qs, "not json\n" + lines.last() + "\n");
@@ -554,6 +586,122 @@ private Q_SLOTS:
         QVERIFY2(r.rc == 0, r.err.constData());
         for (const QString &key : {f1, ep + u":f2"_qs})
             QCOMPARE(idemdesk(QStringList{u"keys"_qs, u"delete"_qs, key} + into).rc, 0);
+    }
+
+    void importChecksEachLineAsADelivery()
+    {
+        // Each line is checked as the receiver would check a delivery; a bad one is named and
+        // refused, the others still go in, and a line too long is never held in memory whole.
+        const QString run = QString::number(QRandomGenerator::global()->bounded(1u << 30), 36);
+        const QString ep = u"v"_qs + run;
+        const QString config =
+            writeFile(m_dir, run + u"-imp.json"_qs,
+                      "{\"store\": \"sqlite:" + m_dir.filePath(run + u"-imp.db"_qs).toUtf8() +
+                          "\", \"endpoints\": [{\"name\": \"" + ep.toUtf8() +
+                          "\", \"max_body_bytes\": 16, \"max_response_bytes\": 16}]}");
+        const QByteArray fp(64, 'a');
+        auto line = [&](const QString &id,
+                        const std::function<void(QJsonObject &, QJsonObject &, QJsonObject &,
+                                                 QJsonObject &)> &edit) {
+            QJsonObject rec{{u"key"_qs, ep + u":"_qs + id},
+                            {u"endpoint"_qs, ep},
+                            {u"provider"_qs, u"generic"_qs},
+                            {u"state"_qs, u"completed"_qs},
+                            {u"fingerprint"_qs, QString::fromLatin1(fp)},
+                            {u"attempts"_qs, 1},
+                            {u"created"_qs, qint64(1'700'000'000'000)},
+                            {u"updated"_qs, qint64(1'700'000'000'100)},
+                            {u"ttl_ms"_qs, 3'600'000},
+                            {u"lease_ms"_qs, 0},
+                            {u"error"_qs, QString()}};
+            QJsonObject req{{u"method"_qs, u"POST"_qs},
+                            {u"path"_qs, u"/hooks/"_qs + ep},
+                            {u"headers"_qs, QJsonArray{QJsonArray{u"X-A"_qs, u"1"_qs}}},
+                            {u"body_base64"_qs, u"e30="_qs}};
+            QJsonObject res{{u"status"_qs, 200},
+                            {u"headers"_qs, QJsonArray()},
+                            {u"body_base64"_qs, u"b2s="_qs}};
+            QJsonObject rest{
+                {u"history"_qs, QJsonArray{QJsonObject{{u"at"_qs, qint64(1'700'000'000'000)},
+                                                       {u"event"_qs, u"claimed"_qs},
+                                                       {u"token"_qs, 1}}}},
+                {u"timeline"_qs, QJsonArray()}};
+            edit(rec, req, res, rest);
+            rest.insert(u"record"_qs, rec);
+            rest.insert(u"request"_qs, req);
+            rest.insert(u"result"_qs, res);
+            return QJsonDocument(rest).toJson(QJsonDocument::Compact);
+        };
+        using O = QJsonObject;
+        const QList<QPair<QByteArray, QByteArray>> lines{
+            {line(u"good"_qs, [](O &, O &, O &, O &) {}), "imported"},
+            {line(u"a"_qs, [&](O &rec, O &, O &, O &) { rec[u"key"_qs] = u"other:a"_qs; }),
+             "must be record.endpoint ':' key"},
+            {line(u"b"_qs, [&](O &rec, O &, O &, O &) { rec[u"key"_qs] = ep + u":b\u00e9"_qs; }),
+             "printable ASCII"},
+            {line(u"c"_qs, [&](O &rec, O &, O &,
+                               O &) { rec[u"key"_qs] = ep + u":"_qs + QString(300, u'c'); }),
+             "longer than 255"},
+            {line(u"d"_qs, [](O &rec, O &, O &, O &) { rec[u"state"_qs] = u"done"_qs; }),
+             "record.state must be"},
+            {line(u"e"_qs, [](O &rec, O &, O &, O &) { rec[u"fingerprint"_qs] = u"xyz"_qs; }),
+             "record.fingerprint"},
+            {line(u"f"_qs, [](O &rec, O &, O &, O &) { rec[u"attempts"_qs] = 0; }),
+             "record.attempts"},
+            {line(u"g"_qs, [](O &, O &, O &res, O &) { res[u"status"_qs] = 0; }),
+             "result.status must be 100"},
+            {line(u"h"_qs, [](O &, O &, O &res, O &) { res[u"status"_qs] = 700; }),
+             "result.status must be 100"},
+            {line(u"i"_qs,
+                  [](O &rec, O &, O &, O &) { rec[u"ttl_ms"_qs] = 20.0 * 365 * 24 * 3600 * 1000; }),
+             "record.ttl_ms"},
+            {line(u"j"_qs,
+                  [](O &rec, O &, O &, O &) {
+                      rec[u"state"_qs] = u"processing"_qs;
+                      rec[u"ttl_ms"_qs] = 1000;
+                      rec[u"lease_ms"_qs] = 5000;
+                  }),
+             "record.lease_ms"},
+            {line(u"k"_qs,
+                  [](O &, O &req, O &, O &) {
+                      req[u"body_base64"_qs] = QString::fromLatin1(QByteArray(17, 'x').toBase64());
+                  }),
+             "a body is longer than the endpoint allows (request 17 of 16"},
+            {line(u"l"_qs, [](O &, O &req, O &, O &) { req[u"path"_qs] = u"/hooks/x\nforged"_qs; }),
+             "request.path"},
+            {line(u"m"_qs, [](O &, O &, O &, O &rest) { rest[u"history"_qs] = u"no"_qs; }),
+             "history and timeline must be arrays"},
+            {line(u"n"_qs,
+                  [](O &, O &req, O &, O &) {
+                      req[u"headers"_qs] = QJsonArray{1, 2};
+                  }),
+             "headers must be"},
+            {line(u"o"_qs, [](O &rec, O &, O &, O &) { rec[u"attempts"_qs] = u"3"_qs; }),
+             "record.attempts"},
+            {line(u"good"_qs, [](O &, O &, O &, O &) {}), "the same key as line 1"},
+            {"{\"record\": {\"key\": \"" + QByteArray(12 * 1024 * 1024, 'z') + "\"}}",
+             "longer than"},
+            {line(u"after"_qs, [](O &, O &, O &, O &) {}), "imported"},
+        };
+        QByteArray content;
+        for (const auto &l : lines)
+            content += l.first + '\n';
+        const QString file = writeFile(m_dir, run + u"-imp.jsonl"_qs, content);
+        Run r = idemdesk({u"keys"_qs, u"import"_qs, file, u"--config"_qs, config});
+        QCOMPARE(r.rc, 1);
+        for (int i = 0; i < lines.size(); ++i) {
+            const QByteArray expected = lines.at(i).second;
+            if (expected == "imported")
+                continue;
+            const QByteArray prefix = "line " + QByteArray::number(i + 1) + " refused: ";
+            const qsizetype at = r.err.indexOf(prefix);
+            QVERIFY2(at >= 0 && r.err.indexOf('\n', at) > r.err.indexOf(expected, at) &&
+                         r.err.indexOf(expected, at) > at,
+                     (prefix + expected + "\n--\n" + r.err.mid(at, 400)).constData());
+        }
+        QVERIFY2(r.out.contains("2 keys imported, 0 already here, 17 refused"), r.out.constData());
+        QCOMPARE(idemdesk({u"keys"_qs, u"show"_qs, ep + u":after"_qs, u"--config"_qs, config}).rc,
+                 0);
     }
 
     void sendersCannotWriteToTheTerminal()

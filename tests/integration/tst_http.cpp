@@ -66,6 +66,18 @@ private Q_SLOTS:
         m_thread.wait();
     }
 
+    void aPostCarriesOneContentType()
+    {
+        // `send` of a form (Slack's slash command) says form, once; JSON is only the default.
+        const QByteArray form = buildPost("/hooks/slack", "a=1",
+                                          {{"Content-Type", "application/x-www-form-urlencoded"}});
+        QCOMPARE(form.toLower().count("content-type:"), 1);
+        QVERIFY(form.contains("Content-Type: application/x-www-form-urlencoded\r\n"));
+        const QByteArray json = buildPost("/hooks/x", "{}", {});
+        QCOMPARE(json.toLower().count("content-type:"), 1);
+        QVERIFY(json.contains("Content-Type: application/json\r\n"));
+    }
+
     void keepAliveServesSeveralRequests()
     {
         RawConnection c(m_port);

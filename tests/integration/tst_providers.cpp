@@ -1,5 +1,6 @@
 // Every provider of SPEC §3: signed the way the sender signs (signatures computed by the
 // openssl command line, independently of the code under test), keyed and deduplicated.
+#include "engine/send.h"
 #include "engine/stats.h"
 #include "http/blockingclient.h"
 #include "providers/provider.h"
@@ -159,6 +160,27 @@ private Q_SLOTS:
         ListenAddress any;
         any.port = 0;
         m_port = m_receiver->start(any)->port;
+    }
+
+    void stripeTemplateInStripesOrder()
+    {
+        // `send`'s Stripe event reads like Stripe's own: id first, then object, … type last.
+        EndpointConfig stripe;
+        stripe.name = u"s"_qs;
+        stripe.provider = u"stripe"_qs;
+        auto d = composeTestEvent(stripe, {}, std::nullopt);
+        QVERIFY(d.ok());
+        QVERIFY2(d->body.startsWith("{\n  \"id\": \"evt_test_"), d->body.constData());
+        QVERIFY(d->body.indexOf("\"object\": \"event\"") < d->body.indexOf("\"type\""));
+        const QJsonObject o = QJsonDocument::fromJson(d->body).object();
+        QCOMPARE(o.value(u"type"_qs).toString(), u"payment_intent.succeeded"_qs);
+        QCOMPARE(o.value(u"data"_qs)
+                     .toObject()
+                     .value(u"object"_qs)
+                     .toObject()
+                     .value(u"amount"_qs)
+                     .toInt(),
+                 4200);
     }
 
     void githubPublishedVector()

@@ -5,6 +5,7 @@
 #include "deliveriesmodel.h"
 #include "engine/engine.h"
 #include "http/blockingclient.h"
+#include "jsonhighlighter.h"
 #include "keydetailview.h"
 #include "keysmodel.h"
 #include "mainwindow.h"
@@ -46,6 +47,7 @@
 #include <QSignalSpy>
 #include <QSpinBox>
 #include <QSplitter>
+#include <QSystemTrayIcon>
 #include <QTabBar>
 #include <QTabWidget>
 #include <QTableView>
@@ -53,6 +55,9 @@
 #include <QTemporaryDir>
 
 #include <QTest>
+#include <QTextBlock>
+#include <QTextDocument>
+#include <QTextLayout>
 #include <QTimer>
 #include <cmath>
 
@@ -112,6 +117,10 @@ public:
     Result<QList<FinishVerdict>> finishBatch(const QList<FinishRequest> &q) override { return recorded([&] { return m_inner->finishBatch(q); }); }
     Result<std::optional<KeyRecord>> key(const QString &k) override { return recorded([&] { return m_inner->key(k); }); }
     Result<QList<KeyRecord>> listKeys(const KeyQuery &q) override { return recorded([&] { return m_inner->listKeys(q); }); }
+    Result<QStringList> keyNames(const KeyQuery &q) override
+    {
+        return recorded([&] { return m_inner->keyNames(q); });
+    }
     Result<StateCounts> countKeys(const QString &e) override { return recorded([&] { return m_inner->countKeys(e); }); }
     Result<OperatorVerdict> applyOperator(const QString &k, OperatorAction a, bool f, const QString &d) override
     {
@@ -150,6 +159,7 @@ public:
     {
         return recorded([&] { return m_inner->ping(); });
     }
+    bool deliveriesIndexedByKey() const override { return m_inner->deliveriesIndexedByKey(); }
     bool batches() const override { return m_inner->batches(); }
     bool beginBatch() override { return m_inner->beginBatch(); }
     Result<void> endBatch() override { return m_inner->endBatch(); }
@@ -294,6 +304,36 @@ private Q_SLOTS:
         QCOMPARE(deliver(one.port, "o", "k").status, 200);
         QTRY_VERIFY(one.window->statusText().contains(u"1 delivery,"_qs));
         QVERIFY(!one.window->statusText().contains(u"1 deliveries"_qs));
+    }
+
+    void resetOnTheFailedTabKeepsTheKeyInTheDetail()
+    {
+        // On the failed tab, Reset takes the key out of the list. The detail keeps showing it
+        // (now reset), and the actions still apply to it until another row is chosen.
+        Desk desk = open("[{\"name\": \"f\", \"on_failed\": \"reject\", \"simulate\": "
+                         "{\"fail_rate\": 1}}]");
+        MainWindow &w = *desk.window;
+        QCOMPARE(deliver(desk.port, "f", "one").status, 500);
+        QCOMPARE(deliver(desk.port, "f", "two").status, 500);
+        w.stateTabs()->setCurrentIndex(2); // failed
+        QTRY_COMPARE(w.keys()->rowCount(), 2);
+        selectAndWait(w, u"f:one"_qs);
+        QSignalSpy done(&w, &MainWindow::actionFinished);
+        w.resetAction()->trigger();
+        QTRY_COMPARE(done.count(), 1);
+        QTRY_COMPARE(w.keys()->rowCount(), 1); // it left the failed list
+        QVERIFY(w.selectedKeys().isEmpty());
+        QCOMPARE(w.actionKeys(), QStringList{u"f:one"_qs});
+        QCOMPARE(w.detail()->currentKey(), u"f:one"_qs);
+        QVERIFY(w.deleteAction()->isEnabled() && w.retryAction()->isEnabled() &&
+                w.copyKeyAction()->isEnabled());
+        // The detail follows the key's new state, and Delete still acts on it.
+        w.refreshAction()->trigger();
+        QTRY_COMPARE(int(w.detail()->current().state), int(KeyState::Reset));
+        QCOMPARE(w.detail()->current().key, u"f:one"_qs);
+        // Choosing another row moves the actions there.
+        selectAndWait(w, u"f:two"_qs);
+        QCOMPARE(w.actionKeys(), QStringList{u"f:two"_qs});
     }
 
     void keysColumnKeepsTheDistinguishingTail()
@@ -518,13 +558,48 @@ private Q_SLOTS:
             QApplication::setPalette(palette);
             QCOMPARE(paletteIsDark(),
                      palette.color(QPalette::Window) == dark.color(QPalette::Window));
-            for (KeyState state :
-                 {KeyState::Processing, KeyState::Completed, KeyState::Failed, KeyState::Reset})
-                QVERIFY2(contrast(stateColour(state), palette.color(QPalette::Base)) >= 3.0,
-                         qPrintable(toString(state)));
+            // Text in views (Base) and in dialogs (Window): WCAG AA, 4.5:1.
+            for (QPalette::ColorRole role : {QPalette::Base, QPalette::Window}) {
+                for (KeyState state :
+                     {KeyState::Processing, KeyState::Completed, KeyState::Failed, KeyState::Reset})
+                    QVERIFY2(contrast(stateColour(state), palette.color(role)) >= 4.5,
+                             qPrintable(toString(state)));
+                for (JsonPart part :
+                     {JsonPart::Key, JsonPart::String, JsonPart::Number, JsonPart::Literal})
+                    QVERIFY(contrast(jsonColour(part), palette.color(role)) >= 4.5);
+            }
             QVERIFY(contrast(stuckBackground(), palette.color(QPalette::Text)) >=
                     4.5); // a stuck row's text
+            // The JSON highlighter draws with them.
+            QTextDocument doc(u"{\"id\": \"evt_1\", \"n\": 2, \"ok\": true}"_qs);
+            JsonHighlighter highlighter(&doc);
+            highlighter.rehighlight();
+            QList<QColor> drawn;
+            for (const QTextLayout::FormatRange &range : doc.firstBlock().layout()->formats())
+                drawn << range.format.foreground().color();
+            QVERIFY(drawn.contains(jsonColour(JsonPart::Key)) &&
+                    drawn.contains(jsonColour(JsonPart::String)) &&
+                    drawn.contains(jsonColour(JsonPart::Number)) &&
+                    drawn.contains(jsonColour(JsonPart::Literal)));
         }
+        // A dark palette of the platform theme (Qt's own lightness) counts as dark, whatever
+        // its text colour; a desktop asking for a dark GTK theme by any name is followed.
+        QPalette dim = dark;
+        dim.setColor(QPalette::WindowText, QColor(0x20, 0x20, 0x20));
+        QApplication::setPalette(dim);
+        QVERIFY(paletteIsDark());
+        const QByteArray gtkTheme = qgetenv("GTK_THEME"), desktop = qgetenv("XDG_CURRENT_DESKTOP");
+        const auto env = qScopeGuard([&] {
+            qputenv("GTK_THEME", gtkTheme);
+            qputenv("XDG_CURRENT_DESKTOP", desktop);
+        });
+        qunsetenv("XDG_CURRENT_DESKTOP");
+        for (const char *theme : {"Adwaita:dark", "Adwaita-dark", "Yaru-dark", "Yaru-Dark"}) {
+            qputenv("GTK_THEME", theme);
+            QVERIFY2(desktopWantsDark(), theme);
+        }
+        qputenv("GTK_THEME", "Adwaita");
+        QVERIFY(!desktopWantsDark());
     }
 
     void trayMonitorCountsAndRateLimitsNotifications()
@@ -572,8 +647,37 @@ private Q_SLOTS:
         tray.setCounts(3, 2);
         QTest::qWait(50);
         QCOMPARE(notes.count(), 2);
-        // The window's switch, remembered.
+        // The catch-up: one timer however many notes wait, the notes bounded, then one
+        // notification when the interval is over.
+        TrayMonitor quick(300);
+        QSignalSpy quickNotes(&quick, &TrayMonitor::notify);
+        quick.setCounts(0, 0);
+        for (int i = 0; i < 200; ++i) {
+            failed.key = u"orders:burst_%1"_qs.arg(i);
+            quick.delivered(failed);
+        }
+        QCOMPARE(quickNotes.count(), 1); // the first at once
+        QVERIFY(quick.catchUp()->isActive());
+        QCOMPARE(quick.findChildren<QTimer *>().size(), 1);
+        QTRY_COMPARE(quickNotes.count(), 2); // the rest, once the interval is over
+        const QString burst = quickNotes.last().at(1).toString();
+        QVERIFY2(burst.contains(u"orders:burst_1 failed"_qs) && burst.contains(u"and 194 more"_qs),
+                 qPrintable(burst));
+        QCOMPARE(burst.count(u'\n'), 5);
+        QVERIFY(!quick.catchUp()->isActive());
+        // Attach mode (no receiver's deliveries): a failure is told from the counts.
+        TrayMonitor attached(0);
+        attached.setSeesDeliveries(false);
+        QSignalSpy attachedNotes(&attached, &TrayMonitor::notify);
+        attached.setCounts(2, 0);
+        attached.setCounts(4, 0);
+        QCOMPARE(attachedNotes.count(), 1);
+        QVERIFY2(attachedNotes.last().at(1).toString().contains(u"2 keys failed: 4 failed keys"_qs),
+                 qPrintable(attachedNotes.last().at(1).toString()));
+        // The window's switch, remembered; shown only where there is a tray to notify from.
         Desk desk = open("[{\"name\": \"t\"}]");
+        QCOMPARE(desk.window->notificationsAction()->isVisible(),
+                 QSystemTrayIcon::isSystemTrayAvailable());
         QVERIFY(desk.window->notificationsAction()->isCheckable());
         desk.window->notificationsAction()->setChecked(false);
         QVERIFY(!desk.window->trayMonitor()->isEnabled());
@@ -583,25 +687,51 @@ private Q_SLOTS:
 
     void liveDeliveriesFilterPauseAndOpen()
     {
-        Desk desk = open("[{\"name\": \"a\"}, {\"name\": \"b\"}]");
+        Desk desk = open("[{\"name\": \"a\"}, {\"name\": \"b\"}, {\"name\": \"down\", "
+                         "\"simulate\": {\"fail_rate\": 1}}]");
         MainWindow &w = *desk.window;
+        // A processed delivery whose processor failed is a failure: coloured and filterable.
+        QCOMPARE(deliver(desk.port, "down", "x").status, 500);
+        QTRY_COMPARE(w.liveView()->model()->rowCount(), 1);
+        const QModelIndex failed = w.liveView()->model()->index(0, DeliveriesModel::Outcome);
+        QCOMPARE(failed.data().toString(), u"processed"_qs);
+        QCOMPARE(failed.data(Qt::ForegroundRole).value<QBrush>().color(),
+                 stateColour(KeyState::Failed));
+        QCOMPARE(failed.siblingAtColumn(DeliveriesModel::Status)
+                     .data(Qt::ForegroundRole)
+                     .value<QBrush>()
+                     .color(),
+                 stateColour(KeyState::Failed));
         QCOMPARE(deliver(desk.port, "a", "k1").status, 200);
         QCOMPARE(deliver(desk.port, "a", "k1").status, 200); // replayed
         QCOMPARE(deliver(desk.port, "b", "k2").status, 200);
-        QTRY_COMPARE(w.liveView()->model()->rowCount(), 3);
-        w.liveOutcomeFilter()->setCurrentIndex(w.liveOutcomeFilter()->findText(u"replayed"_qs));
+        QTRY_COMPARE(w.liveView()->model()->rowCount(), 4);
+        QVERIFY(w.liveView()
+                    ->model()
+                    ->index(0, DeliveriesModel::Outcome)
+                    .data(Qt::ForegroundRole)
+                    .value<QBrush>()
+                    .color() != stateColour(KeyState::Failed));
+        w.liveOutcomeFilter()->setCurrentIndex(w.liveOutcomeFilter()->findData(-2));
         QCOMPARE(w.liveView()->model()->rowCount(), 1);
         w.liveOutcomeFilter()->setCurrentIndex(0);
+        w.liveEndpointFilter()->setCurrentIndex(w.liveEndpointFilter()->findData(u"down"_qs));
+        QCOMPARE(w.liveView()->model()->rowCount(), 1);
+        w.liveEndpointFilter()->setCurrentIndex(w.liveEndpointFilter()->findData(u"a"_qs));
+        QCOMPARE(w.liveView()->model()->rowCount(), 2);
         w.liveEndpointFilter()->setCurrentIndex(w.liveEndpointFilter()->findData(u"b"_qs));
         QCOMPARE(w.liveView()->model()->rowCount(), 1);
         w.liveEndpointFilter()->setCurrentIndex(0);
+        w.liveOutcomeFilter()->setCurrentIndex(w.liveOutcomeFilter()->findText(u"replayed"_qs));
+        QCOMPARE(w.liveView()->model()->rowCount(), 1);
+        w.liveOutcomeFilter()->setCurrentIndex(0);
         // Paused: new deliveries wait; resumed: they come in.
         w.livePause()->setChecked(true);
         QCOMPARE(deliver(desk.port, "b", "k3").status, 200);
         QTest::qWait(200);
-        QCOMPARE(w.liveView()->model()->rowCount(), 3);
-        w.livePause()->setChecked(false);
         QCOMPARE(w.liveView()->model()->rowCount(), 4);
+        w.livePause()->setChecked(false);
+        QCOMPARE(w.liveView()->model()->rowCount(), 5);
         // A double-click opens the key on the Keys page, even one the current filter hides.
         w.stateTabs()->setCurrentIndex(2); // failed: none of these
         QTRY_COMPARE(w.keys()->rowCount(), 0);
@@ -944,6 +1074,24 @@ private Q_SLOTS:
         QTRY_VERIFY_WITH_TIMEOUT(desk.window->traffic()->total(Outcome::InProgress) + desk.window->traffic()->total(Outcome::Replayed) == 126, 10000);
         QVERIFY(desk.window->traffic()->duplicateRatio(u"orders"_qs) > 0.9);
         QVERIFY(desk.window->traffic()->ratios()->rowCount() >= 1);
+    }
+
+    void closingTheStormDialogNeverWaitsForTheStorm()
+    {
+        // The storm's deliveries take 3 s each; closing the dialog at once returns at once: the
+        // key is still being processed when the dialog is gone (a wait would have seen it done).
+        Desk desk = open("[{\"name\": \"slow\", \"simulate\": {\"delay_ms\": 3000}}]");
+        auto *dialog = new StormDialog(desk.receiver->engine()->config(),
+                                       u"http://"_qs + desk.receiver->address().toString());
+        dialog->copies()->setValue(1);
+        dialog->keys()->setValue(1);
+        dialog->start();
+        QTRY_COMPARE(desk.window->keys()->rowCount(), 1); // claimed: the processor is at work
+        QTRY_COMPARE(desk.receiver->engine()->counters().inFlight, 1);
+        delete dialog;
+        QCOMPARE(desk.receiver->engine()->counters().inFlight, 1); // still answering it
+        QTRY_COMPARE_WITH_TIMEOUT(
+            desk.receiver->engine()->counters().byOutcome[size_t(Outcome::Processed)], 1, 15000);
     }
 
     void settingsValidateTestAndPersist()
