@@ -164,8 +164,11 @@ void KeyDetailView::showKey(const KeyRecord &r, const QList<DeliveryEvent> &newe
     if (r.state == KeyState::Processing)
         summary += r.leaseUntilMs > now ? tr("<br>lease: %1 left").arg(formatDuration(r.leaseUntilMs - now))
                                         : tr("<br><span style='color:%2'><b>stuck</b>: the lease ran out %1 ago</span>").arg(formatDuration(now - r.leaseUntilMs), failed);
-    if (!r.error.isEmpty())
+    // A key reset or reprocessed keeps the error of its failed run: shown as the last one then.
+    if (!r.error.isEmpty() && r.state == KeyState::Failed)
         summary += tr("<br><span style='color:%2'><b>error:</b> %1</span>").arg(r.error.toHtmlEscaped(), failed);
+    else if (!r.error.isEmpty())
+        summary += tr("<br><b>last error</b> (before it was %2): %1").arg(r.error.toHtmlEscaped(), toString(r.state));
     m_summary->setText(summary);
 
     fillHeaders(m_requestHeaders, maskSecrets(r.request.headers));
@@ -217,6 +220,11 @@ QString KeyDetailView::historyText() const
 QString KeyDetailView::diffText() const
 {
     return m_diff->toPlainText();
+}
+
+QString KeyDetailView::summaryText() const
+{
+    return m_summary->text();
 }
 
 } // namespace idem

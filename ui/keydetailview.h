@@ -30,6 +30,7 @@ public:
     void showNothing(const QString &message);
     void showActionResult(const QString &message, bool ok);
     QString currentKey() const { return m_key; }
+    QString summaryText() const; // the header above the tabs, as shown (rich text)
     const KeyRecord &current() const { return m_record; }
     TimelineModel *timeline() const { return m_timeline; }
     QTabWidget *tabs() const { return m_tabs; }

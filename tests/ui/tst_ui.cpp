@@ -331,6 +331,10 @@ private Q_SLOTS:
         w.refreshAction()->trigger();
         QTRY_COMPARE(int(w.detail()->current().state), int(KeyState::Reset));
         QCOMPARE(w.detail()->current().key, u"f:one"_qs);
+        // Its failed run's error is the last one now, not the key's.
+        QVERIFY2(w.detail()->summaryText().contains(u"last error</b> (before it was reset)"_qs) &&
+                     !w.detail()->summaryText().contains(u"<b>error:</b>"_qs),
+                 qPrintable(w.detail()->summaryText()));
         // Choosing another row moves the actions there.
         selectAndWait(w, u"f:two"_qs);
         QCOMPARE(w.actionKeys(), QStringList{u"f:two"_qs});
