@@ -172,7 +172,7 @@ void SendDialog::send()
             Q_EMIT sent(-1);
             return;
         }
-        e.privateKey = pem.readAll();
+        e.privateKey = pem.read(64 * 1024); // a PEM key is a few hundred bytes
         if (auto ok = checkEcPrivateKey(e.privateKey); !ok) {
             m_summary->setText(tr("<span style='color:%1'>The signing key %2: %3</span>")
                                    .arg(stateColour(KeyState::Failed).name(),

@@ -215,7 +215,10 @@ int show(const QStringList &arguments)
     }
 
     QString out;
-    auto line = [&](const QString &label, const QString &value) { out += label.leftJustified(13) + value + u'\n'; };
+    // One line per field: what a store or a file wrote is escaped, line breaks too.
+    auto line = [&](const QString &label, const QString &value) {
+        out += label.leftJustified(13) + escapeControls(value) + u'\n';
+    };
     line(u"key"_qs, r.key);
     line(u"endpoint"_qs, u"%1 (%2)"_qs.arg(r.endpoint, r.provider));
     line(u"state"_qs, toString(r.state));
@@ -242,15 +245,19 @@ int show(const QStringList &arguments)
     }
     out += u"\nhistory\n"_qs;
     for (const HistoryEntry &h : r.history)
-        out += u"  %1  %2 (token %3)%4\n"_qs.arg(formatTime(h.atMs), h.event.leftJustified(12)).arg(h.token)
-                   .arg(h.detail.isEmpty() ? QString() : u" "_qs + h.detail);
+        out += u"  %1  %2 (token %3)%4\n"_qs
+                   .arg(formatTime(h.atMs), escapeControls(h.event).leftJustified(12))
+                   .arg(h.token)
+                   .arg(h.detail.isEmpty() ? QString() : u" "_qs + escapeControls(h.detail));
     out += u"\ndeliveries\n"_qs;
     for (const DeliveryEvent &e : events)
-        out += u"  +%1s  %2 %3  %4%5\n"_qs.arg(double(e.atMs - events.first().atMs) / 1000.0, 8, 'f', 3)
+        out += u"  +%1s  %2 %3  %4%5\n"_qs
+                   .arg(double(e.atMs - events.first().atMs) / 1000.0, 8, 'f', 3)
                    .arg(toString(e.outcome).leftJustified(12))
                    .arg(e.status)
-                   .arg(e.instance)
-                   .arg(e.detail.isEmpty() ? QString() : u" ("_qs + e.detail + u")"_qs);
+                   .arg(escapeControls(e.instance))
+                   .arg(e.detail.isEmpty() ? QString()
+                                           : u" ("_qs + escapeControls(e.detail) + u")"_qs);
     if (events.isEmpty())
         out += u"  (none logged)\n"_qs;
     printOut(out);

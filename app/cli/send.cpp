@@ -68,7 +68,7 @@ int send(const QStringList &arguments)
             printError(u"--sign-key %1: %2"_qs.arg(pem.fileName(), pem.errorString()));
             return ExitUsage;
         }
-        endpoint.privateKey = pem.readAll();
+        endpoint.privateKey = pem.read(64 * 1024); // a PEM key is a few hundred bytes
         // Only SendGrid signs with a private key, and only with a P-256 one.
         if (endpoint.provider != u"sendgrid"_qs) {
             printError(

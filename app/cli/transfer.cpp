@@ -5,6 +5,7 @@
 #include "util/format.h"
 
 #include <QFile>
+#include <QFileInfo>
 #include <QSaveFile>
 
 #include <cstdio>
@@ -43,10 +44,17 @@ int keysExport(const QStringList &arguments)
     QFile stdOut;
     QIODevice *out = &stdOut;
     bool opened;
-    if (parser.isSet(u"output"_qs)) {
+    // A FIFO or a device (/dev/null) is written as it is: QSaveFile would rename a new regular
+    // file over it.
+    const QFileInfo target(parser.value(u"output"_qs));
+    const bool special = parser.isSet(u"output"_qs) && target.exists() && !target.isFile();
+    if (parser.isSet(u"output"_qs) && !special) {
         file.setFileName(parser.value(u"output"_qs));
         opened = file.open(QIODevice::WriteOnly);
         out = &file;
+    } else if (special) {
+        stdOut.setFileName(target.filePath());
+        opened = stdOut.open(QIODevice::WriteOnly);
     } else {
         opened = stdOut.open(stdout, QIODevice::WriteOnly);
     }
@@ -58,19 +66,26 @@ int keysExport(const QStringList &arguments)
     if (const int rc = openSession(parser, session); rc >= 0)
         return rc;
     const QStringList keys = parser.positionalArguments();
+    bool writeFailed = false;
     auto report = session.pool->run<ExportReport>([&](IdempotencyStore &store) {
-        return exportKeys(store, filter, keys,
-                          [&](const QByteArray &line) { out->write(line + '\n'); });
+        return exportKeys(store, filter, keys, [&](const QByteArray &line) {
+            if (out->write(line + '\n') < 0)
+                writeFailed = true;
+        });
     });
     if (!report) {
         printError(report.error().message);
         return ExitRuntime; // an --output file is not written
     }
-    if (parser.isSet(u"output"_qs) && !file.commit()) {
+    if (file.isOpen() && !file.commit()) {
         printError(u"--output %1: %2"_qs.arg(file.fileName(), file.errorString()));
         return ExitRuntime;
     }
-    stdOut.flush();
+    if (stdOut.isOpen() && (!stdOut.flush() || writeFailed)) {
+        printError(u"writing %1: %2"_qs.arg(special ? stdOut.fileName() : u"the output"_qs,
+                                            stdOut.errorString()));
+        return ExitRuntime;
+    }
     for (const QString &key : std::as_const(report->missing))
         printError(u"no key %1 in the store"_qs.arg(escapeControls(key)));
     std::fprintf(stderr, "idemdesk: exported %s\n",

@@ -235,7 +235,8 @@ MetricsServer::MetricsServer(Config config, StoreFactory store, std::function<qi
                 m.setInFlight(m_inFlight());
             HttpResponse r;
             r.setHeader("Content-Type", "text/plain; version=0.0.4; charset=utf-8");
-            r.body = m.exposition();
+            if (request.method == "GET") // HEAD: the headers only
+                r.body = m.exposition();
             responder.send(r);
         });
     m_countTimer.setSingleShot(true);

@@ -129,6 +129,21 @@ Result<StoreUrl> StoreUrl::parse(const QString &text)
         url.path = defaultSqlitePath();
         return url;
     }
+    // User information that holds '?', '/' or '#' unencoded would be cut by the parsers (and
+    // quoted by their messages as a host, an option or a path): refused here, without quoting it.
+    if (const qsizetype scheme = text.indexOf(u"://"_qs);
+        scheme > 0 && !text.startsWith(u"sqlite:"_qs)) {
+        const qsizetype at = text.lastIndexOf(u'@');
+        const QStringView userInfo =
+            QStringView(text).mid(scheme + 3, std::max<qsizetype>(0, at - scheme - 3));
+        if (at > scheme &&
+            (userInfo.contains(u'?') || userInfo.contains(u'/') || userInfo.contains(u'#')))
+            return makeError(
+                ErrorCode::Invalid,
+                u"store URL "_qs + text.left(scheme) + u"://…@"_qs + shownUrl(text.mid(at + 1)) +
+                    u": percent-encode the user name and password ('?' is %3F, '/' %2F, "
+                    u"'#' %23, '@' %40)"_qs);
+    }
     if (text.startsWith(u"sqlite:"_qs)) {
         url.path = text.mid(7);
         if (url.path.startsWith(u"//"_qs)) // sqlite:///abs/path

@@ -98,6 +98,9 @@ Result<QList<HistoryEntry>> importedHistory(const QString &key, const QJsonValue
 {
     if (!historyValue.isArray() || (!timelineValue.isUndefined() && !timelineValue.isArray()))
         return invalid(u"%1: history and timeline must be arrays"_qs.arg(key));
+    // An event is a word of the stores' ("claimed", "force-failed"): nothing a file makes up
+    // can pass for a line of its own in `keys show`.
+    static const QRegularExpression eventName(u"\\A[a-z][a-z-]{0,31}\\z"_qs);
     QList<HistoryEntry> entries;
     for (const QJsonValue &value : historyValue.toArray()) {
         const QJsonObject e = value.toObject();
@@ -105,7 +108,7 @@ Result<QList<HistoryEntry>> importedHistory(const QString &key, const QJsonValue
         const auto token = integerIn(e.value(u"token"), 0, std::numeric_limits<qint64>::max() / 2);
         const QJsonValue detail = e.value(u"detail");
         if (!value.isObject() || !at || !token || !e.value(u"event").isString() ||
-            e.value(u"event").toString().isEmpty() ||
+            !eventName.match(e.value(u"event").toString()).hasMatch() ||
             (!detail.isUndefined() && !detail.isString()) || detail.toString().size() > kMaxText)
             return invalid(u"%1: a history entry is not {at, event, token, detail}"_qs.arg(key));
         entries.append({*at, e.value(u"event").toString(), *token, detail.toString()});
@@ -132,8 +135,10 @@ Result<QList<HistoryEntry>> importedHistory(const QString &key, const QJsonValue
         const QString instance = e.value(u"instance").toString().left(256);
         if (!instance.isEmpty())
             detail += u" (instance %1)"_qs.arg(instance);
-        entries.append({*at, u"delivered"_qs,
-                        integerIn(e.value(u"token"), 0, kMaxTimeMs).value_or(0), detail});
+        entries.append(
+            {*at, u"delivered"_qs,
+             integerIn(e.value(u"token"), 0, std::numeric_limits<qint64>::max() / 2).value_or(0),
+             detail});
     }
     if (entries.isEmpty())
         return entries;
@@ -288,6 +293,12 @@ Result<ImportedLine> importLine(IdempotencyStore &store, const QByteArray &line,
     if (r.endpoint.isEmpty() || !r.key.startsWith(r.endpoint + u':'))
         return invalid(u"%1: record.key must be record.endpoint ':' key (endpoint '%2')"_qs.arg(
             shown, escapeControls(r.endpoint.left(100))));
+    // An endpoint name the config could hold (a ':' in it would make its keys another's).
+    static const QRegularExpression endpointName(u"\\A[A-Za-z0-9_.-]{1,64}\\z"_qs);
+    if (!endpointName.match(r.endpoint).hasMatch())
+        return invalid(
+            u"%1: record.endpoint '%2' is not an endpoint name ([A-Za-z0-9_.-], at most 64)"_qs.arg(
+                shown, escapeControls(r.endpoint.left(100))));
     // The receiver's own rule for a key: printable ASCII, at most 255 with the endpoint.
     auto keyed = namespacedKey(r.endpoint, r.key.mid(r.endpoint.size() + 1));
     if (!keyed || *keyed != r.key)
@@ -297,6 +308,10 @@ Result<ImportedLine> importLine(IdempotencyStore &store, const QByteArray &line,
     if (!builtinProviders().contains(r.provider))
         return invalid(u"%1: record.provider '%2' is not one of %3"_qs.arg(
             shown, escapeControls(r.provider.left(100)), builtinProviders().join(u", "_qs)));
+    if (const EndpointConfig *configured = config.endpoint(r.endpoint);
+        configured && configured->provider != r.provider)
+        return invalid(u"%1: record.provider '%2', but endpoint %3 here is %4"_qs.arg(
+            shown, r.provider, r.endpoint, configured->provider));
     const auto state = keyStateFromString(rec.value(u"state").toString());
     if (!state)
         return invalid(
@@ -434,11 +449,18 @@ ImportReport importLines(IdempotencyStore &store, QIODevice &in, const Config &c
         line = line.trimmed();
         if (line.isEmpty())
             continue;
-        auto done = importLine(store, line, config);
-        if (done && firstLine.contains(done->key)) {
-            done = invalid(u"%1: the same key as line %2"_qs.arg(
-                escapeControls(done->key), QString::number(firstLine.value(done->key))));
-        } else if (done) {
+        // A key already on an earlier line is refused before anything is written.
+        const QString lineKey = QJsonDocument::fromJson(line)
+                                    .object()
+                                    .value(u"record")
+                                    .toObject()
+                                    .value(u"key")
+                                    .toString();
+        auto done = firstLine.contains(lineKey)
+                        ? Result<ImportedLine>(invalid(u"%1: the same key as line %2"_qs.arg(
+                              escapeControls(lineKey), QString::number(firstLine.value(lineKey)))))
+                        : importLine(store, line, config);
+        if (done) {
             firstLine.insert(done->key, number);
         } else if (done.error().code != ErrorCode::Invalid && !store.ping()) {
             // The store is gone: what went in went in, nothing more can.

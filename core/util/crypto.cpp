@@ -26,10 +26,17 @@ Key loadPublic(const QByteArray &text)
     return Key(d2i_PUBKEY(nullptr, &p, long(der.size())), EVP_PKEY_free);
 }
 
+// No pass phrase: OpenSSL's default callback would prompt on the terminal and wait (in the
+// window, on the GUI thread). An encrypted key is simply not read.
+int noPassphrase(char *, int, int, void *)
+{
+    return -1;
+}
+
 Key loadPrivate(const QByteArray &pem)
 {
     std::unique_ptr<BIO, decltype(&BIO_free)> bio(BIO_new_mem_buf(pem.constData(), int(pem.size())), BIO_free);
-    return Key(PEM_read_bio_PrivateKey(bio.get(), nullptr, nullptr, nullptr), EVP_PKEY_free);
+    return Key(PEM_read_bio_PrivateKey(bio.get(), nullptr, noPassphrase, nullptr), EVP_PKEY_free);
 }
 
 bool isP256(EVP_PKEY *key)
@@ -57,7 +64,8 @@ Result<void> checkEcPrivateKey(const QByteArray &pem)
 {
     Key k = loadPrivate(pem);
     if (!k)
-        return makeError(ErrorCode::Invalid, u"not a PEM private key"_qs);
+        return makeError(ErrorCode::Invalid,
+                         u"not a PEM private key (or one encrypted with a pass phrase)"_qs);
     if (!isP256(k.get()))
         return makeError(ErrorCode::Invalid, u"not an ECDSA P-256 private key"_qs);
     return {};
@@ -81,7 +89,8 @@ Result<QByteArray> ecdsaSign(const QByteArray &privateKeyPem, const QByteArray &
 {
     Key key = loadPrivate(privateKeyPem);
     if (!key)
-        return makeError(ErrorCode::Invalid, u"not a PEM private key"_qs);
+        return makeError(ErrorCode::Invalid,
+                         u"not a PEM private key (or one encrypted with a pass phrase)"_qs);
     std::unique_ptr<EVP_MD_CTX, decltype(&EVP_MD_CTX_free)> ctx(EVP_MD_CTX_new(), EVP_MD_CTX_free);
     size_t length = 0;
     if (EVP_DigestSignInit(ctx.get(), nullptr, EVP_sha256(), nullptr, key.get()) != 1

@@ -678,7 +678,29 @@ private Q_SLOTS:
              "headers must be"},
             {line(u"o"_qs, [](O &rec, O &, O &, O &) { rec[u"attempts"_qs] = u"3"_qs; }),
              "record.attempts"},
+            {line(u"p"_qs,
+                  [&](O &rec, O &, O &, O &) {
+                      rec[u"endpoint"_qs] = ep + u":x"_qs; // its keys would be ep's
+                      rec[u"key"_qs] = ep + u":x:p"_qs;
+                  }),
+             "is not an endpoint name"},
+            {line(u"q"_qs, [](O &rec, O &, O &, O &) { rec[u"provider"_qs] = u"stripe"_qs; }),
+             "but endpoint"},
+            {line(u"r"_qs,
+                  [](O &, O &, O &, O &rest) {
+                      rest[u"history"_qs] =
+                          QJsonArray{QJsonObject{{u"at"_qs, qint64(1'700'000'000'000)},
+                                                 {u"event"_qs, u"claimed\nstate        forged"_qs},
+                                                 {u"token"_qs, 1}}};
+                  }),
+             "a history entry is not"},
+            {line(u"ctl"_qs, [](O &rec, O &, O &,
+                                O &) { rec[u"error"_qs] = u"boom\nstate        forged"_qs; }),
+             "imported"},
             {line(u"good"_qs, [](O &, O &, O &, O &) {}), "the same key as line 1"},
+            {line(u"dup"_qs, [](O &rec, O &, O &, O &) { rec[u"ttl_ms"_qs] = 1; }), "imported"},
+            {line(u"dup"_qs, [](O &rec, O &, O &, O &) { rec[u"error"_qs] = u"SECOND"_qs; }),
+             "the same key as line 22"},
             {"{\"record\": {\"key\": \"" + QByteArray(12 * 1024 * 1024, 'z') + "\"}}",
              "longer than"},
             {line(u"after"_qs, [](O &, O &, O &, O &) {}), "imported"},
@@ -699,9 +721,18 @@ private Q_SLOTS:
                          r.err.indexOf(expected, at) > at,
                      (prefix + expected + "\n--\n" + r.err.mid(at, 400)).constData());
         }
-        QVERIFY2(r.out.contains("2 keys imported, 0 already here, 17 refused"), r.out.constData());
+        QVERIFY2(r.out.contains("4 keys imported, 0 already here, 21 refused"), r.out.constData());
         QCOMPARE(idemdesk({u"keys"_qs, u"show"_qs, ep + u":after"_qs, u"--config"_qs, config}).rc,
                  0);
+        // The refused duplicate wrote nothing, even where the first line's record had expired
+        // by then (TTL 1 ms): that key is gone, not replaced by the second line.
+        Run shown = idemdesk({u"keys"_qs, u"show"_qs, ep + u":dup"_qs, u"--config"_qs, config});
+        QVERIFY2(!shown.out.contains("SECOND"), shown.out.constData());
+        // A line break in a stored text cannot forge a line of `keys show`.
+        shown = idemdesk({u"keys"_qs, u"show"_qs, ep + u":ctl"_qs, u"--config"_qs, config});
+        QVERIFY2(shown.rc == 0 && !shown.out.contains("\nstate        forged") &&
+                     shown.out.contains("boom\\u000astate"),
+                 shown.out.constData());
     }
 
     void sendersCannotWriteToTheTerminal()

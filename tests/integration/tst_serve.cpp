@@ -122,6 +122,10 @@ private Q_SLOTS:
             (text = get(metricsPort, "/metrics").body).contains("idemdesk_store_up 1\n"), 10000);
         for (int i = 0; i < 20; ++i)
             QCOMPARE(get(metricsPort, "/metrics").status, 200);
+        const ClientResponse metricsHead = get(metricsPort, "/metrics", "HEAD");
+        QCOMPARE(metricsHead.status, 200);
+        QVERIFY2(metricsHead.body.isEmpty(),
+                 metricsHead.body.left(200).constData()); // headers only
         text = get(metricsPort, "/metrics").body;
         const auto counts = QRegularExpression(u"\nidemdesk_key_counts_total (\\d+)\n"_qs)
                                 .match(QString::fromUtf8(text));

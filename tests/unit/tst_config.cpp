@@ -234,6 +234,12 @@ private Q_SLOTS:
         QTest::newRow("sqlite option") << QStringLiteral("sqlite:/tmp/x.db?key=hunter2");
         QTest::newRow("no slashes") << QStringLiteral("postgresql:idem:hunter2@db/x");
         QTest::newRow("unknown scheme, no slashes") << QStringLiteral("mysql:root:hunter2@db");
+        // A '?', '/' or '#' in the password, unencoded: it would cut the URL there.
+        QTest::newRow("cluster ? in password")
+            << QStringLiteral("redis-cluster://:hunter2?x@h1:7000,h2:7001");
+        QTest::newRow("redis ? in password") << QStringLiteral("redis://:hunter2?x@cache:6379/0");
+        QTest::newRow("postgres / in password") << QStringLiteral("postgresql://u:hunter2/x@db/x");
+        QTest::newRow("postgres # in password") << QStringLiteral("postgresql://u:hun#ter2@db/x");
     }
     void storeUrlErrorsHideCredentials()
     {
