@@ -1,6 +1,7 @@
 #include "store/transfer.h"
 
 #include "providers/provider.h"
+#include "util/crypto.h"
 #include "util/format.h"
 
 #include <QHash>
@@ -390,6 +391,10 @@ Result<ImportedLine> importLine(IdempotencyStore &store, const QByteArray &line,
                            .arg(limits.maxResponseBytes));
     r.request.body = *requestBody;
     r.result.body = *resultBody;
+    // The fingerprint is the receiver's: the SHA-256 of the stored body (a SendGrid element's is
+    // its event's). Another would answer 422 to the very body the record shows.
+    if (r.provider != u"sendgrid"_qs && r.fingerprint != sha256Hex(r.request.body))
+        return invalid(u"%1: record.fingerprint is not the SHA-256 of request.body"_qs.arg(shown));
     auto history = importedHistory(shown, o.value(u"history"), o.value(u"timeline"));
     if (!history)
         return history.error();

@@ -4,6 +4,7 @@
 #include "support/serveprocess.h"
 #include "util/clock.h"
 
+#include <QCryptographicHash>
 #include <QDateTime>
 #include <QJsonArray>
 #include <QJsonDocument>
@@ -599,7 +600,7 @@ private Q_SLOTS:
                       "{\"store\": \"sqlite:" + m_dir.filePath(run + u"-imp.db"_qs).toUtf8() +
                           "\", \"endpoints\": [{\"name\": \"" + ep.toUtf8() +
                           "\", \"max_body_bytes\": 16, \"max_response_bytes\": 16}]}");
-        const QByteArray fp(64, 'a');
+        const QByteArray fp = QCryptographicHash::hash("{}", QCryptographicHash::Sha256).toHex();
         auto line = [&](const QString &id,
                         const std::function<void(QJsonObject &, QJsonObject &, QJsonObject &,
                                                  QJsonObject &)> &edit) {
@@ -646,6 +647,9 @@ private Q_SLOTS:
              "record.state must be"},
             {line(u"e"_qs, [](O &rec, O &, O &, O &) { rec[u"fingerprint"_qs] = u"xyz"_qs; }),
              "record.fingerprint"},
+            {line(u"e2"_qs,
+                  [](O &rec, O &, O &, O &) { rec[u"fingerprint"_qs] = QString(64, u'a'); }),
+             "not the SHA-256 of request.body"},
             {line(u"f"_qs, [](O &rec, O &, O &, O &) { rec[u"attempts"_qs] = 0; }),
              "record.attempts"},
             {line(u"g"_qs, [](O &, O &, O &res, O &) { res[u"status"_qs] = 0; }),
@@ -700,7 +704,7 @@ private Q_SLOTS:
             {line(u"good"_qs, [](O &, O &, O &, O &) {}), "the same key as line 1"},
             {line(u"dup"_qs, [](O &rec, O &, O &, O &) { rec[u"ttl_ms"_qs] = 1; }), "imported"},
             {line(u"dup"_qs, [](O &rec, O &, O &, O &) { rec[u"error"_qs] = u"SECOND"_qs; }),
-             "the same key as line 22"},
+             "the same key as line 23"},
             {"{\"record\": {\"key\": \"" + QByteArray(12 * 1024 * 1024, 'z') + "\"}}",
              "longer than"},
             {line(u"after"_qs, [](O &, O &, O &, O &) {}), "imported"},
@@ -721,7 +725,7 @@ private Q_SLOTS:
                          r.err.indexOf(expected, at) > at,
                      (prefix + expected + "\n--\n" + r.err.mid(at, 400)).constData());
         }
-        QVERIFY2(r.out.contains("4 keys imported, 0 already here, 21 refused"), r.out.constData());
+        QVERIFY2(r.out.contains("4 keys imported, 0 already here, 22 refused"), r.out.constData());
         QCOMPARE(idemdesk({u"keys"_qs, u"show"_qs, ep + u":after"_qs, u"--config"_qs, config}).rc,
                  0);
         // The refused duplicate wrote nothing, even where the first line's record had expired
