@@ -114,6 +114,7 @@ Result<QList<HistoryEntry>> importedHistory(const QString &key, const QJsonValue
             return invalid(u"%1: a history entry is not {at, event, token, detail}"_qs.arg(key));
         entries.append({*at, e.value(u"event").toString(), *token, detail.toString()});
     }
+    const qsizetype own = entries.size();
     const QJsonArray timeline = timelineValue.toArray();
     if (timeline.size() > kTimelineCap)
         return invalid(u"%1: the timeline has %2 entries, at most %3 are taken"_qs.arg(key)
@@ -141,6 +142,17 @@ Result<QList<HistoryEntry>> importedHistory(const QString &key, const QJsonValue
              integerIn(e.value(u"token"), 0, std::numeric_limits<qint64>::max() / 2).value_or(0),
              detail});
     }
+    if (entries.isEmpty())
+        return entries;
+    // The record's own transitions first (claimed, completed, failed: its story); of another
+    // desk's deliveries, only the newest that still fit under the cap.
+    QList<HistoryEntry> delivered = entries.mid(own);
+    entries.resize(own);
+    std::stable_sort(delivered.begin(), delivered.end(),
+                     [](const HistoryEntry &a, const HistoryEntry &b) { return a.atMs < b.atMs; });
+    const qsizetype room =
+        std::max<qsizetype>(0, kHistoryCap - std::min<qsizetype>(own, kHistoryCap));
+    entries += delivered.mid(std::max<qsizetype>(0, delivered.size() - room));
     if (entries.isEmpty())
         return entries;
     const HistoryEntry first = entries.takeFirst(); // how it started: kept, as the stores keep it

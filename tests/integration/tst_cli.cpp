@@ -703,6 +703,23 @@ private Q_SLOTS:
              "imported"},
             {line(u"good"_qs, [](O &, O &, O &, O &) {}), "the same key as line 1"},
             {line(u"dup"_qs, [](O &rec, O &, O &, O &) { rec[u"ttl_ms"_qs] = 1; }), "imported"},
+            {line(u"many"_qs,
+                  [](O &, O &, O &, O &rest) {
+                      // Its own story and another desk's 64 deliveries: the story is kept whole.
+                      const qint64 t = 1'700'000'000'000;
+                      rest[u"history"_qs] = QJsonArray{
+                          QJsonObject{
+                              {u"at"_qs, t}, {u"event"_qs, u"claimed"_qs}, {u"token"_qs, 1}},
+                          QJsonObject{
+                              {u"at"_qs, t + 1}, {u"event"_qs, u"completed"_qs}, {u"token"_qs, 1}}};
+                      QJsonArray timeline;
+                      for (int i = 0; i < 64; ++i)
+                          timeline.append(QJsonObject{{u"at"_qs, t + 2 + i},
+                                                      {u"outcome"_qs, u"replayed"_qs},
+                                                      {u"status"_qs, 200}});
+                      rest[u"timeline"_qs] = timeline;
+                  }),
+             "imported"},
             {line(u"dup"_qs, [](O &rec, O &, O &, O &) { rec[u"error"_qs] = u"SECOND"_qs; }),
              "the same key as line 23"},
             {"{\"record\": {\"key\": \"" + QByteArray(12 * 1024 * 1024, 'z') + "\"}}",
@@ -725,13 +742,24 @@ private Q_SLOTS:
                          r.err.indexOf(expected, at) > at,
                      (prefix + expected + "\n--\n" + r.err.mid(at, 400)).constData());
         }
-        QVERIFY2(r.out.contains("4 keys imported, 0 already here, 22 refused"), r.out.constData());
+        QVERIFY2(r.out.contains("5 keys imported, 0 already here, 22 refused"), r.out.constData());
         QCOMPARE(idemdesk({u"keys"_qs, u"show"_qs, ep + u":after"_qs, u"--config"_qs, config}).rc,
                  0);
         // The refused duplicate wrote nothing, even where the first line's record had expired
         // by then (TTL 1 ms): that key is gone, not replaced by the second line.
         Run shown = idemdesk({u"keys"_qs, u"show"_qs, ep + u":dup"_qs, u"--config"_qs, config});
         QVERIFY2(!shown.out.contains("SECOND"), shown.out.constData());
+        shown = idemdesk(
+            {u"keys"_qs, u"show"_qs, ep + u":many"_qs, u"--json"_qs, u"--config"_qs, config});
+        const QJsonArray history =
+            QJsonDocument::fromJson(shown.out).object().value(u"history"_qs).toArray();
+        QCOMPARE(history.size(), 64);
+        QCOMPARE(history.at(1).toObject().value(u"event"_qs).toString(), u"completed"_qs);
+        QVERIFY(history.last()
+                    .toObject()
+                    .value(u"detail"_qs)
+                    .toString()
+                    .startsWith(u"imported: replayed"_qs));
         // A line break in a stored text cannot forge a line of `keys show`.
         shown = idemdesk({u"keys"_qs, u"show"_qs, ep + u":ctl"_qs, u"--config"_qs, config});
         QVERIFY2(shown.rc == 0 && !shown.out.contains("\nstate        forged") &&
