@@ -84,7 +84,7 @@ bool desktopWantsDark()
         // Run once at start, before the window exists; bounded so a broken gsettings cannot hang
         // it.
         // GNOME 42's color-scheme, or a dark GTK theme chosen by name (Yaru-dark, …).
-        for (const QString key : {u"color-scheme"_qs, u"gtk-theme"_qs}) {
+        for (const QString &key : {u"color-scheme"_qs, u"gtk-theme"_qs}) {
             QProcess gsettings;
             gsettings.start(u"gsettings"_qs, {u"get"_qs, u"org.gnome.desktop.interface"_qs, key});
             if (gsettings.waitForFinished(1000) &&
