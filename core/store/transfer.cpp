@@ -281,7 +281,7 @@ Result<ExportReport> exportKeys(IdempotencyStore &store, const KeyQuery &filter,
 }
 
 Result<ImportedLine> importLine(IdempotencyStore &store, const QByteArray &line,
-                                const Config &config)
+                                const Config &config, const QHash<QString, qint64> &earlier)
 {
     QJsonParseError error;
     const QJsonDocument doc = QJsonDocument::fromJson(line, &error);
@@ -317,6 +317,8 @@ Result<ImportedLine> importLine(IdempotencyStore &store, const QByteArray &line,
     if (!keyed || *keyed != r.key)
         return invalid(u"%1: not a key the receiver would store (%2)"_qs.arg(
             shown, keyed ? u"spaces around it"_qs : keyed.error().message));
+    if (const auto line = earlier.constFind(r.key); line != earlier.cend())
+        return invalid(u"%1: the same key as line %2"_qs.arg(shown, QString::number(*line)));
     r.provider = rec.value(u"provider").toString();
     if (!builtinProviders().contains(r.provider))
         return invalid(u"%1: record.provider '%2' is not one of %3"_qs.arg(
@@ -466,17 +468,7 @@ ImportReport importLines(IdempotencyStore &store, QIODevice &in, const Config &c
         line = line.trimmed();
         if (line.isEmpty())
             continue;
-        // A key already on an earlier line is refused before anything is written.
-        const QString lineKey = QJsonDocument::fromJson(line)
-                                    .object()
-                                    .value(u"record")
-                                    .toObject()
-                                    .value(u"key")
-                                    .toString();
-        auto done = firstLine.contains(lineKey)
-                        ? Result<ImportedLine>(invalid(u"%1: the same key as line %2"_qs.arg(
-                              escapeControls(lineKey), QString::number(firstLine.value(lineKey)))))
-                        : importLine(store, line, config);
+        auto done = importLine(store, line, config, firstLine);
         if (done) {
             firstLine.insert(done->key, number);
         } else if (done.error().code != ErrorCode::Invalid && !store.ping()) {

@@ -3,6 +3,7 @@
 #include "config/config.h"
 #include "store/idempotencystore.h"
 
+#include <QHash>
 #include <QIODevice>
 
 #include <atomic>
@@ -57,8 +58,10 @@ struct ImportedLine
 // have). An expired record is refused too. A key that exists is left alone. The line's
 // timeline goes into the record's history (events "delivered", marked imported), never into
 // this store's delivery log: the live log, stats and Traffic show this desk's deliveries only.
+// `earlier`: the keys of the lines before it (key → line number); one of those is refused as a
+// duplicate before anything is written.
 Result<ImportedLine> importLine(IdempotencyStore &store, const QByteArray &line,
-                                const Config &config);
+                                const Config &config, const QHash<QString, qint64> &earlier = {});
 
 // The longest line an import reads for `config` (bodies in base64 plus room for the rest).
 qint64 maxImportLine(const Config &config);

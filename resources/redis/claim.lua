@@ -61,19 +61,8 @@ if action == 'replay' or action == 'in-progress' then
   return summary()
 end
 
--- A new fencing token: the store clock in µs, unless the last one handed out for this key (the
--- counter outlives the record) or the record's own is not below it: then one above those. So it
--- climbs after the counter too has expired or was lost in a failover. One SET ... GET.
 local expiresAt = now + ttlMs
-local token = nowUs
-local counterUntil = fmt(expiresAt + TOKEN_GRACE_MS)
-local last = tonumber(redis.call('SET', tk, fmt(token), 'GET', 'PXAT', counterUntil) or '0')
-local before = tonumber(cur[5] or '0')
-if before > last then last = before end
-if last >= token then
-  token = last + 1
-  redis.call('SET', tk, fmt(token), 'PXAT', counterUntil)
-end
+local token = newToken(tk, tonumber(cur[5] or '0'), nowUs, expiresAt)
 local tokenText, expiresText = fmt(token), fmt(expiresAt)
 
 local attempts, created, history

@@ -48,6 +48,23 @@ local function clock()
   return math.floor(us / 1000), us
 end
 
+-- A new fencing token for a record (claim.lua, import.lua): the store clock in µs, unless the
+-- last one handed out for this key (its counter tk outlives the record) or the record's own
+-- (before) is not below it: then one above those. So it climbs after the counter too has expired
+-- or was lost in a failover. One SET ... GET; the counter lives until the record's expiry plus
+-- TOKEN_GRACE_MS.
+local function newToken(tk, before, nowUs, expiresAt)
+  local token = nowUs
+  local counterUntil = fmt(expiresAt + TOKEN_GRACE_MS)
+  local last = tonumber(redis.call('SET', tk, fmt(token), 'GET', 'PXAT', counterUntil) or '0')
+  if before > last then last = before end
+  if last >= token then
+    token = last + 1
+    redis.call('SET', tk, fmt(token), 'PXAT', counterUntil)
+  end
+  return token
+end
+
 -- One history entry, as JSON text; the detail is the only free text.
 local function historyEntry(at, event, token, detail)
   local entry = '{"at":' .. fmt(at) .. ',"event":"' .. event .. '","token":' .. token

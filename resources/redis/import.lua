@@ -1,7 +1,6 @@
 -- import: write a record exported from another store (`keys import`) into layout v2; a live key
--- is left alone. Its fencing token is this store's, by claim.lua's rule (above the key's counter
--- and its record's, at least the store clock in µs); expiry and lease count from TIME. The desk
--- writes the indexes after it, as for every transition.
+-- is left alone. Its fencing token is this store's (newToken, as claim.lua); expiry and lease
+-- count from TIME. The desk writes the indexes after it, as for every transition.
 -- KEYS: P{key}:r  P{key}:t
 -- ARGV: endpoint provider state fingerprint attempts created updated lease_ms ttl_ms
 --       req_head req_body res_status res_headers res_body error history
@@ -13,12 +12,7 @@ if tonumber(cur[1] or '0') > now then
   return 0
 end
 local expiresAt = now + tonumber(ARGV[9])
-local token = nowUs
-local last = math.max(tonumber(redis.call('GET', tk) or '0'), tonumber(cur[2] or '0'))
-if last >= token then
-  token = last + 1
-end
-redis.call('SET', tk, fmt(token), 'PXAT', fmt(expiresAt + TOKEN_GRACE_MS))
+local token = newToken(tk, tonumber(cur[2] or '0'), nowUs, expiresAt)
 local leaseUntil = 0
 if ARGV[3] == 'processing' then
   leaseUntil = now + tonumber(ARGV[8])
