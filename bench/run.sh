@@ -93,7 +93,7 @@ echo "   Redis alone, SET NX PX + SET of the result (redis-benchmark, 50 connect
     echo 'local function claim(KEYS, ARGV)'; cat resources/redis/claim.lua; echo 'end'
     echo 'local function finish(KEYS, ARGV)'; cat resources/redis/finish.lua; echo 'end'
     echo "local k = {'ceil:{' .. ARGV[1] .. '}:r', 'ceil:{' .. ARGV[1] .. '}:t'}"
-    echo "local claimed = claim(k, {'ceil', 'generic', 'fp', '60000', '604800000', 'RM', 'POST /hooks/ceil\n[]', ARGV[2]})"
+    echo "local claimed = claim(k, {'ceil', 'generic', 'fp', '60000', '604800000', 'RM', 'POST /hooks/ceil\n[]\n' .. ARGV[2]})"
     echo "if claimed[1] ~= 'create' then return claimed[1] end -- a random key drawn twice"
     echo "local done = finish({k[1]}, {fmt(claimed[3]), 'completed', '200', '[]', '{}', ''})"
     echo "if type(done) == 'table' then return done[1] end"

@@ -16,10 +16,11 @@ QByteArray num(qint64 v)
     return QByteArray::number(v);
 }
 
-// The SUMMARY of claim.lua's answer, in its order (FIELDS without the history).
-const QByteArray kSummary[] = {"endpoint",   "provider",    "state",    "fingerprint", "token",
-                               "attempts",   "created",     "updated",  "lease_until", "expires_at",
-                               "res_status", "res_headers", "res_body", "error"};
+// The SUMMARY of claim.lua's answer, in its order: the meta's columns, then the result and the
+// error as stored (fields s and e).
+const QByteArray kSummary[] = {"endpoint", "provider", "state",       "fingerprint", "token",
+                               "attempts", "created",  "updated",     "lease_until", "expires_at",
+                               "s",        "e"};
 constexpr size_t kSummarySize = std::size(kSummary);
 
 ClaimAction actionFrom(const QByteArray &text)
@@ -85,9 +86,9 @@ QByteArray tokenKey(const QByteArray &prefix, const QString &key)
     return prefix + '{' + key.toUtf8() + "}:t";
 }
 
-QByteArray stateIndex(const QByteArray &prefix, KeyState state)
+QByteArray endpointIndex(const QByteArray &prefix, const QString &endpoint)
 {
-    return prefix + "i:s:" + stateName(state);
+    return prefix + "i:k:" + endpoint.toUtf8();
 }
 
 QByteArray endpointStateIndex(const QByteArray &prefix, const QString &endpoint, KeyState state)
@@ -95,9 +96,9 @@ QByteArray endpointStateIndex(const QByteArray &prefix, const QString &endpoint,
     return prefix + "i:es:" + endpoint.toUtf8() + ':' + stateName(state);
 }
 
-QByteArray expiryIndex(const QByteArray &prefix)
+QByteArray endpointsSet(const QByteArray &prefix)
 {
-    return prefix + "i:exp";
+    return prefix + "i:eps";
 }
 
 QString endpointOf(const QString &key)
@@ -105,7 +106,58 @@ QString endpointOf(const QString &key)
     return key.section(u':', 0, 0);
 }
 
-KeyRecord recordFrom(const QString &key, const QHash<QByteArray, QByteArray> &f)
+namespace {
+
+// The result as stored (field s: status, headers JSON, body, a line break between) into its columns.
+void resultColumns(const QByteArray &s, QHash<QByteArray, QByteArray> &into)
+{
+    if (s.isEmpty())
+        return;
+    const qsizetype a = s.indexOf('\n');
+    const qsizetype b = a < 0 ? -1 : s.indexOf('\n', a + 1);
+    into.insert("res_status", a < 0 ? s : s.left(a));
+    into.insert("res_headers", a < 0 ? QByteArray() : s.mid(a + 1, b < 0 ? -1 : b - a - 1));
+    into.insert("res_body", b < 0 ? QByteArray() : s.mid(b + 1));
+}
+
+} // namespace
+
+bool metaFrom(const QByteArray &m, QHash<QByteArray, QByteArray> &into)
+{
+    // "state token attempts created updated lease_until expires_at provider endpoint fingerprint"
+    static const QByteArray names[] = {"state",   "token",      "attempts",   "created",  "updated",
+                                       "lease_until", "expires_at", "provider", "endpoint"};
+    qsizetype at = 0;
+    for (const QByteArray &name : names) {
+        const qsizetype space = m.indexOf(' ', at);
+        if (space < 0)
+            return false;
+        into.insert(name, m.mid(at, space - at));
+        at = space + 1;
+    }
+    into.insert("fingerprint", m.mid(at));
+    return true;
+}
+
+QHash<QByteArray, QByteArray> columnsFrom(const QHash<QByteArray, QByteArray> &record)
+{
+    QHash<QByteArray, QByteArray> c;
+    if (!metaFrom(record.value("m"), c))
+        return {};
+    const QByteArray q = record.value("q");
+    const qsizetype eol = q.indexOf('\n');
+    const qsizetype headEnd = eol < 0 ? -1 : q.indexOf('\n', eol + 1);
+    c.insert("req_head", headEnd < 0 ? q : q.left(headEnd));
+    c.insert("req_body", headEnd < 0 ? QByteArray() : q.mid(headEnd + 1));
+    resultColumns(record.value("s"), c);
+    c.insert("error", record.value("e"));
+    c.insert("history", record.value("h"));
+    return c;
+}
+
+namespace {
+
+KeyRecord recordFromColumns(const QString &key, const QHash<QByteArray, QByteArray> &f)
 {
     KeyRecord r;
     r.key = key;
@@ -136,6 +188,13 @@ KeyRecord recordFrom(const QString &key, const QHash<QByteArray, QByteArray> &f)
     return r;
 }
 
+} // namespace
+
+KeyRecord recordFrom(const QString &key, const QHash<QByteArray, QByteArray> &fields)
+{
+    return recordFromColumns(key, columnsFrom(fields));
+}
+
 Result<QHash<QByteArray, Script>> scripts()
 {
     QFile commonFile(u":/redis/common.lua"_qs);
@@ -144,7 +203,7 @@ Result<QHash<QByteArray, Script>> scripts()
                          u"the Redis scripts are missing from the resources"_qs);
     const QByteArray common = "local CAP = " + num(kHistoryCap) + "\n" + commonFile.readAll();
     QHash<QByteArray, Script> loaded;
-    for (const char *name : {"claim", "finish", "operator", "import", "migrate"}) {
+    for (const char *name : {"claim", "finish", "operator", "import", "migrate", "migrate3"}) {
         QFile file(u":/redis/%1.lua"_qs.arg(QLatin1String(name)));
         if (!file.open(QIODevice::ReadOnly))
             return makeError(ErrorCode::Internal,
@@ -172,8 +231,7 @@ QList<QByteArray> claimArgs(const QByteArray &prefix, const ClaimRequest &req)
             num(req.policy.leaseMs),
             num(req.policy.ttlMs),
             policy,
-            requestHead(req.request),
-            req.request.body};
+            requestHead(req.request) + '\n' + req.request.body};
 }
 
 Result<ClaimResult> claimResult(const redisReply *reply, const ClaimRequest &req)
@@ -217,7 +275,9 @@ Result<ClaimResult> claimResult(const redisReply *reply, const ClaimRequest &req
     QHash<QByteArray, QByteArray> fields;
     for (size_t i = 0; i < kSummarySize; ++i)
         fields.insert(kSummary[i], text(reply->element[i + 2]));
-    result.record = recordFrom(req.key, fields);
+    resultColumns(fields.take("s"), fields);
+    fields.insert("error", fields.take("e"));
+    result.record = recordFromColumns(req.key, fields);
     return result;
 }
 
@@ -276,7 +336,8 @@ QList<QByteArray> operatorArgs(const QByteArray &prefix, const QString &key, Ope
     const QByteArray name = action == OperatorAction::Reset       ? "reset"
                             : action == OperatorAction::ForceFail ? "force-fail"
                                                                   : "delete";
-    return {"1", recordKey(prefix, key), name, force ? "1" : "0", detail.toUtf8()};
+    return {"2", recordKey(prefix, key), tokenKey(prefix, key), name, force ? "1" : "0",
+            detail.toUtf8()};
 }
 
 QList<QByteArray> importArgs(const QByteArray &prefix, const KeyRecord &r, qint64 ttlMs,
@@ -294,11 +355,8 @@ QList<QByteArray> importArgs(const QByteArray &prefix, const KeyRecord &r, qint6
             num(r.updatedMs),
             num(leaseMs),
             num(ttlMs),
-            requestHead(r.request),
-            r.request.body,
-            num(r.result.status),
-            headersJson(r.result.headers),
-            r.result.body,
+            requestHead(r.request) + '\n' + r.request.body,
+            num(r.result.status) + '\n' + headersJson(r.result.headers) + '\n' + r.result.body,
             r.error.toUtf8(),
             compactJson(historyToJson(r.history))};
 }
@@ -360,30 +418,33 @@ QList<QList<QByteArray>> IndexBatch::commands(const QByteArray &prefix) const
 {
     // Per index, the command being built: ZADD with (score, member) pairs, ZREM with members.
     // The index names are made once per endpoint, not per key (this runs on every delivery).
+    // A key has one entry in its endpoint's i:k (by expiry, written when the expiry is new),
+    // and one in i:es:<ep>:<state> while it is processing, failed or reset (by update).
     struct Commands
     {
         QList<QByteArray> add, remove;
     };
-    std::array<Commands, 4> byState;
-    QHash<QString, std::array<Commands, 4>> byEndpoint;
-    Commands expiry;
+    struct Endpoint
+    {
+        Commands all;
+        std::array<Commands, 4> byState; // completed's stays empty: it has no index
+    };
+    QHash<QString, Endpoint> byEndpoint;
     for (const auto &[key, m] : m_moves) {
         const QByteArray member = key.toUtf8();
-        auto &endpoint = byEndpoint[m.endpoint.isEmpty() ? endpointOf(key) : m.endpoint];
-        const QByteArray score = num(m.updatedMs);
-        for (KeyState s : kStates) {
-            if (m.to && *m.to == s) {
-                byState[size_t(s)].add << score << member;
-                endpoint[size_t(s)].add << score << member;
-            } else if (m.from & bit(s)) {
-                byState[size_t(s)].remove << member;
-                endpoint[size_t(s)].remove << member;
-            }
-        }
+        Endpoint &endpoint = byEndpoint[m.endpoint.isEmpty() ? endpointOf(key) : m.endpoint];
         if (!m.to)
-            expiry.remove << member;
+            endpoint.all.remove << member;
         else if (m.expiresAtMs)
-            expiry.add << num(m.expiresAtMs) << member;
+            endpoint.all.add << num(m.expiresAtMs) << member;
+        for (KeyState s : kStates) {
+            if (s == KeyState::Completed)
+                continue;
+            if (m.to && *m.to == s)
+                endpoint.byState[size_t(s)].add << num(m.updatedMs) << member;
+            else if (m.from & bit(s))
+                endpoint.byState[size_t(s)].remove << member;
+        }
     }
     QList<QList<QByteArray>> commands;
     auto append = [&](const Commands &c, const QByteArray &index) {
@@ -392,12 +453,16 @@ QList<QList<QByteArray>> IndexBatch::commands(const QByteArray &prefix) const
         if (!c.add.isEmpty())
             commands.append(QList<QByteArray>{"ZADD", index} + c.add);
     };
-    for (KeyState s : kStates)
-        append(byState[size_t(s)], stateIndex(prefix, s));
-    for (auto it = byEndpoint.cbegin(); it != byEndpoint.cend(); ++it)
+    QList<QByteArray> endpoints{"SADD", endpointsSet(prefix)};
+    for (auto it = byEndpoint.cbegin(); it != byEndpoint.cend(); ++it) {
+        append(it.value().all, endpointIndex(prefix, it.key()));
+        if (!it.value().all.add.isEmpty())
+            endpoints << it.key().toUtf8();
         for (KeyState s : kStates)
-            append(it.value()[size_t(s)], endpointStateIndex(prefix, it.key(), s));
-    append(expiry, expiryIndex(prefix));
+            append(it.value().byState[size_t(s)], endpointStateIndex(prefix, it.key(), s));
+    }
+    if (endpoints.size() > 2)
+        commands.append(endpoints);
     return commands;
 }
 

@@ -20,15 +20,16 @@ struct Script
     QByteArray source;
     QByteArray sha;
 };
-Result<QHash<QByteArray, Script>> scripts(); // by name: claim, finish, operator, import, migrate
+Result<QHash<QByteArray, Script>> scripts(); // by name: claim, finish, operator, import, migrate, migrate3
 
 // The key layout (described at the top of resources/redis/common.lua): a record's own keys
 // carry its hash tag, the indexes are the desk's.
 QByteArray recordKey(const QByteArray &prefix, const QString &key); // P{key}:r
 QByteArray tokenKey(const QByteArray &prefix, const QString &key);  // P{key}:t
-QByteArray stateIndex(const QByteArray &prefix, KeyState state);    // P i:s:<state>
+QByteArray endpointIndex(const QByteArray &prefix, const QString &endpoint); // P i:k:<ep>
+// P i:es:<ep>:<state>, for processing, failed and reset (completed has none)
 QByteArray endpointStateIndex(const QByteArray &prefix, const QString &endpoint, KeyState state);
-QByteArray expiryIndex(const QByteArray &prefix); // P i:exp
+QByteArray endpointsSet(const QByteArray &prefix); // P i:eps
 QString endpointOf(const QString &key);           // "<endpoint>:<id>"
 
 // What follows EVALSHA <sha> for claim.lua, finish.lua and operator.lua (numkeys, KEYS, ARGV),
@@ -96,6 +97,12 @@ struct Argv
 };
 
 QByteArray text(const redisReply *reply);
-// A record from its hash's fields (HGETALL / HMGET by name); `key` is the desk's key.
+// A record from its hash's fields (m h q s e, by HGETALL or HMGET); `key` is the desk's key.
 KeyRecord recordFrom(const QString &key, const QHash<QByteArray, QByteArray> &fields);
+// The meta line (field m) into its columns (state token attempts created updated lease_until
+// expires_at provider endpoint fingerprint); false if it is not one.
+bool metaFrom(const QByteArray &m, QHash<QByteArray, QByteArray> &into);
+// A record's fields (m h q s e) as the columns of layout v2 (req_head req_body res_status
+// res_headers res_body error history and the meta's); empty if it has no meta.
+QHash<QByteArray, QByteArray> columnsFrom(const QHash<QByteArray, QByteArray> &record);
 } // namespace idem::redis

@@ -31,14 +31,6 @@ QHash<QByteArray, QByteArray> fieldsFrom(const redisReply *array)
     return fields;
 }
 
-// What a listing shows of a record (HMGET, in this order).
-const QList<QByteArray> kSummaryFields = {"state",       "endpoint",   "provider",   "fingerprint",
-                                          "token",       "attempts",   "created",    "updated",
-                                          "lease_until", "expires_at", "res_status", "error"};
-
-constexpr KeyState kStates[] = {KeyState::Processing, KeyState::Completed, KeyState::Failed,
-                                KeyState::Reset};
-
 // SCAN's MATCH takes a glob: the prefix's own glob characters are escaped.
 QByteArray globEscaped(const QByteArray &text)
 {
@@ -549,29 +541,53 @@ Result<std::optional<KeyRecord>> RedisStore::key(const QString &key)
     if (!r)
         return r.error();
     const auto fields = fieldsFrom(r->get());
-    if (fields.isEmpty())
-        return std::optional<KeyRecord>();
+    if (!fields.contains("m"))
+        return std::optional<KeyRecord>(); // none (a record of layout v2 is migrated at start)
     // Expiry is Redis's own (PEXPIREAT on its clock): an expired record is gone from HGETALL.
     return std::optional<KeyRecord>(redis::recordFrom(key, fields));
 }
 
+Result<QStringList> RedisStore::endpoints()
+{
+    auto r = command({"SMEMBERS", redis::endpointsSet(m_prefix)}, false);
+    if (!r)
+        return r.error();
+    QStringList names;
+    for (size_t i = 0; i < (*r)->elements; ++i)
+        names << QString::fromUtf8(text((*r)->element[i]));
+    names.sort();
+    return names;
+}
+
 Result<qint64> RedisStore::purgeSlice()
 {
-    // The index entries of records past their expiry: the records go (native expiry may not
-    // have run yet), their entries too; a record claimed again since only gets its new expiry.
+    // The index entries of records past their expiry (i:k's score): the records go (native
+    // expiry may not have run yet), their entries too; a record claimed again since only gets
+    // its new expiry. At most 5000 per endpoint.
     auto now = clockMs();
     if (!now)
         return now.error();
-    const QByteArray expiry = redis::expiryIndex(m_prefix);
-    auto due = command({"ZRANGEBYSCORE", expiry, "-inf", num(*now), "LIMIT", "0", "5000"}, false);
+    auto names = endpoints();
+    if (!names)
+        return names.error();
+    QList<QList<QByteArray>> ranges;
+    for (const QString &endpoint : std::as_const(*names))
+        ranges.append({"ZRANGEBYSCORE", redis::endpointIndex(m_prefix, endpoint), "-inf", num(*now),
+                       "LIMIT", "0", "5000"});
+    if (ranges.isEmpty())
+        return 0;
+    auto due = pipeline(ranges, false);
     if (!due)
         return due.error();
-    QStringList keys;
+    QStringList keys, endpointOfKey;
     QList<QList<QByteArray>> reads;
-    for (size_t i = 0; i < (*due)->elements; ++i) {
-        keys << QString::fromUtf8(text((*due)->element[i]));
-        reads.append(
-            {"HMGET", redis::recordKey(m_prefix, keys.last()), "state", "expires_at", "endpoint"});
+    for (qsizetype e = 0; e < names->size(); ++e) {
+        const redisReply *members = (*due)[size_t(e)].get();
+        for (size_t i = 0; members->type == REDIS_REPLY_ARRAY && i < members->elements; ++i) {
+            keys << QString::fromUtf8(text(members->element[i]));
+            endpointOfKey << names->at(e);
+            reads.append({"HGET", redis::recordKey(m_prefix, keys.last()), "m"});
+        }
     }
     if (keys.isEmpty())
         return 0;
@@ -582,17 +598,17 @@ Result<qint64> RedisStore::purgeSlice()
     QList<QList<QByteArray>> writes;
     qint64 removed = 0;
     for (qsizetype i = 0; i < keys.size(); ++i) {
-        const redisReply *r = (*records)[size_t(i)].get();
-        const qint64 expiresAt = text(r->element[1]).toLongLong();
-        if (r->element[0]->type == REDIS_REPLY_STRING && expiresAt > *now) {
-            writes.append({"ZADD", expiry, num(expiresAt), keys.at(i).toUtf8()});
+        QHash<QByteArray, QByteArray> meta;
+        const bool present = redis::metaFrom(text((*records)[size_t(i)].get()), meta);
+        const qint64 expiresAt = meta.value("expires_at").toLongLong();
+        if (present && expiresAt > *now) {
+            writes.append({"ZADD", redis::endpointIndex(m_prefix, endpointOfKey.at(i)), num(expiresAt),
+                           keys.at(i).toUtf8()});
             continue;
         }
-        if (r->element[0]->type == REDIS_REPLY_STRING)
+        if (present)
             writes.append({"DEL", redis::recordKey(m_prefix, keys.at(i))});
-        const QString endpoint = QString::fromUtf8(text(r->element[2]));
-        gone.add({keys.at(i), endpoint.isEmpty() ? redis::endpointOf(keys.at(i)) : endpoint,
-                  std::nullopt, redis::kAllStates, *now, 0});
+        gone.add({keys.at(i), endpointOfKey.at(i), std::nullopt, redis::kAllStates, *now, 0});
         ++removed;
     }
     writes += gone.commands(m_prefix);
@@ -633,7 +649,7 @@ Result<qint64> RedisStore::repairSlice()
     QList<QList<QByteArray>> reads;
     for (const QByteArray &name : std::as_const(names)) {
         keys << QString::fromUtf8(name.mid(m_prefix.size() + 1, name.size() - m_prefix.size() - 4));
-        reads.append({"HMGET", name, "state", "endpoint", "updated", "expires_at"});
+        reads.append({"HGET", name, "m"});
     }
     if (keys.isEmpty())
         return 0;
@@ -642,13 +658,14 @@ Result<qint64> RedisStore::repairSlice()
         return records.error();
     redis::IndexBatch batch;
     for (qsizetype i = 0; i < keys.size(); ++i) {
-        const redisReply *r = (*records)[size_t(i)].get();
-        const auto state = keyStateFromString(QString::fromLatin1(text(r->element[0])));
-        const qint64 updated = text(r->element[2]).toLongLong();
+        QHash<QByteArray, QByteArray> meta;
+        redis::metaFrom(text((*records)[size_t(i)].get()), meta);
+        const auto state = keyStateFromString(QString::fromLatin1(meta.value("state")));
+        const qint64 updated = meta.value("updated").toLongLong();
         if (!state || updated > *now - 60'000)
             continue; // expired meanwhile (purge's), or changing
-        batch.add({keys.at(i), QString::fromUtf8(text(r->element[1])), *state, redis::kAllStates,
-                   updated, text(r->element[3]).toLongLong()});
+        batch.add({keys.at(i), QString::fromUtf8(meta.value("endpoint")), *state, redis::kAllStates,
+                   updated, meta.value("expires_at").toLongLong()});
     }
     writeIndexes(batch);
     return batch.size();
@@ -684,7 +701,7 @@ Result<QList<QByteArray>> RedisStore::clusterScanSlice()
 
 Result<QStringList> RedisStore::keyNames(const KeyQuery &q)
 {
-    // The expiry index holds every live key from its claim to its end, whatever its state:
+    // An endpoint's i:k holds every live key from its claim to its end, whatever its state:
     // ZSCAN returns each member present for the whole scan at least once (duplicates dropped
     // here). The state is the caller's to check on the record.
     const QRegularExpression glob(
@@ -693,31 +710,37 @@ Result<QStringList> RedisStore::keyNames(const KeyQuery &q)
                                QRegularExpression::wildcardToRegularExpression(
                                    q.glob, QRegularExpression::UnanchoredWildcardConversion) +
                                u")\\z"_qs);
-    const QByteArray match =
-        q.endpoint.isEmpty() ? QByteArray("*") : globEscaped(q.endpoint.toUtf8() + ":") + "*";
+    QStringList endpointNames{q.endpoint};
+    if (q.endpoint.isEmpty()) {
+        auto all = endpoints();
+        if (!all)
+            return all.error();
+        endpointNames = *all;
+    }
     QSet<QString> seen;
     QStringList names;
-    QByteArray cursor = "0";
-    do {
-        auto r = command(
-            {"ZSCAN", redis::expiryIndex(m_prefix), cursor, "MATCH", match, "COUNT", "1000"},
-            false);
-        if (!r)
-            return r.error();
-        const redisReply *answer = r->get();
-        if (answer->type != REDIS_REPLY_ARRAY || answer->elements != 2)
-            return makeError(ErrorCode::Unavailable,
-                             u"Redis %1: unexpected answer to ZSCAN"_qs.arg(m_url.display()));
-        cursor = text(answer->element[0]);
-        const redisReply *members = answer->element[1];
-        for (size_t i = 0; i + 1 < members->elements; i += 2) { // member, score
-            const QString key = QString::fromUtf8(text(members->element[i]));
-            if ((glob.pattern().isEmpty() || glob.match(key).hasMatch()) && !seen.contains(key)) {
-                seen.insert(key);
-                names << key;
+    for (const QString &endpoint : std::as_const(endpointNames)) {
+        QByteArray cursor = "0";
+        do {
+            auto r = command({"ZSCAN", redis::endpointIndex(m_prefix, endpoint), cursor, "COUNT", "1000"},
+                             false);
+            if (!r)
+                return r.error();
+            const redisReply *answer = r->get();
+            if (answer->type != REDIS_REPLY_ARRAY || answer->elements != 2)
+                return makeError(ErrorCode::Unavailable,
+                                 u"Redis %1: unexpected answer to ZSCAN"_qs.arg(m_url.display()));
+            cursor = text(answer->element[0]);
+            const redisReply *members = answer->element[1];
+            for (size_t i = 0; i + 1 < members->elements; i += 2) { // member, score
+                const QString key = QString::fromUtf8(text(members->element[i]));
+                if ((glob.pattern().isEmpty() || glob.match(key).hasMatch()) && !seen.contains(key)) {
+                    seen.insert(key);
+                    names << key;
+                }
             }
-        }
-    } while (cursor != "0");
+        } while (cursor != "0");
+    }
     names.sort();
     return names;
 }
@@ -726,24 +749,35 @@ Result<QList<KeyRecord>> RedisStore::listKeys(const KeyQuery &q)
 {
     if (auto purged = purgeSlice(); !purged)
         return purged.error();
-    // The keys newest first from the state indexes asked for (all four, merged by score, when
-    // no state is), each checked against its record: an entry whose record is gone or in
-    // another state is stale (index writes follow the scripts) and is skipped and repaired.
+    // The keys newest first, merged by score across the endpoints asked for: by expiry from
+    // i:k (every key: no state asked, or completed, which has no index of its own), by update
+    // from i:es (processing, failed, reset). Each is checked against its record: an entry whose
+    // record is gone, or an i:es entry in another state, is stale (index writes follow the
+    // scripts) and is skipped and repaired; an i:k entry in another state than completed is
+    // only skipped.
     struct Source
     {
         QByteArray index;
-        KeyState state;
+        std::optional<KeyState> state; // an i:es index: the state its keys must be in
+        QString endpoint;
         qint64 next = 0; // the rank of the next entry to read
         QList<QPair<qint64, QByteArray>> entries;
         bool done = false;
     };
+    QStringList endpointNames{q.endpoint};
+    if (q.endpoint.isEmpty()) {
+        auto all = endpoints();
+        if (!all)
+            return all.error();
+        endpointNames = *all;
+    }
     QList<Source> sources;
-    for (KeyState s : kStates)
-        if (!q.state || *q.state == s)
-            sources.append({q.endpoint.isEmpty()
-                                ? redis::stateIndex(m_prefix, s)
-                                : redis::endpointStateIndex(m_prefix, q.endpoint, s),
-                            s});
+    for (const QString &endpoint : std::as_const(endpointNames)) {
+        if (q.state && *q.state != KeyState::Completed)
+            sources.append({redis::endpointStateIndex(m_prefix, endpoint, *q.state), *q.state, endpoint});
+        else
+            sources.append({redis::endpointIndex(m_prefix, endpoint), std::nullopt, endpoint});
+    }
     const QRegularExpression glob(
         q.glob.isEmpty() ? QString()
                          : QRegularExpression::wildcardToRegularExpression(
@@ -783,7 +817,12 @@ Result<QList<KeyRecord>> RedisStore::listKeys(const KeyQuery &q)
             }
         }
         // The next candidates, newest first, up to what is still needed.
-        QList<QPair<QString, KeyState>> candidates;
+        struct Candidate
+        {
+            QString key;
+            const Source *source;
+        };
+        QList<Candidate> candidates;
         const qint64 wanted = q.limit - records.size() + (q.offset - skipped);
         while (qint64(candidates.size()) < std::max<qint64>(wanted, 1)) {
             Source *best = nullptr;
@@ -796,7 +835,7 @@ Result<QList<KeyRecord>> RedisStore::listKeys(const KeyQuery &q)
             const QString key = QString::fromUtf8(best->entries.takeFirst().second);
             const bool refill = best->entries.isEmpty() && !best->done;
             if (anchored.pattern().isEmpty() || anchored.match(key).hasMatch())
-                candidates.append({key, best->state});
+                candidates.append({key, best});
             if (refill)
                 break; // that source must be read further before anything older is taken
         }
@@ -807,31 +846,35 @@ Result<QList<KeyRecord>> RedisStore::listKeys(const KeyQuery &q)
             continue;
         }
         QList<QList<QByteArray>> hmgets;
-        for (const auto &[key, state] : candidates)
-            hmgets.append(QList<QByteArray>{"HMGET", redis::recordKey(m_prefix, key)} +
-                          kSummaryFields);
+        for (const Candidate &c : std::as_const(candidates))
+            hmgets.append({"HMGET", redis::recordKey(m_prefix, c.key), "m", "s", "e"});
         auto replies = pipeline(hmgets, false);
         if (!replies)
             return replies.error();
         for (qsizetype i = 0; i < candidates.size(); ++i) {
-            const auto &[key, listedAs] = candidates.at(i);
+            const QString &key = candidates.at(i).key;
+            const Source &source = *candidates.at(i).source;
             const redisReply *reply = (*replies)[size_t(i)].get();
             QHash<QByteArray, QByteArray> fields;
-            for (size_t f = 0; f < reply->elements && f < size_t(kSummaryFields.size()); ++f)
+            static const QByteArray kRead[] = {"m", "s", "e"};
+            for (size_t f = 0; f < reply->elements && f < std::size(kRead); ++f)
                 if (reply->element[f]->type == REDIS_REPLY_STRING)
-                    fields.insert(kSummaryFields.at(qsizetype(f)), text(reply->element[f]));
-            const auto state = keyStateFromString(QString::fromLatin1(fields.value("state")));
+                    fields.insert(kRead[f], text(reply->element[f]));
+            QHash<QByteArray, QByteArray> meta;
+            redis::metaFrom(fields.value("m"), meta);
+            const auto state = keyStateFromString(QString::fromLatin1(meta.value("state")));
             if (!state) {
                 // Gone (expired, deleted): its entries go, purge would have.
-                repairs.add({key, q.endpoint.isEmpty() ? redis::endpointOf(key) : q.endpoint,
-                             std::nullopt, redis::kAllStates, 0, 0});
+                repairs.add({key, source.endpoint, std::nullopt, redis::kAllStates, 0, 0});
                 continue;
             }
-            if (*state != listedAs) {
-                repairs.add({key, QString::fromUtf8(fields.value("endpoint")), *state,
-                             redis::bit(listedAs), fields.value("updated").toLongLong(), 0});
+            if (source.state && *state != *source.state) {
+                repairs.add({key, source.endpoint, *state, redis::bit(*source.state),
+                             meta.value("updated").toLongLong(), 0});
                 continue; // listed where its state is, if that index is read
             }
+            if (q.state && *state != *q.state)
+                continue; // completed asked, i:k read: another state's key
             if (skipped < q.offset) {
                 ++skipped;
                 continue;
@@ -848,18 +891,36 @@ Result<StateCounts> RedisStore::countKeys(const QString &endpoint)
 {
     if (auto purged = purgeSlice(); !purged)
         return purged.error();
-    StateCounts counts;
-    qint64 *slots[] = {&counts.processing, &counts.completed, &counts.failed, &counts.reset};
+    // Completed has no index of its own: it is every key (i:k) but those of the other states.
+    QStringList endpointNames{endpoint};
+    if (endpoint.isEmpty()) {
+        auto all = endpoints();
+        if (!all)
+            return all.error();
+        endpointNames = *all;
+    }
+    constexpr KeyState kCounted[] = {KeyState::Processing, KeyState::Failed, KeyState::Reset};
     QList<QList<QByteArray>> cards;
-    for (KeyState s : kStates)
-        cards.append({"ZCARD", endpoint.isEmpty()
-                                   ? redis::stateIndex(m_prefix, s)
-                                   : redis::endpointStateIndex(m_prefix, endpoint, s)});
+    for (const QString &name : std::as_const(endpointNames)) {
+        cards.append({"ZCARD", redis::endpointIndex(m_prefix, name)});
+        for (KeyState s : kCounted)
+            cards.append({"ZCARD", redis::endpointStateIndex(m_prefix, name, s)});
+    }
+    StateCounts counts;
+    if (cards.isEmpty())
+        return counts;
     auto r = pipeline(cards, false);
     if (!r)
         return r.error();
-    for (int s = 0; s < 4; ++s)
-        *slots[s] = (*r)[size_t(s)]->integer;
+    for (qsizetype e = 0; e < endpointNames.size(); ++e) {
+        const size_t at = size_t(e) * 4;
+        const qint64 processing = (*r)[at + 1]->integer, failed = (*r)[at + 2]->integer,
+                     reset = (*r)[at + 3]->integer;
+        counts.processing += processing;
+        counts.failed += failed;
+        counts.reset += reset;
+        counts.completed += std::max<qint64>(0, (*r)[at]->integer - processing - failed - reset);
+    }
     return counts;
 }
 
@@ -922,6 +983,130 @@ Result<qint64> RedisStore::purgeExpired()
 }
 
 Result<qint64> RedisStore::migrateLayout()
+{
+    auto layout = command({"GET", m_prefix + "layout"}, false);
+    if (!layout)
+        return layout.error();
+    if (text(layout->get()).toLongLong() >= 3)
+        return 0; // done (or newer: ready() says so)
+    auto v1 = migrateV1();
+    if (!v1)
+        return v1.error();
+    auto v2 = migrateV2();
+    if (!v2)
+        return v2.error();
+    return std::max(*v1, *v2); // a v1 record is migrated twice (v1 to v2 to v3), counted once
+}
+
+Result<void> RedisStore::scanAll(const QByteArray &match,
+                                 const std::function<Result<void>(const QList<QByteArray> &)> &each)
+{
+    // Every key of the pattern, a thousand at a time: on a cluster, of every master.
+    QList<redisContext *> nodes{m_context};
+    if (m_cluster) {
+        if (auto r = m_cluster->refresh(); !r)
+            return makeError(r.error().code, u"Redis %1: %2"_qs.arg(m_url.display(), r.error().message));
+        nodes.clear();
+        for (const redis::ClusterNode &node : m_cluster->map().masters()) {
+            auto c = m_cluster->linkTo(node);
+            if (!c)
+                return makeError(c.error().code, u"Redis %1: %2"_qs.arg(m_url.display(), c.error().message));
+            nodes << *c;
+        }
+    }
+    for (redisContext *c : std::as_const(nodes)) {
+        QByteArray cursor = "0";
+        do {
+            redis::Argv a({"SCAN", cursor, "MATCH", match, "COUNT", "1000"});
+            auto *raw = static_cast<redisReply *>(redisCommandArgv(c, a.count(), a.argv.data(), a.lengths.data()));
+            if (!raw) {
+                const Error error = failure(QString::fromUtf8(c->errstr), false);
+                if (m_cluster)
+                    m_cluster->broken(c);
+                return error;
+            }
+            Reply answer(raw, freeReplyObject);
+            if (answer->type != REDIS_REPLY_ARRAY || answer->elements != 2)
+                return makeError(ErrorCode::Unavailable,
+                                 u"Redis %1: unexpected answer to SCAN"_qs.arg(m_url.display()));
+            cursor = text(answer->element[0]);
+            QList<QByteArray> names;
+            for (size_t i = 0; i < answer->element[1]->elements; ++i)
+                names << text(answer->element[1]->element[i]);
+            if (!names.isEmpty())
+                if (auto done = each(names); !done)
+                    return done.error();
+        } while (cursor != "0");
+    }
+    return {};
+}
+
+Result<qint64> RedisStore::migrateV2()
+{
+    // Each record of layout v2 rewritten in place by migrate3.lua and indexed in v3's i:k; the
+    // i:es indexes of processing, failed and reset mean the same in both and stay; v2's other
+    // indexes go. Last, "P layout" 3, so that a migration cut short is found and finished.
+    qint64 migrated = 0;
+    auto records = scanAll(globEscaped(m_prefix) + "{*}:r", [&](const QList<QByteArray> &names) -> Result<void> {
+        QList<QList<QByteArray>> commands;
+        for (const QByteArray &name : names)
+            commands.append({"EVALSHA", m_sha.value("migrate3"), "1", name});
+        auto replies = pipeline(commands, true);
+        if (!replies)
+            return replies.error();
+        redis::IndexBatch batch;
+        for (qsizetype i = 0; i < names.size(); ++i) {
+            const QByteArray &name = names.at(i);
+            Reply &r = (*replies)[size_t(i)];
+            if (r->type == REDIS_REPLY_ERROR && QByteArray(r->str, qsizetype(r->len)).startsWith("NOSCRIPT")) {
+                auto again = script("migrate3", {"1", name}, true); // loads it where it was missing
+                if (!again)
+                    return again.error();
+                r = std::move(*again);
+            }
+            if (r->type == REDIS_REPLY_ERROR)
+                return makeError(ErrorCode::Unavailable, u"Redis %1: migrating a record: %2"_qs.arg(
+                                                             m_url.display(), QString::fromUtf8(r->str, int(r->len))));
+            const redisReply *answer = r.get();
+            if (answer->type != REDIS_REPLY_ARRAY || answer->elements != 5)
+                continue; // nothing to do: already v3, or gone
+            const QString key = QString::fromUtf8(name.mid(m_prefix.size() + 1, name.size() - m_prefix.size() - 4));
+            const auto state = keyStateFromString(QString::fromLatin1(text(answer->element[1])));
+            QString endpoint = QString::fromUtf8(text(answer->element[2]));
+            if (endpoint.isEmpty())
+                endpoint = redis::endpointOf(key);
+            batch.add({key, endpoint, state.value_or(KeyState::Failed), redis::kAllStates,
+                       text(answer->element[3]).toLongLong(), text(answer->element[4]).toLongLong()});
+            ++migrated;
+        }
+        if (auto written = pipeline(batch.commands(m_prefix), true); !written)
+            return written.error();
+        return {};
+    });
+    if (!records)
+        return records.error();
+    QList<QList<QByteArray>> drop;
+    for (const char *state : {"processing", "completed", "failed", "reset"})
+        drop.append({"DEL", m_prefix + "i:s:" + state});
+    drop.append({"DEL", m_prefix + "i:exp"});
+    if (auto done = pipeline(drop, true); !done)
+        return done.error();
+    auto completed = scanAll(globEscaped(m_prefix) + "i:es:*:completed", [&](const QList<QByteArray> &names) -> Result<void> {
+        QList<QList<QByteArray>> commands;
+        for (const QByteArray &name : names)
+            commands.append({"DEL", name});
+        if (auto done = pipeline(commands, true); !done)
+            return done.error();
+        return {};
+    });
+    if (!completed)
+        return completed.error();
+    if (auto done = command({"SET", m_prefix + "layout", "3"}, true); !done)
+        return done.error();
+    return migrated;
+}
+
+Result<qint64> RedisStore::migrateV1()
 {
     const QByteArray tokens = m_prefix + "tokens", all = m_prefix + "i:all";
     if (m_cluster) {
@@ -1085,8 +1270,16 @@ Result<void> RedisStore::ready()
     auto layout = command({"GET", m_prefix + "layout"}, false);
     if (!layout)
         return layout.error();
-    const QByteArray version = text(layout->get());
-    return schemaCurrent(u"Redis layout"_qs, version.isEmpty() ? 2 : version.toLongLong(), 2);
+    qint64 version = text(layout->get()).toLongLong();
+    if (version == 0) {
+        // No migration ran: a store that never held records, or one of layout v2 (its
+        // i:exp held every live key).
+        auto v2 = command({"EXISTS", m_prefix + "i:exp"}, false);
+        if (!v2)
+            return v2.error();
+        version = (*v2)->integer != 0 ? 2 : 3;
+    }
+    return schemaCurrent(u"Redis layout"_qs, version, 3);
 }
 
 } // namespace idem

@@ -6,6 +6,8 @@
 
 #include <QHash>
 
+#include <functional>
+
 #include <vector>
 
 #include <memory>
@@ -61,16 +63,19 @@ public:
     Result<ImportVerdict> importRecord(const KeyRecord &record, qint64 ttlMs,
                                        qint64 leaseMs) override;
     Result<QString> serverVersion() override;
-    // Layout v1 (P k:<key>, one token counter P tokens, P i:all, P i:e:*) to v2: each record by
-    // migrate.lua, then the v1-only keys go. v1 is recognised by P tokens or P i:all.
+    // To layout v3 from v2 (each record by migrate3.lua, its indexes rebuilt) and from v1 (P k:<key>,
+    // one token counter P tokens, P i:all, P i:e:*; first to v2 by migrate.lua). v1 is recognised
+    // by P tokens or P i:all, v2 by records without the field m; "P layout" 3 says it is done.
     Result<qint64> migrateLayout() override;
+    Result<qint64> migrateV1(); // P k:<key> to layout v2 (migrate.lua)
+    Result<qint64> migrateV2(); // layout v2 to v3 (migrate3.lua), its indexes too
     Result<qint64> clockMs() override;
     Result<QStringList> durabilityWarnings() override;
     Result<void> appendDeliveries(const QList<DeliveryEvent> &events) override;
     Result<QList<DeliveryEvent>> deliveries(const DeliveryQuery &query) override;
     Result<void> ping() override;
     // Ready when it answers and holds no records of layout v1 (idemdesk migrate converts them)
-    // nor a layout newer than this build's ("P layout" above 2).
+    // nor of layout v2, nor of a layout newer than this build's ("P layout" above 3).
     Result<void> ready() override;
 
 private:
@@ -86,6 +91,10 @@ private:
     // The index writes of transitions that happened: failures are left to the repairs.
     void writeIndexes(const redis::IndexBatch &batch);
     Result<qint64> repairSlice();
+    // Every key matching `match` (a SCAN glob), a SCAN page at a time; on a cluster, every master's.
+    Result<void> scanAll(const QByteArray &match,
+                         const std::function<Result<void>(const QList<QByteArray> &)> &each);
+    Result<QStringList> endpoints(); // the endpoints that have keys (P i:eps)
     Result<Reply> script(const char *name, const QList<QByteArray> &args, bool writes);
     Result<void> loadScripts();
     Result<qint64> purgeSlice();

@@ -1,35 +1,42 @@
 -- claim: read the record, decide (the Redis twin of decideClaim() in core/model/statemachine.cpp,
 -- held to it by the store contract suite), apply; all atomic, on the record's own keys only.
 -- On every delivery's path, so it does the least it can: TIME, one HMGET, and for a new claim
--- one SET ... GET of the token counter and one HSET + PEXPIREAT of the record. No index, no JSON decode.
--- KEYS: P{key}:r (the record)  P{key}:t (its token counter)
--- ARGV: endpoint provider fingerprint lease_ms ttl_ms policy req_head req_body
+-- a GET of the (nearly always absent) token floor and one HSET of three fields + PEXPIREAT.
+-- No index, no JSON decode; the request's bytes are copied, never parsed.
+-- KEYS: P{key}:r (the record)  P{key}:t (its token floor)
+-- ARGV: endpoint provider fingerprint lease_ms ttl_ms policy request
 --   policy: two letters, on a failed key R(eprocess)|X (reject), on a changed payload M (mismatch)|I (ignore)
+--   request: the q field (common.lua)
 -- Returns, by action (the caller builds the record from what it sent and this), each ending with
 -- the store clock (ms) the decision was made at:
 --   create:  {action, outcome, token, now}
 --   reclaim: {action, outcome, token, attempts, created, history, now, state before}
---   replay, in-progress, mismatch: {action, outcome, SUMMARY fields after the step, now}
+--   replay, in-progress, mismatch: {action, outcome, SUMMARY after the step, now}, SUMMARY being
+--     endpoint provider state fingerprint token attempts created updated lease_until expires_at
+--     result(s) error(e) (the order redisprotocol.cpp reads; the result as stored, split there)
 local rk, tk = KEYS[1], KEYS[2]
 local fp, leaseMs, ttlMs, policy = ARGV[3], tonumber(ARGV[4]), tonumber(ARGV[5]), ARGV[6]
 local now, nowUs = clock()
 local nowText = fmt(now)
--- The SUMMARY (the order redisprotocol.cpp reads), then the history.
-local FIELDS = {'endpoint', 'provider', 'state', 'fingerprint', 'token', 'attempts', 'created', 'updated',
-                'lease_until', 'expires_at', 'res_status', 'res_headers', 'res_body', 'error', 'history'}
-local cur = redis.call('HMGET', rk, unpack(FIELDS))
-local state = cur[3]
-local leaseUntil, expires = tonumber(cur[9] or '0'), tonumber(cur[10] or '0')
+local cur = redis.call('HMGET', rk, 'm', 's', 'e', 'state')
+if not cur[1] and cur[4] then
+  -- A record of layout v2 (its desk still running, or not migrated): never taken for a new key.
+  return redis.error_reply('IDEMLAYOUT ' .. rk .. ' is in layout v2: stop the desks of the previous version and run idemdesk migrate')
+end
+local state, token, attempts, created, updated, leaseUntil, expires, provider, endpoint, curFp
+if cur[1] then
+  state, token, attempts, created, updated, leaseUntil, expires, provider, endpoint, curFp = unpackMeta(cur[1])
+end
 
 local action, outcome
-if not state or expires <= now then
+if not state or tonumber(expires) <= now then
   action, outcome = 'create', 'processed'
 elseif state == 'reset' then
   action, outcome = 'reclaim', 'reprocessed'
-elseif string.sub(policy, 2, 2) == 'M' and cur[4] ~= fp then
+elseif string.sub(policy, 2, 2) == 'M' and curFp ~= fp then
   action, outcome = 'mismatch', 'mismatch'
 elseif state == 'processing' then
-  if leaseUntil > now then
+  if tonumber(leaseUntil) > now then
     action, outcome = 'in-progress', 'in-progress'
   else
     action, outcome = 'reclaim', 'recovered'
@@ -42,50 +49,41 @@ else
   action, outcome = 'replay', 'replayed'
 end
 
-local function summary()
-  local answer = {action, outcome}
-  for i = 1, #FIELDS - 1 do
-    answer[i + 2] = cur[i] or ''
+if action == 'replay' or action == 'in-progress' or action == 'mismatch' then
+  if action ~= 'mismatch' then
+    attempts, updated = fmt(tonumber(attempts) + 1), nowText
+    redis.call('HSET', rk, 'm', packMeta(state, token, attempts, created, updated, leaseUntil, expires, provider,
+                                         endpoint, curFp))
   end
-  answer[#FIELDS + 2] = nowText
-  return answer
-end
-
-if action == 'mismatch' then
-  return summary()
-end
-if action == 'replay' or action == 'in-progress' then
-  cur[6] = tostring(tonumber(cur[6]) + 1)
-  cur[8] = nowText
-  redis.call('HSET', rk, 'attempts', cur[6], 'updated', cur[8])
-  return summary()
+  return {action, outcome, endpoint, provider, state, curFp, token, attempts, created, updated, leaseUntil, expires,
+          cur[2] or '', cur[3] or '', nowText}
 end
 
 local expiresAt = now + ttlMs
-local token = newToken(tk, tonumber(cur[5] or '0'), nowUs, expiresAt)
-local tokenText, expiresText = fmt(token), fmt(expiresAt)
+local newTok = newToken(tk, tonumber(token or '0'), nowUs)
+local tokenText, expiresText = fmt(newTok), fmt(expiresAt)
 
-local attempts, created, history
-if state then
-  redis.call('DEL', rk) -- a reclaim, or an expired record not yet gone: nothing of it is kept
-end
+local newAttempts, newCreated, history, before
 if action == 'reclaim' then
-  attempts, created = tonumber(cur[6]) + 1, tonumber(cur[7])
+  before = redis.call('HGET', rk, 'h')
+  newAttempts, newCreated = fmt(tonumber(attempts) + 1), created
   local event = 'claimed'
   if outcome == 'recovered' or outcome == 'reprocessed' then
     event = outcome
   end
-  history = appendHistory(cur[15], historyEntry(now, event, tokenText))
+  history = appendHistory(before, historyEntry(now, event, tokenText))
 else
-  attempts, created = 1, now
+  newAttempts, newCreated = '1', nowText
   history = '[' .. historyEntry(now, 'claimed', tokenText) .. ']'
 end
-redis.call('HSET', rk, 'state', 'processing', 'fingerprint', fp, 'token', tokenText, 'attempts', attempts,
-           'created', fmt(created), 'updated', nowText, 'lease_until', fmt(now + leaseMs),
-           'expires_at', expiresText, 'endpoint', ARGV[1], 'provider', ARGV[2], 'req_head', ARGV[7],
-           'req_body', ARGV[8], 'history', history)
+if state then
+  redis.call('DEL', rk) -- a reclaim, or an expired record not yet gone: nothing of it is kept
+end
+redis.call('HSET', rk, 'm', packMeta('processing', tokenText, newAttempts, newCreated, nowText, fmt(now + leaseMs),
+                                     expiresText, ARGV[2], ARGV[1], fp),
+           'h', history, 'q', ARGV[7])
 redis.call('PEXPIREAT', rk, expiresText)
 if action == 'reclaim' then
-  return {action, outcome, token, cur[6], cur[7], cur[15] or '[]', nowText, state}
+  return {action, outcome, newTok, attempts, created, before or '[]', nowText, state}
 end
-return {action, outcome, token, nowText}
+return {action, outcome, newTok, nowText}

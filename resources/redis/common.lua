@@ -1,38 +1,48 @@
 -- Shared by every Idempotency Desk script (prepended when the scripts are loaded, after
 -- `local CAP = <history cap>`).
 --
--- Key layout v2 (cluster-ready). P is the store URL's prefix (default "idem:"); <key> is the
+-- Key layout v3 (cluster-ready). P is the store URL's prefix (default "idem:"); <key> is the
 -- idempotency key ("<endpoint>:<id>", so it never starts with '}'). Every key a script touches is
 -- in its KEYS and carries the record's hash tag {<key>}: one record is one cluster slot.
 --
 --   P{<key>}:r   hash    THE RECORD, the only truth. Written only by claim.lua, finish.lua,
---                        operator.lua (atomic). Native expiry: PEXPIREAT expires_at. Fields:
---                        state fingerprint token attempts created updated lease_until expires_at
---                        endpoint provider req_head ("METHOD path\n" + headers JSON) req_body
---                        res_status res_headers res_body error history (a JSON array of
---                        {"at","event","token"[,"detail"]}, appended as text, first entry kept, CAP)
---   P{<key>}:t   string  the key's fencing-token counter: the last token handed out for it.
---                        Written only by claim.lua; outlives the record (expires TOKEN_GRACE_MS
---                        after it), so a key deleted or expired and claimed again never gets a
---                        token at or below an earlier one. A token is max(last + 1, Redis TIME
---                        in µs): after the counter too is gone, the clock still moves it up.
+--                        operator.lua, import.lua (atomic). Native expiry: PEXPIREAT expires_at.
+--                        Four fields, so that a record is a handful of allocations, not twenty:
+--                m  the meta, one line: "state token attempts created updated lease_until
+--                   expires_at provider endpoint fingerprint" (space-separated; the fingerprint
+--                   last, it may hold anything). Every transition reads and writes only this
+--                   line (and h), never the payloads.
+--                h  the history: a JSON array of {"at","event","token"[,"detail"]}, appended as
+--                   text, first entry kept, CAP
+--                q  the request: "METHOD path\n" + headers JSON + "\n" + body (claim.lua)
+--                s  the result: status + "\n" + headers JSON + "\n" + body (finish.lua)
+--                e  the error (failed, force-failed), absent when there is none
+--   P{<key>}:t   string  the key's fencing-token floor, written only when a record is deleted
+--                        (operator.lua): expires TOKEN_GRACE_MS after the deleted record would
+--                        have. A token is max(Redis TIME in µs, the record's token + 1, this + 1).
 --
 -- Derived views, written by the desk OUTSIDE the scripts (they span records, so, on a cluster,
--- other slots): one ZADD/ZREM per index with all the members of an event-loop turn, pipelined
+-- other slots): one ZADD/ZREM per index with all the members of a short window, pipelined
 -- (RedisLane, RedisStore). Briefly stale by design: listing re-reads the records and skips and
--- repairs entries whose record is gone or in another state; purge repairs them too.
---   P i:s:<state>          zset  keys in a state, score = updated ms (store clock)
---   P i:es:<ep>:<state>    zset  keys of an endpoint in a state, score = updated ms
---   P i:exp                zset  score = expires_at ms: purge drops the index entries of
---                                expired records (their hashes expire natively)
+-- repairs entries whose record is gone or in another state; purge repairs them too. One entry
+-- per live key, plus one while it is in a state other than completed:
+--   P i:k:<ep>             zset  every live key of an endpoint, score = expires_at ms: the
+--                                listing of all / completed keys, and purge (entries past
+--                                their score whose record is gone go)
+--   P i:es:<ep>:<state>    zset  keys of an endpoint in processing, failed or reset, score =
+--                                updated ms (completed, nearly every key, has none: it is i:e
+--                                minus these)
+--   P i:eps                set   the endpoints that have keys
 --   P log                  stream the delivery log (XADD MAXLEN ~), written by the desk
---   P layout               string "2": written when a migration from layout v1 finished
+--   P layout               string "3": written when a migration to layout v3 finished
 --                                (`idemdesk migrate`, or any command at start)
 --
--- Layout v1 (before; `idemdesk migrate` and a desk at start convert it, see redismigrate.cpp):
--- P k:<key> hash (with key, req_method, req_path, req_headers), P i:all, P i:e:<ep>, P tokens
--- (one counter for all keys), and the same P i:s:*, P i:es:*, P i:exp.
-local STATES = {'processing', 'completed', 'failed', 'reset'}
+-- Layout v2 (before; converted by migrate3.lua): P{<key>}:r a hash of a field per column (state
+-- fingerprint token attempts created updated lease_until expires_at endpoint provider req_head
+-- req_body res_status res_headers res_body error history), a token counter P{<key>}:t written
+-- by every claim, and indexes P i:s:<state>, P i:es:<ep>:<state> (all four), P i:exp.
+-- Layout v1 (before that; migrate.lua makes it v2): P k:<key> hash (with key, req_method,
+-- req_path, req_headers), P i:all, P i:e:<ep>, P tokens (one counter for all keys).
 local TOKEN_GRACE_MS = 86400000
 
 -- An integer as text (ms, µs, tokens: all below 2^53). '%d' formats it as an integer; '%.0f'
@@ -49,20 +59,25 @@ local function clock()
 end
 
 -- A new fencing token for a record (claim.lua, import.lua): the store clock in µs, unless the
--- last one handed out for this key (its counter tk outlives the record) or the record's own
--- (before) is not below it: then one above those. So it climbs after the counter too has expired
--- or was lost in a failover. One SET ... GET; the counter lives until the record's expiry plus
--- TOKEN_GRACE_MS.
-local function newToken(tk, before, nowUs, expiresAt)
-  local token = nowUs
-  local counterUntil = fmt(expiresAt + TOKEN_GRACE_MS)
-  local last = tonumber(redis.call('SET', tk, fmt(token), 'GET', 'PXAT', counterUntil) or '0')
+-- record's own token (before) or the floor a deleted record left (tk) is not below it: then one
+-- above those. A GET, nearly always of nothing; nothing is written.
+local function newToken(tk, before, nowUs)
+  local last = tonumber(redis.call('GET', tk) or '0')
   if before > last then last = before end
-  if last >= token then
-    token = last + 1
-    redis.call('SET', tk, fmt(token), 'PXAT', counterUntil)
-  end
-  return token
+  if last >= nowUs then return last + 1 end
+  return nowUs
+end
+
+-- The meta line (field m) and back. Numbers as text throughout: they are only compared and
+-- copied; tonumber where arithmetic needs it.
+local function unpackMeta(m)
+  return string.match(m, '^(%S+) (%d+) (%d+) (%d+) (%d+) (%d+) (%d+) (%S*) (%S*) (.*)$')
+end
+
+local function packMeta(state, token, attempts, created, updated, leaseUntil, expiresAt, provider, endpoint,
+                        fingerprint)
+  return state .. ' ' .. token .. ' ' .. attempts .. ' ' .. created .. ' ' .. updated .. ' ' .. leaseUntil .. ' '
+         .. expiresAt .. ' ' .. provider .. ' ' .. endpoint .. ' ' .. fingerprint
 end
 
 -- One history entry, as JSON text; the detail is the only free text.

@@ -8,20 +8,30 @@
 local rk, token, newState = KEYS[1], ARGV[1], ARGV[2]
 local now = clock()
 local nowText = fmt(now)
-local cur = redis.call('HMGET', rk, 'state', 'token', 'expires_at', 'endpoint', 'history', 'res_status', 'res_body')
-if not cur[1] or tonumber(cur[3]) <= now then
+local cur = redis.call('HMGET', rk, 'm', 'h')
+if not cur[1] then
   return 'missing'
 end
-if cur[2] ~= token then
+local state, curToken, attempts, created, _, _, expires, provider, endpoint, fp = unpackMeta(cur[1])
+if tonumber(expires) <= now then
+  return 'missing'
+end
+if curToken ~= token then
   return 'stale-token'
 end
-if cur[1] ~= 'processing' then
-  if cur[1] == newState and cur[6] == ARGV[3] and cur[7] == ARGV[5] then
+local result = ARGV[3] .. '\n' .. ARGV[4] .. '\n' .. ARGV[5]
+if state ~= 'processing' then
+  if state == newState and redis.call('HGET', rk, 's') == result then
     return 'repeated'
   end
   return 'not-processing'
 end
-redis.call('HSET', rk, 'state', newState, 'updated', nowText, 'lease_until', 0, 'res_status', ARGV[3],
-           'res_headers', ARGV[4], 'res_body', ARGV[5], 'error', ARGV[6],
-           'history', appendHistory(cur[5], historyEntry(now, newState, token, ARGV[6])))
-return {'accept', nowText, cur[4]}
+local meta = packMeta(newState, curToken, attempts, created, nowText, '0', expires, provider, endpoint, fp)
+local history = appendHistory(cur[2], historyEntry(now, newState, token, ARGV[6]))
+-- A record in processing has no e: a claim writes the record whole.
+if ARGV[6] ~= '' then
+  redis.call('HSET', rk, 'm', meta, 'h', history, 's', result, 'e', ARGV[6])
+else
+  redis.call('HSET', rk, 'm', meta, 'h', history, 's', result)
+end
+return {'accept', nowText, endpoint}

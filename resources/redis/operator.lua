@@ -1,18 +1,25 @@
 -- operator: reset | force-fail | delete, by the dashboard or the CLI (the twin of decideOperator()).
--- KEYS: P{key}:r  (the token counter is left alone: it outlives a deleted record)
+-- KEYS: P{key}:r  P{key}:t (a deleted record leaves its token there, so that the key claimed
+--       again gets a higher one whatever the clock does)
 -- ARGV: action force(0|1) detail
 -- Returns {'accept', now, endpoint, state before, state after ('' when deleted)} (the desk
 -- moves the key in the indexes), or the verdict: wrong-state | missing.
-local rk, action, force, detail = KEYS[1], ARGV[1], ARGV[2] == '1', ARGV[3]
+local rk, tk, action, force, detail = KEYS[1], KEYS[2], ARGV[1], ARGV[2] == '1', ARGV[3]
 local now = clock()
-local cur = redis.call('HMGET', rk, 'state', 'expires_at', 'endpoint', 'history', 'token')
-local state = cur[1]
-if not state or tonumber(cur[2]) <= now then
+local cur = redis.call('HMGET', rk, 'm', 'h')
+if not cur[1] then
+  return 'missing'
+end
+local state, token, attempts, created, _, _, expires, provider, endpoint, fp = unpackMeta(cur[1])
+if tonumber(expires) <= now then
   return 'missing'
 end
 if action == 'delete' then
   redis.call('DEL', rk)
-  return {'accept', fmt(now), cur[3], state, ''}
+  if tonumber(redis.call('GET', tk) or '0') < tonumber(token) then
+    redis.call('SET', tk, token, 'PXAT', fmt(tonumber(expires) + TOKEN_GRACE_MS))
+  end
+  return {'accept', fmt(now), endpoint, state, ''}
 end
 local to
 if action == 'force-fail' then
@@ -24,9 +31,9 @@ else
 end
 local event = 'reset'
 if to == 'failed' then event = 'force-failed' end
-redis.call('HSET', rk, 'state', to, 'updated', fmt(now), 'lease_until', 0,
-           'history', appendHistory(cur[4], historyEntry(now, event, cur[5], detail)))
+redis.call('HSET', rk, 'm', packMeta(to, token, attempts, created, fmt(now), '0', expires, provider, endpoint, fp),
+           'h', appendHistory(cur[2], historyEntry(now, event, token, detail)))
 if to == 'failed' then
-  redis.call('HSET', rk, 'error', detail)
+  redis.call('HSET', rk, 'e', detail)
 end
-return {'accept', fmt(now), cur[3], state, to}
+return {'accept', fmt(now), endpoint, state, to}

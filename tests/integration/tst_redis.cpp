@@ -98,6 +98,20 @@ QList<QByteArray> runV1(quint16 port, const char *script, const QStringList &arg
         return {};
     return out.trimmed().split('\n');
 }
+// Runs a script of Redis layout v2 (tests/fixtures/redis-v2, loaded as that release did: the
+// history cap and common.lua prepended) on `keys`; its answer's lines.
+QList<QByteArray> runV2(quint16 port, const char *script, const QStringList &keys, const QStringList &argv)
+{
+    QFile common(QStringLiteral(IDEM_REDIS_V2 "/common.lua"));
+    QFile file(QStringLiteral(IDEM_REDIS_V2 "/%1.lua").arg(QLatin1String(script)));
+    if (!common.open(QIODevice::ReadOnly) || !file.open(QIODevice::ReadOnly))
+        return {};
+    const QString source = QString::fromUtf8("local CAP = 64\n" + common.readAll() + "\n" + file.readAll());
+    QByteArray out;
+    if (!redisCli(port, QStringList{u"EVAL"_qs, source, QString::number(keys.size())} + keys + argv, &out))
+        return {};
+    return out.trimmed().split('\n');
+}
 } // namespace
 
 class TestRedis : public QObject
@@ -294,34 +308,42 @@ private Q_SLOTS:
         QVERIFY(store.ok());
         const ClaimRequest busy = claimOf(u"ep:busy"_qs);
         QVERIFY((*store)->claim(busy)->claimed());
-        // Listed under completed too, and a key with no record at all.
-        QVERIFY(redisCli(port, {u"ZADD"_qs, u"stale:i:s:completed"_qs, u"1"_qs, u"ep:busy"_qs,
+        // Listed under failed too, and a key with no record at all.
+        QVERIFY(redisCli(port, {u"ZADD"_qs, u"stale:i:es:ep:failed"_qs, u"1"_qs, u"ep:busy"_qs,
                                 u"2"_qs, u"ep:ghost"_qs}));
-        QVERIFY(
-            redisCli(port, {u"ZADD"_qs, u"stale:i:es:ep:completed"_qs, u"1"_qs, u"ep:busy"_qs}));
+        QVERIFY(redisCli(port, {u"ZADD"_qs, u"stale:i:k:ep"_qs, u"2"_qs, u"ep:ghost"_qs}));
         KeyQuery q;
-        q.state = KeyState::Completed;
+        q.state = KeyState::Failed;
         QCOMPARE((*store)->listKeys(q)->size(), 0);
         QByteArray out;
-        QVERIFY(redisCli(port, {u"ZCARD"_qs, u"stale:i:s:completed"_qs}, &out));
+        QVERIFY(redisCli(port, {u"ZCARD"_qs, u"stale:i:es:ep:failed"_qs}, &out));
         QCOMPARE(out.trimmed(), QByteArray("0"));
         q.state.reset();
         const auto all = *(*store)->listKeys(q);
         QCOMPARE(all.size(), 1);
         QCOMPARE(name(all.first().state), name(KeyState::Processing));
         QCOMPARE((*store)->countKeys(u"ep"_qs)->total(), 1);
+        QVERIFY(redisCli(port, {u"ZSCORE"_qs, u"stale:i:k:ep"_qs, u"ep:ghost"_qs}, &out));
+        QCOMPARE(out.trimmed(), QByteArray()); // gone with its record
+        // Completed asked: i:k is read, a key in another state is skipped, not repaired away.
+        q.state = KeyState::Completed;
+        QCOMPARE((*store)->listKeys(q)->size(), 0);
+        QCOMPARE((*store)->countKeys(u"ep"_qs)->processing, 1);
 
         // Its index entries lost, and settled for two minutes: the purge indexes it again.
         const QString rk = QString::fromUtf8(redis::recordKey("stale:", u"ep:busy"_qs));
-        QVERIFY(redisCli(port,
-                         {u"DEL"_qs, u"stale:i:s:processing"_qs, u"stale:i:es:ep:processing"_qs}));
+        QVERIFY(redisCli(port, {u"DEL"_qs, u"stale:i:es:ep:processing"_qs, u"stale:i:k:ep"_qs}));
         QCOMPARE((*store)->countKeys(u"ep"_qs)->total(), 0);
-        QVERIFY(
-            redisCli(port, {u"HSET"_qs, rk, u"updated"_qs, QString::number(wallMs() - 120'000)}));
+        QVERIFY(redisCli(port, {u"HGET"_qs, rk, u"m"_qs}, &out));
+        QList<QByteArray> meta = out.trimmed().split(' ');
+        QVERIFY(meta.size() >= 10);
+        meta[4] = QByteArray::number(wallMs() - 120'000); // updated
+        QVERIFY(redisCli(port, {u"HSET"_qs, rk, u"m"_qs, QString::fromUtf8(meta.join(' '))}));
         for (int i = 0; i < 50 && (*store)->countKeys(u"ep"_qs)->total() == 0;
              ++i) // a SCAN slice each
             QVERIFY((*store)->purgeExpired().ok());
         QCOMPARE((*store)->countKeys(u"ep"_qs)->processing, 1);
+        q.state.reset();
         QCOMPARE((*store)->listKeys(q)->size(), 1);
     }
 
@@ -385,9 +407,9 @@ private Q_SLOTS:
         QCOMPARE(*(*store)->migrateLayout(), 0); // nothing left of v1
         QVERIFY((*store)->ready().ok());
         // A layout newer than this build's is not ready either.
-        QVERIFY(redisCli(port, {u"SET"_qs, p + u"layout"_qs, u"3"_qs}));
+        QVERIFY(redisCli(port, {u"SET"_qs, p + u"layout"_qs, u"4"_qs}));
         QVERIFY(!(*store)->ready().ok());
-        QVERIFY(redisCli(port, {u"SET"_qs, p + u"layout"_qs, u"2"_qs}));
+        QVERIFY(redisCli(port, {u"SET"_qs, p + u"layout"_qs, u"3"_qs}));
         QVERIFY((*store)->ready().ok());
         QByteArray out;
         QVERIFY(redisCli(port,
@@ -437,7 +459,7 @@ private Q_SLOTS:
         QCOMPARE(badRecord.history.last().detail, u"downstream \"down\""_qs);
         QCOMPARE((**(*store)->key(u"ep:again"_qs)).history.last().event, u"reset"_qs);
 
-        // Listed and counted as before (the v1 state indexes are the v2 ones).
+        // Listed and counted as before (the indexes of layout v3 are built from the records).
         const StateCounts counts = *(*store)->countKeys(u"ep"_qs);
         QCOMPARE(counts.completed, 1);
         QCOMPARE(counts.processing, 1);
@@ -475,6 +497,157 @@ private Q_SLOTS:
                  name(OperatorVerdict::Accept));
         c = claimOf(u"ep:done"_qs);
         QVERIFY((*store)->claim(c)->record.token > again.value(2).toLongLong());
+    }
+
+    // A store of layout v2 (the release before) is migrated to v3 in place: each record with its
+    // state, TTL, token, result, request and history, its indexes rebuilt, v2's own dropped. A
+    // record left in v2 is never taken for a new key (a claim on it is refused, not processed).
+    void migratesLayoutTwo()
+    {
+        const quint16 port = m_redis->port();
+        const QString p = u"v2mig:"_qs;
+        const QByteArray prefix = p.toUtf8();
+        auto rk = [&](const QString &k) { return QString::fromUtf8(redis::recordKey(prefix, k)); };
+        auto tk = [&](const QString &k) { return QString::fromUtf8(redis::tokenKey(prefix, k)); };
+        auto claimV2 = [&](const QString &key, const QString &ttlMs) {
+            return runV2(port, "claim", {rk(key), tk(key)},
+                         {u"ep"_qs, u"generic"_qs, u"fp-"_qs + key, u"60000"_qs, ttlMs, u"RM"_qs,
+                          u"POST /hooks/ep\n[[\"X-A\",\"1\"]]"_qs, u"body of "_qs + key});
+        };
+        auto finishV2 = [&](const QString &key, const QByteArray &token, const QString &state,
+                            const QString &status, const QString &headers, const QString &body,
+                            const QString &error) {
+            return runV2(port, "finish", {rk(key)},
+                         {QString::fromLatin1(token), state, status, headers, body, error})
+                .value(0);
+        };
+        const auto done = claimV2(u"ep:done"_qs, u"3600000"_qs);
+        QCOMPARE(done.value(0), QByteArray("create"));
+        QCOMPARE(finishV2(u"ep:done"_qs, done.value(2), u"completed"_qs, u"201"_qs,
+                          u"[[\"X-R\",\"r\"]]"_qs, u"the result"_qs, QString()),
+                 QByteArray("accept"));
+        const auto busy = claimV2(u"ep:busy"_qs, u"3600000"_qs);
+        QCOMPARE(busy.value(0), QByteArray("create"));
+        const auto bad = claimV2(u"ep:bad"_qs, u"7200000"_qs);
+        QCOMPARE(finishV2(u"ep:bad"_qs, bad.value(2), u"failed"_qs, u"502"_qs, u"[]"_qs, u"down"_qs,
+                          u"downstream \"down\""_qs),
+                 QByteArray("accept"));
+        const auto again = claimV2(u"ep:again"_qs, u"3600000"_qs);
+        QCOMPARE(finishV2(u"ep:again"_qs, again.value(2), u"failed"_qs, u"500"_qs, u"[]"_qs, u"x"_qs,
+                          u"boom"_qs),
+                 QByteArray("accept"));
+        QCOMPARE(runV2(port, "operator", {rk(u"ep:again"_qs)}, {u"reset"_qs, u"0"_qs, u"by hand"_qs}).value(0),
+                 QByteArray("accept"));
+        const QStringList keys{u"ep:done"_qs, u"ep:busy"_qs, u"ep:bad"_qs, u"ep:again"_qs};
+
+        // What v2 holds, and its indexes as that desk wrote them after the scripts.
+        QHash<QString, QHash<QByteArray, QByteArray>> v2;
+        QHash<QString, QByteArray> expiry;
+        for (const QString &k : keys) {
+            QByteArray out;
+            for (const char *field : {"state", "token", "attempts", "created", "updated", "lease_until",
+                                      "expires_at", "fingerprint", "res_status", "res_body", "error",
+                                      "history", "m"}) { // none holds a line break
+                QVERIFY(redisCli(port, {u"HGET"_qs, rk(k), QString::fromLatin1(field)}, &out));
+                v2[k].insert(field, out.chopped(1));
+            }
+            QVERIFY(!v2[k].value("state").isEmpty() && v2[k].value("m").isEmpty());
+            QVERIFY(redisCli(port, {u"PEXPIRETIME"_qs, rk(k)}, &expiry[k]));
+            const QString state = QString::fromLatin1(v2[k].value("state"));
+            const QString updated = QString::fromLatin1(v2[k].value("updated"));
+            QVERIFY(redisCli(port, {u"ZADD"_qs, p + u"i:s:"_qs + state, updated, k}));
+            QVERIFY(redisCli(port, {u"ZADD"_qs, p + u"i:es:ep:"_qs + state, updated, k}));
+            QVERIFY(redisCli(port, {u"ZADD"_qs, p + u"i:exp"_qs,
+                                    QString::fromLatin1(v2[k].value("expires_at")), k}));
+        }
+
+        auto url = *StoreUrl::parse(m_redis->url() + u"?prefix="_qs + p);
+        auto store = RedisStore::connect(url);
+        QVERIFY(store.ok());
+        auto ready = (*store)->ready();
+        QVERIFY(!ready.ok());
+        QVERIFY2(ready.error().message.contains(u"layout"_qs), qPrintable(ready.error().message));
+        // Before the migration, a claim on a v2 record is refused, and the record untouched.
+        auto refused = (*store)->claim(claimOf(u"ep:done"_qs));
+        QVERIFY(!refused.ok());
+        QVERIFY2(refused.error().message.contains(u"layout v2"_qs), qPrintable(refused.error().message));
+        QByteArray out;
+        QVERIFY(redisCli(port, {u"HGET"_qs, rk(u"ep:done"_qs), u"attempts"_qs}, &out));
+        QCOMPARE(out.trimmed(), v2[u"ep:done"_qs].value("attempts"));
+
+        auto migrated = (*store)->migrateLayout();
+        QVERIFY2(migrated.ok(), migrated.ok() ? "" : qPrintable(migrated.error().message));
+        QCOMPARE(*migrated, 4);
+        QCOMPARE(*(*store)->migrateLayout(), 0);
+        QVERIFY((*store)->ready().ok());
+        QVERIFY(redisCli(port, {u"EXISTS"_qs, p + u"i:s:completed"_qs, p + u"i:s:failed"_qs, p + u"i:exp"_qs,
+                                p + u"i:es:ep:completed"_qs},
+                         &out));
+        QCOMPARE(out.trimmed(), QByteArray("0"));
+
+        for (const QString &k : keys) {
+            const auto record = *(*store)->key(k);
+            QVERIFY2(record.has_value(), qPrintable(k));
+            const auto &old = v2.value(k);
+            QCOMPARE(toString(record->state), QString::fromLatin1(old.value("state")));
+            QCOMPARE(record->token, old.value("token").toLongLong());
+            QCOMPARE(record->attempts, old.value("attempts").toInt());
+            QCOMPARE(record->createdMs, old.value("created").toLongLong());
+            QCOMPARE(record->updatedMs, old.value("updated").toLongLong());
+            QCOMPARE(record->leaseUntilMs, old.value("lease_until").toLongLong());
+            QCOMPARE(record->expiresAtMs, old.value("expires_at").toLongLong());
+            QCOMPARE(record->fingerprint, old.value("fingerprint"));
+            QCOMPARE(record->endpoint, u"ep"_qs);
+            QCOMPARE(record->request.method, QByteArray("POST"));
+            QCOMPARE(record->request.path, QByteArray("/hooks/ep"));
+            QCOMPARE(headerValue(record->request.headers, "X-A"), QByteArray("1"));
+            QCOMPARE(record->request.body, "body of " + k.toUtf8());
+            QCOMPARE(record->result.status, old.value("res_status").toInt());
+            QCOMPARE(record->result.body, old.value("res_body"));
+            QCOMPARE(record->error, QString::fromUtf8(old.value("error")));
+            QCOMPARE(record->history.size(), historyFromJson(parseJsonArray(old.value("history"))).size());
+            QVERIFY(redisCli(port, {u"PEXPIRETIME"_qs, rk(k)}, &out));
+            QCOMPARE(out.trimmed(), expiry.value(k).trimmed());
+        }
+        const auto doneRecord = **(*store)->key(u"ep:done"_qs);
+        QCOMPARE(doneRecord.result.status, 201);
+        QCOMPARE(headerValue(doneRecord.result.headers, "X-R"), QByteArray("r"));
+        QCOMPARE(doneRecord.history.last().event, u"completed"_qs);
+        QCOMPARE((**(*store)->key(u"ep:bad"_qs)).error, u"downstream \"down\""_qs);
+        QCOMPARE((**(*store)->key(u"ep:again"_qs)).history.last().event, u"reset"_qs);
+
+        const StateCounts counts = *(*store)->countKeys(u"ep"_qs);
+        QCOMPARE(counts.completed, 1);
+        QCOMPARE(counts.processing, 1);
+        QCOMPARE(counts.failed, 1);
+        QCOMPARE(counts.reset, 1);
+        KeyQuery q;
+        q.endpoint = u"ep"_qs;
+        QCOMPARE((*store)->listKeys(q)->size(), 4);
+        q.state = KeyState::Completed;
+        QCOMPARE((*store)->listKeys(q)->size(), 1);
+
+        // The desk carries on: a replay with the stored result, a duplicate in progress, the
+        // holder's finish, the reset key processed again under a higher token.
+        ClaimRequest c = claimOf(u"ep:done"_qs);
+        c.fingerprint = "fp-ep:done";
+        auto replay = (*store)->claim(c);
+        QCOMPARE(name(replay->decision.action), name(ClaimAction::Replay));
+        QCOMPARE(replay->record.result.body, QByteArray("the result"));
+        QCOMPARE(replay->record.result.status, 201);
+        c = claimOf(u"ep:busy"_qs);
+        c.fingerprint = "fp-ep:busy";
+        QCOMPARE(name((*store)->claim(c)->decision.action), name(ClaimAction::InProgress));
+        FinishRequest f;
+        f.key = u"ep:busy"_qs;
+        f.token = busy.value(2).toLongLong();
+        f.result = {200, {}, "late"};
+        QCOMPARE(name(*(*store)->finish(f)), name(FinishVerdict::Accept));
+        c = claimOf(u"ep:again"_qs);
+        c.fingerprint = "fp-ep:again";
+        auto reclaimed = (*store)->claim(c);
+        QCOMPARE(name(reclaimed->decision.action), name(ClaimAction::Reclaim));
+        QVERIFY(reclaimed->record.token > again.value(2).toLongLong());
     }
 
     // Every command migrates a v1 store at start, and says so; `idemdesk migrate` too.
