@@ -150,7 +150,7 @@ Result<void> migrateLayout(StorePool &pool)
                 migrated.error().message));
     if (*migrated > 0)
         printError(
-            u"the store held %1 records in the previous layout (Redis layout v1): migrated to the current one (v2)"_qs
+            u"the store held %1 records in an earlier layout (Redis layout v1 or v2): migrated to the current one (v3)"_qs
                 .arg(*migrated));
     return {};
 }

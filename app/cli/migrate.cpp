@@ -1,4 +1,4 @@
-// idemdesk migrate: converts a store's records from an earlier version's layout (Redis layout v1)
+// idemdesk migrate: converts a store's records from an earlier version's layout (Redis layouts v1, v2)
 // to the current one. Every command does it at start too; this one says so when there was none.
 #include "cli/common.h"
 
@@ -10,7 +10,7 @@ int migrate(const QStringList &arguments)
 {
     QCommandLineParser parser;
     parser.setApplicationDescription(
-        u"Converts the store's records from an earlier layout (Redis layout v1) to the current "
+        u"Converts the store's records from an earlier layout (Redis layouts v1 and v2) to the current "
         u"one; every record, "
         "its state, TTL, result and history are kept. Every command does it at start too."_qs);
     addCommonOptions(parser, false);

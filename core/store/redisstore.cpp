@@ -517,12 +517,12 @@ Result<QStringList> RedisStore::durabilityWarnings()
     const QByteArray policy = config.value("maxmemory-policy");
     if (policy != "noeviction")
         warnings
-            << u"Redis maxmemory-policy is %1: under memory pressure it may evict idempotency records (an evicted key is processed again) and the fencing-token counter; set maxmemory-policy noeviction"_qs
+            << u"Redis maxmemory-policy is %1: under memory pressure it may evict idempotency records (an evicted key is processed again) and the fencing-token floors of deleted keys; set maxmemory-policy noeviction"_qs
                    .arg(QString::fromUtf8(policy));
     if (config.value("appendonly") != "yes") {
         if (config.value("save").isEmpty())
             warnings
-                << u"Redis persists nothing (appendonly no, no save points): a restart of Redis forgets every key (their duplicates are processed again) and restarts the fencing-token counter"_qs;
+                << u"Redis persists nothing (appendonly no, no save points): a restart of Redis forgets every key (their duplicates are processed again) and the fencing-token floors of deleted keys"_qs;
         else
             warnings
                 << u"Redis persists by snapshots only (save %1): a crash of Redis loses the records written since the last one; use appendonly yes with appendfsync always"_qs

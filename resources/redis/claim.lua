@@ -25,7 +25,7 @@ if not cur[1] and cur[4] then
 end
 local state, token, attempts, created, updated, leaseUntil, expires, provider, endpoint, curFp
 if cur[1] then
-  state, token, attempts, created, updated, leaseUntil, expires, provider, endpoint, curFp = unpackMeta(cur[1])
+  state, token, attempts, created, updated, leaseUntil, expires, provider, endpoint, curFp = unpackMeta(cur[1], rk)
 end
 
 local action, outcome

@@ -70,8 +70,15 @@ end
 
 -- The meta line (field m) and back. Numbers as text throughout: they are only compared and
 -- copied; tonumber where arithmetic needs it.
-local function unpackMeta(m)
-  return string.match(m, '^(%S+) (%d+) (%d+) (%d+) (%d+) (%d+) (%d+) (%S*) (%S*) (.*)$')
+-- A meta line that does not read (written by hand, or by something else) stops the script with
+-- an error: the desk answers 503, it never takes the record for an absent one.
+local function unpackMeta(m, rk)
+  local state, token, attempts, created, updated, leaseUntil, expiresAt, provider, endpoint, fingerprint =
+    string.match(m, '^(%S+) (%d+) (%d+) (%d+) (%d+) (%d+) (%d+) (%S*) (%S*) (.*)$')
+  if not state then
+    error('IDEMMETA the record ' .. rk .. ' has an unreadable meta line')
+  end
+  return state, token, attempts, created, updated, leaseUntil, expiresAt, provider, endpoint, fingerprint
 end
 
 local function packMeta(state, token, attempts, created, updated, leaseUntil, expiresAt, provider, endpoint,

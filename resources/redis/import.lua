@@ -10,7 +10,7 @@ local now, nowUs = clock()
 local cur = redis.call('HGET', rk, 'm')
 local before = 0
 if cur then
-  local _, token, _, _, _, _, expires = unpackMeta(cur)
+  local _, token, _, _, _, _, expires = unpackMeta(cur, rk)
   if tonumber(expires) > now then
     return 0
   end

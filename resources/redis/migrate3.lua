@@ -17,7 +17,7 @@ if r.m or not r.state then
   return 0
 end
 local function n(v) return fmt(tonumber(v or '0') or 0) end
-local ttl = redis.call('PTTL', KEYS[1])
+local expiresAt = redis.call('PEXPIRETIME', KEYS[1]) -- absolute: kept to the ms
 local fields = {'m', packMeta(r.state, n(r.token), n(r.attempts), n(r.created), n(r.updated), n(r.lease_until),
                              n(r.expires_at), r.provider or '', r.endpoint or '', r.fingerprint or ''),
                 'h', r.history or '[]', 'q', (r.req_head or ' \n[]') .. '\n' .. (r.req_body or '')}
@@ -31,7 +31,7 @@ if r.error and r.error ~= '' then
 end
 redis.call('DEL', KEYS[1])
 redis.call('HSET', KEYS[1], unpack(fields))
-if ttl > 0 then
-  redis.call('PEXPIRE', KEYS[1], ttl)
+if expiresAt > 0 then
+  redis.call('PEXPIREAT', KEYS[1], expiresAt)
 end
 return {1, r.state, r.endpoint or '', n(r.updated), n(r.expires_at)}

@@ -10,7 +10,7 @@ local cur = redis.call('HMGET', rk, 'm', 'h')
 if not cur[1] then
   return 'missing'
 end
-local state, token, attempts, created, _, _, expires, provider, endpoint, fp = unpackMeta(cur[1])
+local state, token, attempts, created, _, _, expires, provider, endpoint, fp = unpackMeta(cur[1], rk)
 if tonumber(expires) <= now then
   return 'missing'
 end
