@@ -27,7 +27,7 @@ int migrate(const QStringList &arguments)
         return ExitRuntime;
     }
     auto migrated =
-        (*pool)->run<qint64>([](IdempotencyStore &store) { return store.migrateLayout(); });
+        (*pool)->run<qint64>([](IdempotencyStore &store) { return store.migrateLayout(true); });
     if (!migrated) {
         printError(migrated.error().message);
         return ExitRuntime;

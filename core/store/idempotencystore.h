@@ -127,9 +127,15 @@ public:
                                                qint64 leaseMs) = 0;
     // The store server's name and version ("Redis 7.0.15"), for Help → About.
     virtual Result<QString> serverVersion() = 0;
-    // Converts records kept in an earlier version's layout (Redis: layout v1) to the current
+    // Converts records kept in an earlier version's layout (Redis: layouts v1, v2) to the current
     // one, before anything else reads them; answers how many. Run again, it finds none left.
-    virtual Result<qint64> migrateLayout() { return qint64(0); }
+    // Unless `confirmed` (`idemdesk migrate`: the operator says the desks of the previous version
+    // are stopped), a store that such a desk may still be writing is refused, not migrated.
+    virtual Result<qint64> migrateLayout(bool confirmed = false)
+    {
+        Q_UNUSED(confirmed);
+        return qint64(0);
+    }
     // The store's clock, in ms since the epoch: what leases and expiry are measured against.
     virtual Result<qint64> clockMs() = 0;
     // What may lose acknowledged records on this store as it is configured (eviction, no

@@ -124,18 +124,27 @@ void resultColumns(const QByteArray &s, QHash<QByteArray, QByteArray> &into)
 
 bool metaFrom(const QByteArray &m, QHash<QByteArray, QByteArray> &into)
 {
-    // "state token attempts created updated lease_until expires_at provider endpoint fingerprint"
-    static const QByteArray names[] = {"state",   "token",      "attempts",   "created",  "updated",
-                                       "lease_until", "expires_at", "provider", "endpoint"};
+    // "state token attempts created updated lease_until expires_at status provider endpoint
+    // fingerprint": the scripts' unpackMeta, which refuses what this refuses.
+    static const QByteArray names[] = {"state",       "token",      "attempts",   "created", "updated",
+                                       "lease_until", "expires_at", "res_status", "provider", "endpoint"};
+    QHash<QByteArray, QByteArray> read;
     qsizetype at = 0;
-    for (const QByteArray &name : names) {
+    for (size_t i = 0; i < std::size(names); ++i) {
         const qsizetype space = m.indexOf(' ', at);
         if (space < 0)
             return false;
-        into.insert(name, m.mid(at, space - at));
+        const QByteArray value = m.mid(at, space - at);
+        bool number = true;
+        if (i >= 1 && i <= 7)
+            value.toLongLong(&number);
+        if (!number || (i == 0 && value.isEmpty()) || value.contains('\n'))
+            return false;
+        read.insert(names[i], value);
         at = space + 1;
     }
-    into.insert("fingerprint", m.mid(at));
+    read.insert("fingerprint", m.mid(at));
+    into.insert(read);
     return true;
 }
 
@@ -203,7 +212,7 @@ Result<QHash<QByteArray, Script>> scripts()
                          u"the Redis scripts are missing from the resources"_qs);
     const QByteArray common = "local CAP = " + num(kHistoryCap) + "\n" + commonFile.readAll();
     QHash<QByteArray, Script> loaded;
-    for (const char *name : {"claim", "finish", "operator", "import", "migrate", "migrate3"}) {
+    for (const char *name : {"claim", "finish", "operator", "import", "migrate", "migrate3", "tombstone"}) {
         QFile file(u":/redis/%1.lua"_qs.arg(QLatin1String(name)));
         if (!file.open(QIODevice::ReadOnly))
             return makeError(ErrorCode::Internal,
@@ -222,9 +231,8 @@ QList<QByteArray> claimArgs(const QByteArray &prefix, const ClaimRequest &req)
     if (req.policy.onFailed == OnFailed::Reprocess)
         policy[0] = 'R';
     policy[1] = req.policy.onMismatch == OnMismatch::Reject ? 'M' : 'I';
-    return {"2",
+    return {"1",
             recordKey(prefix, req.key),
-            tokenKey(prefix, req.key),
             req.endpoint.toUtf8(),
             req.provider.toUtf8(),
             req.fingerprint,
@@ -336,16 +344,14 @@ QList<QByteArray> operatorArgs(const QByteArray &prefix, const QString &key, Ope
     const QByteArray name = action == OperatorAction::Reset       ? "reset"
                             : action == OperatorAction::ForceFail ? "force-fail"
                                                                   : "delete";
-    return {"2", recordKey(prefix, key), tokenKey(prefix, key), name, force ? "1" : "0",
-            detail.toUtf8()};
+    return {"1", recordKey(prefix, key), name, force ? "1" : "0", detail.toUtf8()};
 }
 
 QList<QByteArray> importArgs(const QByteArray &prefix, const KeyRecord &r, qint64 ttlMs,
                              qint64 leaseMs)
 {
-    return {"2",
+    return {"1",
             recordKey(prefix, r.key),
-            tokenKey(prefix, r.key),
             r.endpoint.toUtf8(),
             r.provider.toUtf8(),
             stateName(r.state),
@@ -358,7 +364,8 @@ QList<QByteArray> importArgs(const QByteArray &prefix, const KeyRecord &r, qint6
             requestHead(r.request) + '\n' + r.request.body,
             num(r.result.status) + '\n' + headersJson(r.result.headers) + '\n' + r.result.body,
             r.error.toUtf8(),
-            compactJson(historyToJson(r.history))};
+            compactJson(historyToJson(r.history)),
+            num(r.result.status)};
 }
 
 Result<ImportVerdict> importVerdict(const redisReply *reply, const KeyRecord &r, IndexMove *move)

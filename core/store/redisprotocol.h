@@ -20,12 +20,12 @@ struct Script
     QByteArray source;
     QByteArray sha;
 };
-Result<QHash<QByteArray, Script>> scripts(); // by name: claim, finish, operator, import, migrate, migrate3
+Result<QHash<QByteArray, Script>> scripts(); // by name: claim, finish, operator, import, migrate, migrate3, tombstone
 
 // The key layout (described at the top of resources/redis/common.lua): a record's own keys
 // carry its hash tag, the indexes are the desk's.
 QByteArray recordKey(const QByteArray &prefix, const QString &key); // P{key}:r
-QByteArray tokenKey(const QByteArray &prefix, const QString &key);  // P{key}:t
+QByteArray tokenKey(const QByteArray &prefix, const QString &key);  // P{key}:t (layout v2; migrated away)
 QByteArray endpointIndex(const QByteArray &prefix, const QString &endpoint); // P i:k:<ep>
 // P i:es:<ep>:<state>, for processing, failed and reset (completed has none)
 QByteArray endpointStateIndex(const QByteArray &prefix, const QString &endpoint, KeyState state);
@@ -100,7 +100,7 @@ QByteArray text(const redisReply *reply);
 // A record from its hash's fields (m h q s e, by HGETALL or HMGET); `key` is the desk's key.
 KeyRecord recordFrom(const QString &key, const QHash<QByteArray, QByteArray> &fields);
 // The meta line (field m) into its columns (state token attempts created updated lease_until
-// expires_at provider endpoint fingerprint); false if it is not one.
+// expires_at res_status provider endpoint fingerprint); false, and nothing added, if it is not one.
 bool metaFrom(const QByteArray &m, QHash<QByteArray, QByteArray> &into);
 // A record's fields (m h q s e) as the columns of layout v2 (req_head req_body res_status
 // res_headers res_body error history and the meta's); empty if it has no meta.

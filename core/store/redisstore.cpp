@@ -537,13 +537,16 @@ Result<QStringList> RedisStore::durabilityWarnings()
 
 Result<std::optional<KeyRecord>> RedisStore::key(const QString &key)
 {
+    auto now = clockMs();
+    if (!now)
+        return now.error();
     auto r = command({"HGETALL", redis::recordKey(m_prefix, key)}, false);
     if (!r)
         return r.error();
     const auto fields = fieldsFrom(r->get());
-    if (!fields.contains("m"))
-        return std::optional<KeyRecord>(); // none (a record of layout v2 is migrated at start)
-    // Expiry is Redis's own (PEXPIREAT on its clock): an expired record is gone from HGETALL.
+    QHash<QByteArray, QByteArray> meta;
+    if (!redis::metaFrom(fields.value("m"), meta) || meta.value("expires_at").toLongLong() <= *now)
+        return std::optional<KeyRecord>(); // none, a tombstone (expired, deleted), or unreadable
     return std::optional<KeyRecord>(redis::recordFrom(key, fields));
 }
 
@@ -559,20 +562,18 @@ Result<QStringList> RedisStore::endpoints()
     return names;
 }
 
-Result<qint64> RedisStore::purgeSlice()
+Result<qint64> RedisStore::purgeSlice(qint64 now)
 {
-    // The index entries of records past their expiry (i:k's score): the records go (native
-    // expiry may not have run yet), their entries too; a record claimed again since only gets
-    // its new expiry. At most 5000 per endpoint.
-    auto now = clockMs();
-    if (!now)
-        return now.error();
+    // The index entries of records past their expiry (i:k's score), at most 5000 per endpoint:
+    // tombstone.lua decides on each atomically (a key claimed again since keeps its record and
+    // gets its new expiry here; an expired one keeps only its meta, the token floor, until Redis
+    // expires it) and their entries go.
     auto names = endpoints();
     if (!names)
         return names.error();
     QList<QList<QByteArray>> ranges;
     for (const QString &endpoint : std::as_const(*names))
-        ranges.append({"ZRANGEBYSCORE", redis::endpointIndex(m_prefix, endpoint), "-inf", num(*now),
+        ranges.append({"ZRANGEBYSCORE", redis::endpointIndex(m_prefix, endpoint), "-inf", num(now),
                        "LIMIT", "0", "5000"});
     if (ranges.isEmpty())
         return 0;
@@ -580,41 +581,64 @@ Result<qint64> RedisStore::purgeSlice()
     if (!due)
         return due.error();
     QStringList keys, endpointOfKey;
-    QList<QList<QByteArray>> reads;
+    QList<QList<QByteArray>> args;
     for (qsizetype e = 0; e < names->size(); ++e) {
         const redisReply *members = (*due)[size_t(e)].get();
         for (size_t i = 0; members->type == REDIS_REPLY_ARRAY && i < members->elements; ++i) {
             keys << QString::fromUtf8(text(members->element[i]));
             endpointOfKey << names->at(e);
-            reads.append({"HGET", redis::recordKey(m_prefix, keys.last()), "m"});
+            args.append({"1", redis::recordKey(m_prefix, keys.last())});
         }
     }
     if (keys.isEmpty())
         return 0;
-    auto records = pipeline(reads, false);
-    if (!records)
-        return records.error();
+    auto verdicts = scriptsPipelined("tombstone", args);
+    if (!verdicts)
+        return verdicts.error();
     redis::IndexBatch gone;
     QList<QList<QByteArray>> writes;
     qint64 removed = 0;
     for (qsizetype i = 0; i < keys.size(); ++i) {
-        QHash<QByteArray, QByteArray> meta;
-        const bool present = redis::metaFrom(text((*records)[size_t(i)].get()), meta);
-        const qint64 expiresAt = meta.value("expires_at").toLongLong();
-        if (present && expiresAt > *now) {
-            writes.append({"ZADD", redis::endpointIndex(m_prefix, endpointOfKey.at(i)), num(expiresAt),
+        const QByteArray verdict = text((*verdicts)[size_t(i)].get());
+        if (verdict != "gone" && verdict != "tombstone") {
+            writes.append({"ZADD", redis::endpointIndex(m_prefix, endpointOfKey.at(i)), verdict,
                            keys.at(i).toUtf8()});
             continue;
         }
-        if (present)
-            writes.append({"DEL", redis::recordKey(m_prefix, keys.at(i))});
-        gone.add({keys.at(i), endpointOfKey.at(i), std::nullopt, redis::kAllStates, *now, 0});
+        gone.add({keys.at(i), endpointOfKey.at(i), std::nullopt, redis::kAllStates, now, 0});
         ++removed;
     }
     writes += gone.commands(m_prefix);
     if (auto written = pipeline(writes, true); !written)
         return written.error();
     return removed;
+}
+
+Result<std::vector<RedisStore::Reply>> RedisStore::scriptsPipelined(const char *name,
+                                                                    const QList<QList<QByteArray>> &argsList)
+{
+    // Many runs of one script in one write; a master that lost its script cache runs it again
+    // with it loaded (NOSCRIPT: it did not run). An error answer fails the whole.
+    QList<QList<QByteArray>> commands;
+    for (const auto &args : argsList)
+        commands.append(QList<QByteArray>{"EVALSHA", m_sha.value(name)} + args);
+    auto replies = pipeline(commands, true);
+    if (!replies)
+        return replies.error();
+    for (qsizetype i = 0; i < argsList.size(); ++i) {
+        Reply &r = (*replies)[size_t(i)];
+        if (r->type == REDIS_REPLY_ERROR && QByteArray(r->str, qsizetype(r->len)).startsWith("NOSCRIPT")) {
+            auto again = script(name, argsList.at(i), true);
+            if (!again)
+                return again.error();
+            r = std::move(*again);
+        }
+        if (r->type == REDIS_REPLY_ERROR)
+            return makeError(ErrorCode::Unavailable, u"Redis %1: %2.lua: %3"_qs.arg(
+                                                         m_url.display(), QLatin1String(name),
+                                                         QString::fromUtf8(r->str, int(r->len))));
+    }
+    return replies;
 }
 
 Result<qint64> RedisStore::repairSlice()
@@ -662,8 +686,8 @@ Result<qint64> RedisStore::repairSlice()
         redis::metaFrom(text((*records)[size_t(i)].get()), meta);
         const auto state = keyStateFromString(QString::fromLatin1(meta.value("state")));
         const qint64 updated = meta.value("updated").toLongLong();
-        if (!state || updated > *now - 60'000)
-            continue; // expired meanwhile (purge's), or changing
+        if (!state || updated > *now - 60'000 || meta.value("expires_at").toLongLong() <= *now)
+            continue; // a tombstone (purge's), or changing
         batch.add({keys.at(i), QString::fromUtf8(meta.value("endpoint")), *state, redis::kAllStates,
                    updated, meta.value("expires_at").toLongLong()});
     }
@@ -747,7 +771,10 @@ Result<QStringList> RedisStore::keyNames(const KeyQuery &q)
 
 Result<QList<KeyRecord>> RedisStore::listKeys(const KeyQuery &q)
 {
-    if (auto purged = purgeSlice(); !purged)
+    auto now = clockMs();
+    if (!now)
+        return now.error();
+    if (auto purged = purgeSlice(*now); !purged)
         return purged.error();
     // The keys newest first, merged by score across the endpoints asked for: by expiry from
     // i:k (every key: no state asked, or completed, which has no index of its own), by update
@@ -847,7 +874,7 @@ Result<QList<KeyRecord>> RedisStore::listKeys(const KeyQuery &q)
         }
         QList<QList<QByteArray>> hmgets;
         for (const Candidate &c : std::as_const(candidates))
-            hmgets.append({"HMGET", redis::recordKey(m_prefix, c.key), "m", "s", "e"});
+            hmgets.append({"HMGET", redis::recordKey(m_prefix, c.key), "m", "e"});
         auto replies = pipeline(hmgets, false);
         if (!replies)
             return replies.error();
@@ -856,13 +883,15 @@ Result<QList<KeyRecord>> RedisStore::listKeys(const KeyQuery &q)
             const Source &source = *candidates.at(i).source;
             const redisReply *reply = (*replies)[size_t(i)].get();
             QHash<QByteArray, QByteArray> fields;
-            static const QByteArray kRead[] = {"m", "s", "e"};
+            static const QByteArray kRead[] = {"m", "e"};
             for (size_t f = 0; f < reply->elements && f < std::size(kRead); ++f)
                 if (reply->element[f]->type == REDIS_REPLY_STRING)
                     fields.insert(kRead[f], text(reply->element[f]));
             QHash<QByteArray, QByteArray> meta;
             redis::metaFrom(fields.value("m"), meta);
-            const auto state = keyStateFromString(QString::fromLatin1(meta.value("state")));
+            auto state = keyStateFromString(QString::fromLatin1(meta.value("state")));
+            if (meta.value("expires_at").toLongLong() <= *now)
+                state.reset(); // a tombstone
             if (!state) {
                 // Gone (expired, deleted): its entries go, purge would have.
                 repairs.add({key, source.endpoint, std::nullopt, redis::kAllStates, 0, 0});
@@ -889,7 +918,10 @@ Result<QList<KeyRecord>> RedisStore::listKeys(const KeyQuery &q)
 
 Result<StateCounts> RedisStore::countKeys(const QString &endpoint)
 {
-    if (auto purged = purgeSlice(); !purged)
+    auto now = clockMs();
+    if (!now)
+        return now.error();
+    if (auto purged = purgeSlice(*now); !purged)
         return purged.error();
     // Completed has no index of its own: it is every key (i:k) but those of the other states.
     QStringList endpointNames{endpoint};
@@ -970,7 +1002,10 @@ Result<qint64> RedisStore::purgeExpired()
 {
     qint64 total = 0;
     for (;;) {
-        auto n = purgeSlice();
+        auto now = clockMs();
+        if (!now)
+            return now.error();
+        auto n = purgeSlice(*now);
         if (!n)
             return n.error();
         total += *n;
@@ -982,7 +1017,7 @@ Result<qint64> RedisStore::purgeExpired()
     return total;
 }
 
-Result<qint64> RedisStore::migrateLayout()
+Result<qint64> RedisStore::migrateLayout(bool confirmed)
 {
     auto layout = command({"GET", m_prefix + "layout"}, false);
     if (!layout)
@@ -992,7 +1027,7 @@ Result<qint64> RedisStore::migrateLayout()
     auto v1 = migrateV1();
     if (!v1)
         return v1.error();
-    auto v2 = migrateV2();
+    auto v2 = migrateV2(confirmed || *v1 > 0);
     if (!v2)
         return v2.error();
     return std::max(*v1, *v2); // a v1 record is migrated twice (v1 to v2 to v3), counted once
@@ -1041,57 +1076,44 @@ Result<void> RedisStore::scanAll(const QByteArray &match,
     return {};
 }
 
-Result<qint64> RedisStore::migrateV2()
+Result<qint64> RedisStore::migrateV2(bool confirmed)
 {
-    // Each record of layout v2 rewritten in place by migrate3.lua and indexed in v3's i:k; the
-    // i:es indexes of processing, failed and reset mean the same in both and stay; v2's other
-    // indexes go. Last, "P layout" 3, so that a migration cut short is found and finished.
-    qint64 migrated = 0;
-    auto records = scanAll(globEscaped(m_prefix) + "{*}:r", [&](const QList<QByteArray> &names) -> Result<void> {
-        QList<QList<QByteArray>> commands;
-        for (const QByteArray &name : names)
-            commands.append({"EVALSHA", m_sha.value("migrate3"), "1", name});
-        auto replies = pipeline(commands, true);
-        if (!replies)
-            return replies.error();
-        redis::IndexBatch batch;
-        for (qsizetype i = 0; i < names.size(); ++i) {
-            const QByteArray &name = names.at(i);
-            Reply &r = (*replies)[size_t(i)];
-            if (r->type == REDIS_REPLY_ERROR && QByteArray(r->str, qsizetype(r->len)).startsWith("NOSCRIPT")) {
-                auto again = script("migrate3", {"1", name}, true); // loads it where it was missing
-                if (!again)
-                    return again.error();
-                r = std::move(*again);
-            }
-            if (r->type == REDIS_REPLY_ERROR)
-                return makeError(ErrorCode::Unavailable, u"Redis %1: migrating a record: %2"_qs.arg(
-                                                             m_url.display(), QString::fromUtf8(r->str, int(r->len))));
-            const redisReply *answer = r.get();
-            if (answer->type != REDIS_REPLY_ARRAY || answer->elements != 5)
-                continue; // nothing to do: already v3, or gone
-            const QString key = QString::fromUtf8(name.mid(m_prefix.size() + 1, name.size() - m_prefix.size() - 4));
-            const auto state = keyStateFromString(QString::fromLatin1(text(answer->element[1])));
-            QString endpoint = QString::fromUtf8(text(answer->element[2]));
-            if (endpoint.isEmpty())
-                endpoint = redis::endpointOf(key);
-            batch.add({key, endpoint, state.value_or(KeyState::Failed), redis::kAllStates,
-                       text(answer->element[3]).toLongLong(), text(answer->element[4]).toLongLong()});
-            ++migrated;
+    // v2 is recognised by its expiry index (every live key of v2 in it) or its token counters.
+    auto v2 = command({"EXISTS", m_prefix + "i:exp"}, false);
+    if (!v2)
+        return v2.error();
+    if ((*v2)->integer != 0 && !confirmed) {
+        // A desk of the previous version writing now would take every migrated key for a new
+        // one and process it again: refused while the delivery log is moving.
+        auto newest = command({"XREVRANGE", m_prefix + "log", "+", "-", "COUNT", "1"}, false);
+        auto now = clockMs();
+        if (!newest)
+            return newest.error();
+        if (!now)
+            return now.error();
+        const redisReply *entries = newest->get();
+        if (entries->type == REDIS_REPLY_ARRAY && entries->elements == 1) {
+            const auto f = fieldsFrom(entries->element[0]->element[1]);
+            const qint64 ago = *now - f.value("at").toLongLong();
+            if (ago < 120'000)
+                return makeError(
+                    ErrorCode::Unavailable,
+                    u"Redis %1 holds records of layout v2 and a delivery was logged %2 s ago (instance %3): stop every "
+                    u"desk of the previous version, then run idemdesk migrate"_qs.arg(
+                        m_url.display(), QString::number(std::max<qint64>(0, ago) / 1000),
+                        QString::fromUtf8(f.value("i"))));
         }
-        if (auto written = pipeline(batch.commands(m_prefix), true); !written)
-            return written.error();
-        return {};
-    });
-    if (!records)
-        return records.error();
+    }
+    // v2's indexes go first (v3's are rebuilt from the records below; a v2 i:es entry whose
+    // record is gone would stay forever); then each record and token counter by migrate3.lua:
+    // run again after a migration cut short, it indexes every live record once more.
     QList<QList<QByteArray>> drop;
     for (const char *state : {"processing", "completed", "failed", "reset"})
         drop.append({"DEL", m_prefix + "i:s:" + state});
     drop.append({"DEL", m_prefix + "i:exp"});
     if (auto done = pipeline(drop, true); !done)
         return done.error();
-    auto completed = scanAll(globEscaped(m_prefix) + "i:es:*:completed", [&](const QList<QByteArray> &names) -> Result<void> {
+    auto indexes = scanAll(globEscaped(m_prefix) + "i:es:*", [&](const QList<QByteArray> &names) -> Result<void> {
         QList<QList<QByteArray>> commands;
         for (const QByteArray &name : names)
             commands.append({"DEL", name});
@@ -1099,8 +1121,49 @@ Result<qint64> RedisStore::migrateV2()
             return done.error();
         return {};
     });
-    if (!completed)
-        return completed.error();
+    if (!indexes)
+        return indexes.error();
+    qint64 migrated = 0;
+    auto records = scanAll(globEscaped(m_prefix) + "{*}:[rt]", [&](const QList<QByteArray> &names) -> Result<void> {
+        // A key's :r and :t in one page are run once; in two, twice (the second only answers).
+        QSet<QString> seen;
+        QStringList keys;
+        QList<QList<QByteArray>> args;
+        for (const QByteArray &name : names) {
+            const QString key = QString::fromUtf8(name.mid(m_prefix.size() + 1, name.size() - m_prefix.size() - 4));
+            if (seen.contains(key))
+                continue;
+            seen.insert(key);
+            keys << key;
+            args.append({"2", redis::recordKey(m_prefix, key), redis::tokenKey(m_prefix, key)});
+        }
+        if (keys.isEmpty())
+            return {};
+        auto replies = scriptsPipelined("migrate3", args);
+        if (!replies)
+            return replies.error();
+        redis::IndexBatch batch;
+        for (qsizetype i = 0; i < keys.size(); ++i) {
+            const redisReply *answer = (*replies)[size_t(i)].get();
+            if (answer->type != REDIS_REPLY_ARRAY || answer->elements < 2)
+                return makeError(ErrorCode::Unavailable,
+                                 u"Redis %1: unexpected answer from migrate3.lua"_qs.arg(m_url.display()));
+            migrated += answer->element[0]->integer;
+            if (answer->elements != 5)
+                continue; // nothing live there
+            const auto state = keyStateFromString(QString::fromLatin1(text(answer->element[1])));
+            QString endpoint = QString::fromUtf8(text(answer->element[2]));
+            if (endpoint.isEmpty())
+                endpoint = redis::endpointOf(keys.at(i));
+            batch.add({keys.at(i), endpoint, state.value_or(KeyState::Failed), redis::kAllStates,
+                       text(answer->element[3]).toLongLong(), text(answer->element[4]).toLongLong()});
+        }
+        if (auto written = pipeline(batch.commands(m_prefix), true); !written)
+            return written.error();
+        return {};
+    });
+    if (!records)
+        return records.error();
     if (auto done = command({"SET", m_prefix + "layout", "3"}, true); !done)
         return done.error();
     return migrated;

@@ -66,9 +66,9 @@ public:
     // To layout v3 from v2 (each record by migrate3.lua, its indexes rebuilt) and from v1 (P k:<key>,
     // one token counter P tokens, P i:all, P i:e:*; first to v2 by migrate.lua). v1 is recognised
     // by P tokens or P i:all, v2 by records without the field m; "P layout" 3 says it is done.
-    Result<qint64> migrateLayout() override;
+    Result<qint64> migrateLayout(bool confirmed = false) override;
     Result<qint64> migrateV1(); // P k:<key> to layout v2 (migrate.lua)
-    Result<qint64> migrateV2(); // layout v2 to v3 (migrate3.lua), its indexes too
+    Result<qint64> migrateV2(bool confirmed); // layout v2 to v3 (migrate3.lua), its indexes too
     Result<qint64> clockMs() override;
     Result<QStringList> durabilityWarnings() override;
     Result<void> appendDeliveries(const QList<DeliveryEvent> &events) override;
@@ -97,7 +97,10 @@ private:
     Result<QStringList> endpoints(); // the endpoints that have keys (P i:eps)
     Result<Reply> script(const char *name, const QList<QByteArray> &args, bool writes);
     Result<void> loadScripts();
-    Result<qint64> purgeSlice();
+    Result<qint64> purgeSlice(qint64 now);
+    // Many runs of one script, pipelined (NOSCRIPT answered by running it loaded); the answers,
+    // in order, or an error if any was one.
+    Result<std::vector<Reply>> scriptsPipelined(const char *name, const QList<QList<QByteArray>> &argsList);
     // One script per request, all in one MULTI/EXEC: atomic together (on a cluster: pipelined,
     // each atomic alone). The answers, in order.
     struct ScriptAnswers

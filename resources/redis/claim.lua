@@ -1,9 +1,9 @@
 -- claim: read the record, decide (the Redis twin of decideClaim() in core/model/statemachine.cpp,
--- held to it by the store contract suite), apply; all atomic, on the record's own keys only.
+-- held to it by the store contract suite), apply; all atomic, on the record's own key only.
 -- On every delivery's path, so it does the least it can: TIME, one HMGET, and for a new claim
--- a GET of the (nearly always absent) token floor and one HSET of three fields + PEXPIREAT.
--- No index, no JSON decode; the request's bytes are copied, never parsed.
--- KEYS: P{key}:r (the record)  P{key}:t (its token floor)
+-- one HSET of three fields + PEXPIREAT. No index, no JSON decode; the request's bytes are
+-- copied, never parsed.
+-- KEYS: P{key}:r (the record, or its tombstone)
 -- ARGV: endpoint provider fingerprint lease_ms ttl_ms policy request
 --   policy: two letters, on a failed key R(eprocess)|X (reject), on a changed payload M (mismatch)|I (ignore)
 --   request: the q field (common.lua)
@@ -14,23 +14,26 @@
 --   replay, in-progress, mismatch: {action, outcome, SUMMARY after the step, now}, SUMMARY being
 --     endpoint provider state fingerprint token attempts created updated lease_until expires_at
 --     result(s) error(e) (the order redisprotocol.cpp reads; the result as stored, split there)
-local rk, tk = KEYS[1], KEYS[2]
+local rk = KEYS[1]
 local fp, leaseMs, ttlMs, policy = ARGV[3], tonumber(ARGV[4]), tonumber(ARGV[5]), ARGV[6]
 local now, nowUs = clock()
 local nowText = fmt(now)
 local cur = redis.call('HMGET', rk, 'm', 's', 'e', 'state')
 if not cur[1] and cur[4] then
-  -- A record of layout v2 (its desk still running, or not migrated): never taken for a new key.
-  return redis.error_reply('IDEMLAYOUT ' .. rk .. ' is in layout v2: stop the desks of the previous version and run idemdesk migrate')
+  -- A record of layout v2, written after the migration (a desk of the previous version):
+  -- converted here, then decided on like any other.
+  convertV2(rk)
+  cur = redis.call('HMGET', rk, 'm', 's', 'e', 'state')
 end
-local state, token, attempts, created, updated, leaseUntil, expires, provider, endpoint, curFp
+local state, token, attempts, created, updated, leaseUntil, expires, status, provider, endpoint, curFp
 if cur[1] then
-  state, token, attempts, created, updated, leaseUntil, expires, provider, endpoint, curFp = unpackMeta(cur[1], rk)
+  state, token, attempts, created, updated, leaseUntil, expires, status, provider, endpoint, curFp =
+    unpackMeta(cur[1], rk)
 end
 
 local action, outcome
 if not state or tonumber(expires) <= now then
-  action, outcome = 'create', 'processed'
+  action, outcome = 'create', 'processed' -- none, or a tombstone: its token is the floor
 elseif state == 'reset' then
   action, outcome = 'reclaim', 'reprocessed'
 elseif string.sub(policy, 2, 2) == 'M' and curFp ~= fp then
@@ -52,16 +55,16 @@ end
 if action == 'replay' or action == 'in-progress' or action == 'mismatch' then
   if action ~= 'mismatch' then
     attempts, updated = fmt(tonumber(attempts) + 1), nowText
-    redis.call('HSET', rk, 'm', packMeta(state, token, attempts, created, updated, leaseUntil, expires, provider,
-                                         endpoint, curFp))
+    redis.call('HSET', rk, 'm', packMeta(state, token, attempts, created, updated, leaseUntil, expires, status,
+                                         provider, endpoint, curFp))
   end
   return {action, outcome, endpoint, provider, state, curFp, token, attempts, created, updated, leaseUntil, expires,
           cur[2] or '', cur[3] or '', nowText}
 end
 
 local expiresAt = now + ttlMs
-local newTok = newToken(tk, tonumber(token or '0'), nowUs)
-local tokenText, expiresText = fmt(newTok), fmt(expiresAt)
+local newTok = newToken(tonumber(token or '0'), nowUs)
+local tokenText = fmt(newTok)
 
 local newAttempts, newCreated, history, before
 if action == 'reclaim' then
@@ -77,12 +80,12 @@ else
   history = '[' .. historyEntry(now, 'claimed', tokenText) .. ']'
 end
 if state then
-  redis.call('DEL', rk) -- a reclaim, or an expired record not yet gone: nothing of it is kept
+  redis.call('DEL', rk) -- a reclaim, or a tombstone: nothing of it is kept but its token, above
 end
 redis.call('HSET', rk, 'm', packMeta('processing', tokenText, newAttempts, newCreated, nowText, fmt(now + leaseMs),
-                                     expiresText, ARGV[2], ARGV[1], fp),
+                                     fmt(expiresAt), '0', ARGV[2], ARGV[1], fp),
            'h', history, 'q', ARGV[7])
-redis.call('PEXPIREAT', rk, expiresText)
+redis.call('PEXPIREAT', rk, keyExpiry(expiresAt))
 if action == 'reclaim' then
   return {action, outcome, newTok, attempts, created, before or '[]', nowText, state}
 end

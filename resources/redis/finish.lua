@@ -8,30 +8,41 @@
 local rk, token, newState = KEYS[1], ARGV[1], ARGV[2]
 local now = clock()
 local nowText = fmt(now)
-local cur = redis.call('HMGET', rk, 'm', 'h')
+local cur = redis.call('HMGET', rk, 'm', 'h', 'e')
 if not cur[1] then
-  return 'missing'
+  cur[1] = convertV2(rk) -- a v2 record left over, or nothing
+  if not cur[1] then
+    return 'missing'
+  end
+  cur[2], cur[3] = redis.call('HGET', rk, 'h'), redis.call('HGET', rk, 'e')
 end
-local state, curToken, attempts, created, _, _, expires, provider, endpoint, fp = unpackMeta(cur[1], rk)
+local state, curToken, attempts, created, _, _, expires, status, provider, endpoint, fp = unpackMeta(cur[1], rk)
 if tonumber(expires) <= now then
   return 'missing'
 end
 if curToken ~= token then
   return 'stale-token'
 end
-local result = ARGV[3] .. '\n' .. ARGV[4] .. '\n' .. ARGV[5]
 if state ~= 'processing' then
-  if state == newState and redis.call('HGET', rk, 's') == result then
-    return 'repeated'
+  -- The same state, status and body (decideFinish's test): this finish, answered before.
+  if state == newState and status == fmt(tonumber(ARGV[3])) then
+    local stored = redis.call('HGET', rk, 's')
+    if stored and string.match(stored, '^[^\n]*\n[^\n]*\n(.*)$') == ARGV[5] then
+      return 'repeated'
+    end
   end
   return 'not-processing'
 end
-local meta = packMeta(newState, curToken, attempts, created, nowText, '0', expires, provider, endpoint, fp)
+local meta = packMeta(newState, curToken, attempts, created, nowText, '0', expires, fmt(tonumber(ARGV[3])), provider,
+                      endpoint, fp)
 local history = appendHistory(cur[2], historyEntry(now, newState, token, ARGV[6]))
--- A record in processing has no e: a claim writes the record whole.
+local result = ARGV[3] .. '\n' .. ARGV[4] .. '\n' .. ARGV[5]
 if ARGV[6] ~= '' then
   redis.call('HSET', rk, 'm', meta, 'h', history, 's', result, 'e', ARGV[6])
 else
   redis.call('HSET', rk, 'm', meta, 'h', history, 's', result)
+  if cur[3] then
+    redis.call('HDEL', rk, 'e') -- an imported processing record may carry one
+  end
 end
 return {'accept', nowText, endpoint}

@@ -1,33 +1,33 @@
 -- import: write a record exported from another store (`keys import`) into layout v3; a live key
 -- is left alone. Its fencing token is this store's (newToken, as claim.lua); expiry and lease
 -- count from TIME. The desk writes the indexes after it, as for every transition.
--- KEYS: P{key}:r  P{key}:t
+-- KEYS: P{key}:r
 -- ARGV: endpoint provider state fingerprint attempts created updated lease_ms ttl_ms
---       request result error history   (request and result: the q and s fields, common.lua)
+--       request result error history status   (request and result: the q and s fields, common.lua)
 -- Returns {token, expires_at}, or 0 when the key exists and has not expired.
-local rk, tk = KEYS[1], KEYS[2]
+local rk = KEYS[1]
 local now, nowUs = clock()
-local cur = redis.call('HGET', rk, 'm')
+local cur = readMeta(rk)
 local before = 0
 if cur then
   local _, token, _, _, _, _, expires = unpackMeta(cur, rk)
   if tonumber(expires) > now then
     return 0
   end
-  before = tonumber(token)
+  before = tonumber(token) -- a tombstone
 end
 local expiresAt = now + tonumber(ARGV[9])
-local token = newToken(tk, before, nowUs)
+local token = newToken(before, nowUs)
 local leaseUntil = 0
 if ARGV[3] == 'processing' then
   leaseUntil = now + tonumber(ARGV[8])
 end
 redis.call('DEL', rk)
 redis.call('HSET', rk, 'm', packMeta(ARGV[3], fmt(token), ARGV[5], ARGV[6], ARGV[7], fmt(leaseUntil), fmt(expiresAt),
-                                     ARGV[2], ARGV[1], ARGV[4]),
+                                     ARGV[14], ARGV[2], ARGV[1], ARGV[4]),
            'h', ARGV[13], 'q', ARGV[10], 's', ARGV[11])
 if ARGV[12] ~= '' then
   redis.call('HSET', rk, 'e', ARGV[12])
 end
-redis.call('PEXPIREAT', rk, fmt(expiresAt))
+redis.call('PEXPIREAT', rk, keyExpiry(expiresAt))
 return {fmt(token), fmt(expiresAt)}

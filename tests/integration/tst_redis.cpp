@@ -112,6 +112,7 @@ QList<QByteArray> runV2(quint16 port, const char *script, const QStringList &key
         return {};
     return out.trimmed().split('\n');
 }
+constexpr qint64 kTombstoneMs = 86'400'000; // common.lua's TOKEN_GRACE_MS
 } // namespace
 
 class TestRedis : public QObject
@@ -442,12 +443,13 @@ private Q_SLOTS:
             QCOMPARE(record->error, QString::fromUtf8(old.value("error")));
             QCOMPARE(record->history.size(),
                      historyFromJson(parseJsonArray(old.value("history"))).size());
-            // The TTL: the same expiry, on the new key.
+            // The TTL: the same expiry, on the new key, which Redis keeps a day longer as the
+            // key's tombstone (its token the floor of the next).
             QVERIFY(redisCli(
                 port,
                 {u"PEXPIRETIME"_qs, QString::fromUtf8(redis::recordKey(url.prefix.toUtf8(), k))},
                 &out));
-            QCOMPARE(out.trimmed(), ttl.value(k).trimmed());
+            QCOMPARE(out.trimmed().toLongLong(), ttl.value(k).trimmed().toLongLong() + kTombstoneMs);
         }
         const auto doneRecord = **(*store)->key(u"ep:done"_qs);
         QCOMPARE(doneRecord.result.status, 201);
@@ -497,6 +499,66 @@ private Q_SLOTS:
                  name(OperatorVerdict::Accept));
         c = claimOf(u"ep:done"_qs);
         QVERIFY((*store)->claim(c)->record.token > again.value(2).toLongLong());
+    }
+
+    // A key that expired, or was deleted, leaves a tombstone: absent to every reader, its token
+    // the floor of the key's next one for a day, whatever Redis's clock does meanwhile (here:
+    // a tombstone token set an hour ahead, as if the clock had gone back an hour since).
+    void expiredAndDeletedKeysLeaveTheirTokenFloor()
+    {
+        const quint16 port = m_redis->port();
+        auto store = RedisStore::connect(*StoreUrl::parse(m_redis->url() + u"?prefix=tomb:"_qs));
+        QVERIFY(store.ok());
+        auto rk = [](const QString &k) { return QString::fromUtf8(redis::recordKey("tomb:", k)); };
+        auto raiseToken = [&](const QString &k) {
+            QByteArray out;
+            if (!redisCli(port, {u"HGET"_qs, rk(k), u"m"_qs}, &out))
+                return qint64(0);
+            QList<QByteArray> meta = out.trimmed().split(' ');
+            if (meta.size() < 11)
+                return qint64(0);
+            const qint64 high = wallMs() * 1000 + 3'600'000'000LL;
+            meta[1] = QByteArray::number(high);
+            return redisCli(port, {u"HSET"_qs, rk(k), u"m"_qs, QString::fromUtf8(meta.join(' '))}) ? high : 0;
+        };
+        ClaimRequest brief = claimOf(u"ep:brief"_qs);
+        brief.policy.ttlMs = 300;
+        const ClaimResult first = *(*store)->claim(brief);
+        FinishRequest f;
+        f.key = brief.key;
+        f.token = first.record.token;
+        f.result = {200, {}, "done"};
+        QCOMPARE(name(*(*store)->finish(f)), name(FinishVerdict::Accept));
+        QTRY_VERIFY_WITH_TIMEOUT(!(*(*store)->key(brief.key)).has_value(), 5000);
+        QByteArray out;
+        QVERIFY(redisCli(port, {u"PTTL"_qs, rk(brief.key)}, &out));
+        QVERIFY2(out.trimmed().toLongLong() > 86'000'000, out.constData()); // kept as a tombstone
+        KeyQuery q;
+        QCOMPARE((*store)->listKeys(q)->size(), 0);
+        QCOMPARE((*store)->countKeys({})->total(), 0);
+        QVERIFY((*store)->purgeExpired().ok());
+        QVERIFY(redisCli(port, {u"HKEYS"_qs, rk(brief.key)}, &out));
+        QCOMPARE(out.trimmed(), QByteArray("m")); // its payloads dropped, its meta kept
+        QCOMPARE(name(*(*store)->finish(f)), name(FinishVerdict::Missing));
+        const qint64 high = raiseToken(brief.key);
+        QVERIFY(high > 0);
+        const ClaimResult again = *(*store)->claim(brief);
+        QCOMPARE(name(again.decision.action), name(ClaimAction::Create));
+        QVERIFY(again.record.token > high);
+
+        const ClaimRequest doomed = claimOf(u"ep:doomed"_qs);
+        QVERIFY((*store)->claim(doomed)->claimed());
+        QCOMPARE(name(*(*store)->applyOperator(doomed.key, OperatorAction::Delete, true, {})),
+                 name(OperatorVerdict::Accept));
+        QVERIFY(!(*(*store)->key(doomed.key)).has_value());
+        QCOMPARE(name(*(*store)->applyOperator(doomed.key, OperatorAction::Delete, true, {})),
+                 name(OperatorVerdict::Missing));
+        const qint64 high2 = raiseToken(doomed.key);
+        QVERIFY(high2 > 0);
+        const ClaimResult reborn = *(*store)->claim(doomed);
+        QCOMPARE(name(reborn.decision.action), name(ClaimAction::Create));
+        QVERIFY(reborn.record.token > high2);
+        QCOMPARE(reborn.record.attempts, 1);
     }
 
     // A record whose meta line does not read is never taken for an absent one: claim, finish
@@ -556,8 +618,8 @@ private Q_SLOTS:
         QCOMPARE(finishV2(u"ep:bad"_qs, bad.value(2), u"failed"_qs, u"502"_qs, u"[]"_qs, u"down"_qs,
                           u"downstream \"down\""_qs),
                  QByteArray("accept"));
-        const auto again = claimV2(u"ep:again"_qs, u"3600000"_qs);
-        QCOMPARE(finishV2(u"ep:again"_qs, again.value(2), u"failed"_qs, u"500"_qs, u"[]"_qs, u"x"_qs,
+        const auto againV2 = claimV2(u"ep:again"_qs, u"3600000"_qs);
+        QCOMPARE(finishV2(u"ep:again"_qs, againV2.value(2), u"failed"_qs, u"500"_qs, u"[]"_qs, u"x"_qs,
                           u"boom"_qs),
                  QByteArray("accept"));
         QCOMPARE(runV2(port, "operator", {rk(u"ep:again"_qs)}, {u"reset"_qs, u"0"_qs, u"by hand"_qs}).value(0),
@@ -591,17 +653,46 @@ private Q_SLOTS:
         auto ready = (*store)->ready();
         QVERIFY(!ready.ok());
         QVERIFY2(ready.error().message.contains(u"layout"_qs), qPrintable(ready.error().message));
-        // Before the migration, a claim on a v2 record is refused, and the record untouched.
-        auto refused = (*store)->claim(claimOf(u"ep:done"_qs));
-        QVERIFY(!refused.ok());
-        QVERIFY2(refused.error().message.contains(u"layout v2"_qs), qPrintable(refused.error().message));
+        // A v2 key deleted: its record gone, its token counter left (the floor of its next token).
+        const auto gone = claimV2(u"ep:gone"_qs, u"3600000"_qs);
+        QCOMPARE(runV2(port, "operator", {rk(u"ep:gone"_qs)}, {u"delete"_qs, u"1"_qs, QString()}).value(0),
+                 QByteArray("accept"));
+        QVERIFY(redisCli(port, {u"SET"_qs, tk(u"ep:gone"_qs), QString::number(wallMs() * 1000 + 3'600'000'000LL), u"PX"_qs,
+                                u"600000"_qs})); // as if Redis's clock had gone back an hour since
         QByteArray out;
-        QVERIFY(redisCli(port, {u"HGET"_qs, rk(u"ep:done"_qs), u"attempts"_qs}, &out));
-        QCOMPARE(out.trimmed(), v2[u"ep:done"_qs].value("attempts"));
+        QVERIFY(redisCli(port, {u"GET"_qs, tk(u"ep:gone"_qs)}, &out));
+        const qint64 floor = out.trimmed().toLongLong();
+        QVERIFY(floor > gone.value(2).toLongLong());
 
-        auto migrated = (*store)->migrateLayout();
+        // A desk of the previous version may be writing (a delivery logged just now): the
+        // migration at start refuses; `idemdesk migrate` (confirmed) goes ahead.
+        DeliveryEvent logged;
+        logged.endpoint = u"ep"_qs;
+        logged.key = u"ep:busy"_qs;
+        logged.atMs = *(*store)->clockMs();
+        logged.instance = u"old-desk"_qs;
+        QVERIFY((*store)->appendDeliveries({logged}).ok());
+        auto refused = (*store)->migrateLayout();
+        QVERIFY(!refused.ok());
+        QVERIFY2(refused.error().message.contains(u"old-desk"_qs) &&
+                     refused.error().message.contains(u"idemdesk migrate"_qs),
+                 qPrintable(refused.error().message));
+        QVERIFY(redisCli(port, {u"HGET"_qs, rk(u"ep:done"_qs), u"attempts"_qs}, &out));
+        QCOMPARE(out.trimmed(), v2[u"ep:done"_qs].value("attempts")); // untouched
+
+        // A v2 record met by a claim before the migration is converted on the spot.
+        ClaimRequest early = claimOf(u"ep:done"_qs);
+        early.fingerprint = "fp-ep:done";
+        auto replayed = (*store)->claim(early);
+        QVERIFY2(replayed.ok(), replayed.ok() ? "" : qPrintable(replayed.error().message));
+        QCOMPARE(name(replayed->decision.action), name(ClaimAction::Replay));
+        QCOMPARE(replayed->record.result.body, QByteArray("the result"));
+        v2[u"ep:done"_qs]["attempts"] = QByteArray::number(v2[u"ep:done"_qs].value("attempts").toInt() + 1);
+        v2[u"ep:done"_qs]["updated"] = QByteArray::number(replayed->storeNowMs);
+
+        auto migrated = (*store)->migrateLayout(true);
         QVERIFY2(migrated.ok(), migrated.ok() ? "" : qPrintable(migrated.error().message));
-        QCOMPARE(*migrated, 4);
+        QCOMPARE(*migrated, 4); // three records and the deleted key's floor
         QCOMPARE(*(*store)->migrateLayout(), 0);
         QVERIFY((*store)->ready().ok());
         QVERIFY(redisCli(port, {u"EXISTS"_qs, p + u"i:s:completed"_qs, p + u"i:s:failed"_qs, p + u"i:exp"_qs,
@@ -631,7 +722,7 @@ private Q_SLOTS:
             QCOMPARE(record->error, QString::fromUtf8(old.value("error")));
             QCOMPARE(record->history.size(), historyFromJson(parseJsonArray(old.value("history"))).size());
             QVERIFY(redisCli(port, {u"PEXPIRETIME"_qs, rk(k)}, &out));
-            QCOMPARE(out.trimmed(), expiry.value(k).trimmed());
+            QCOMPARE(out.trimmed().toLongLong(), expiry.value(k).trimmed().toLongLong() + kTombstoneMs);
         }
         const auto doneRecord = **(*store)->key(u"ep:done"_qs);
         QCOMPARE(doneRecord.result.status, 201);
@@ -650,6 +741,17 @@ private Q_SLOTS:
         QCOMPARE((*store)->listKeys(q)->size(), 4);
         q.state = KeyState::Completed;
         QCOMPARE((*store)->listKeys(q)->size(), 1);
+        // A migration cut short (records converted, indexes not yet written) is finished by the
+        // next one: every live record indexed again, nothing converted twice.
+        QVERIFY(redisCli(port, {u"DEL"_qs, p + u"layout"_qs, p + u"i:k:ep"_qs, p + u"i:es:ep:failed"_qs,
+                                p + u"i:es:ep:processing"_qs, p + u"i:es:ep:reset"_qs}));
+        QCOMPARE((*store)->countKeys(u"ep"_qs)->total(), 0);
+        QCOMPARE(*(*store)->migrateLayout(), 0);
+        const StateCounts again = *(*store)->countKeys(u"ep"_qs);
+        QCOMPARE(again.completed, 1);
+        QCOMPARE(again.processing, 1);
+        QCOMPARE(again.failed, 1);
+        QCOMPARE(again.reset, 1);
 
         // The desk carries on: a replay with the stored result, a duplicate in progress, the
         // holder's finish, the reset key processed again under a higher token.
@@ -671,7 +773,15 @@ private Q_SLOTS:
         c.fingerprint = "fp-ep:again";
         auto reclaimed = (*store)->claim(c);
         QCOMPARE(name(reclaimed->decision.action), name(ClaimAction::Reclaim));
-        QVERIFY(reclaimed->record.token > again.value(2).toLongLong());
+        QVERIFY(reclaimed->record.token > againV2.value(2).toLongLong());
+        // The deleted key: its counter became its tombstone, its next token is above it.
+        QVERIFY(redisCli(port, {u"EXISTS"_qs, tk(u"ep:gone"_qs)}, &out));
+        QCOMPARE(out.trimmed(), QByteArray("0"));
+        QVERIFY(!(*(*store)->key(u"ep:gone"_qs)).has_value());
+        c = claimOf(u"ep:gone"_qs);
+        auto again2 = (*store)->claim(c);
+        QCOMPARE(name(again2->decision.action), name(ClaimAction::Create));
+        QVERIFY2(again2->record.token > floor, qPrintable(QString::number(again2->record.token)));
     }
 
     // Every command migrates a v1 store at start, and says so; `idemdesk migrate` too.

@@ -1,0 +1,16 @@
+-- tombstone: purge's step for a key whose index entry says it expired. Decided here, on the
+-- store's clock and atomically, so that a key claimed again meanwhile is left alone.
+-- KEYS: P{key}:r
+-- Returns 'gone' (nothing there), 'tombstone' (expired: its payloads dropped, its meta kept as
+-- the token floor until Redis expires the key) or the live record's expires_at.
+local rk = KEYS[1]
+local m = readMeta(rk)
+if not m then
+  return 'gone'
+end
+local _, _, _, _, _, _, expires = unpackMeta(m, rk)
+if tonumber(expires) > clock() then
+  return expires
+end
+redis.call('HDEL', rk, 'q', 's', 'h', 'e')
+return 'tombstone'
