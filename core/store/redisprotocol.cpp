@@ -3,7 +3,9 @@
 #include <QCryptographicHash>
 #include <QFile>
 
+#include <algorithm>
 #include <array>
+#include <cctype>
 
 #include <hiredis.h>
 
@@ -135,10 +137,12 @@ bool metaFrom(const QByteArray &m, QHash<QByteArray, QByteArray> &into)
         if (space < 0)
             return false;
         const QByteArray value = m.mid(at, space - at);
-        bool number = true;
-        if (i >= 1 && i <= 7)
-            value.toLongLong(&number);
-        if (!number || (i == 0 && value.isEmpty()) || value.contains('\n'))
+        // As unpackMeta's pattern: digits (the status may be negative), no white space.
+        const bool digits =
+            !value.isEmpty() && std::all_of(value.begin() + (i == 7 && value.startsWith('-') ? 1 : 0),
+                                            value.end(), [](char c) { return c >= '0' && c <= '9'; });
+        const bool blank = std::any_of(value.begin(), value.end(), [](char c) { return std::isspace(uchar(c)); });
+        if (blank || (i >= 1 && i <= 7 && !digits) || (i == 0 && value.isEmpty()))
             return false;
         read.insert(names[i], value);
         at = space + 1;
@@ -212,7 +216,7 @@ Result<QHash<QByteArray, Script>> scripts()
                          u"the Redis scripts are missing from the resources"_qs);
     const QByteArray common = "local CAP = " + num(kHistoryCap) + "\n" + commonFile.readAll();
     QHash<QByteArray, Script> loaded;
-    for (const char *name : {"claim", "finish", "operator", "import", "migrate", "migrate3", "tombstone"}) {
+    for (const char *name : {"claim", "finish", "operator", "import", "migrate", "migrate3", "tombstone", "unindex"}) {
         QFile file(u":/redis/%1.lua"_qs.arg(QLatin1String(name)));
         if (!file.open(QIODevice::ReadOnly))
             return makeError(ErrorCode::Internal,

@@ -20,7 +20,7 @@ struct Script
     QByteArray source;
     QByteArray sha;
 };
-Result<QHash<QByteArray, Script>> scripts(); // by name: claim, finish, operator, import, migrate, migrate3, tombstone
+Result<QHash<QByteArray, Script>> scripts(); // by name: claim, finish, operator, import, migrate, migrate3, tombstone, unindex
 
 // The key layout (described at the top of resources/redis/common.lua): a record's own keys
 // carry its hash tag, the indexes are the desk's.

@@ -4,6 +4,7 @@
 #include "store/redisprotocol.h"
 
 #include <QRegularExpression>
+#include <QScopeGuard>
 #include <QSet>
 
 #include <algorithm>
@@ -543,10 +544,26 @@ Result<std::optional<KeyRecord>> RedisStore::key(const QString &key)
     auto r = command({"HGETALL", redis::recordKey(m_prefix, key)}, false);
     if (!r)
         return r.error();
-    const auto fields = fieldsFrom(r->get());
+    auto fields = fieldsFrom(r->get());
+    if (!fields.contains("m") && fields.contains("state")) {
+        // A record of layout v2 left over: converted (tombstone.lua reads it as every script
+        // does), then read again.
+        if (auto converted = script("tombstone", {"1", redis::recordKey(m_prefix, key)}, true); !converted)
+            return converted.error();
+        r = command({"HGETALL", redis::recordKey(m_prefix, key)}, false);
+        if (!r)
+            return r.error();
+        fields = fieldsFrom(r->get());
+    }
+    if (!fields.contains("m"))
+        return std::optional<KeyRecord>();
     QHash<QByteArray, QByteArray> meta;
-    if (!redis::metaFrom(fields.value("m"), meta) || meta.value("expires_at").toLongLong() <= *now)
-        return std::optional<KeyRecord>(); // none, a tombstone (expired, deleted), or unreadable
+    if (!redis::metaFrom(fields.value("m"), meta) || fields.contains("state"))
+        return makeError(ErrorCode::Unavailable,
+                         u"Redis %1: the record of %2 is unreadable (its meta line, or fields of layout v2 beside it)"_qs
+                             .arg(m_url.display(), key));
+    if (meta.value("expires_at").toLongLong() <= *now)
+        return std::optional<KeyRecord>(); // a tombstone (expired, deleted)
     return std::optional<KeyRecord>(redis::recordFrom(key, fields));
 }
 
@@ -595,9 +612,8 @@ Result<qint64> RedisStore::purgeSlice(qint64 now)
     auto verdicts = scriptsPipelined("tombstone", args);
     if (!verdicts)
         return verdicts.error();
-    redis::IndexBatch gone;
     QList<QList<QByteArray>> writes;
-    qint64 removed = 0;
+    QHash<QString, QList<QByteArray>> expiredByEndpoint; // unindex.lua's arguments
     for (qsizetype i = 0; i < keys.size(); ++i) {
         const QByteArray verdict = text((*verdicts)[size_t(i)].get());
         if (verdict != "gone" && verdict != "tombstone") {
@@ -605,11 +621,37 @@ Result<qint64> RedisStore::purgeSlice(qint64 now)
                            keys.at(i).toUtf8()});
             continue;
         }
-        gone.add({keys.at(i), endpointOfKey.at(i), std::nullopt, redis::kAllStates, now, 0});
-        ++removed;
+        auto &args = expiredByEndpoint[endpointOfKey.at(i)];
+        if (args.isEmpty())
+            args << "1" << redis::endpointIndex(m_prefix, endpointOfKey.at(i)) << num(now);
+        args << keys.at(i).toUtf8();
     }
-    writes += gone.commands(m_prefix);
-    if (auto written = pipeline(writes, true); !written)
+    if (!writes.isEmpty())
+        if (auto written = pipeline(writes, true); !written)
+            return written.error();
+    if (expiredByEndpoint.isEmpty())
+        return 0;
+    // Out of i:k only where the entry is still the expired one (a key claimed again meanwhile
+    // keeps its new one); then out of the i:es indexes those went from.
+    const QStringList expiredEndpoints = expiredByEndpoint.keys();
+    QList<QList<QByteArray>> unindexArgs;
+    for (const QString &endpoint : expiredEndpoints)
+        unindexArgs << expiredByEndpoint.value(endpoint);
+    auto unindexed = scriptsPipelined("unindex", unindexArgs);
+    if (!unindexed)
+        return unindexed.error();
+    redis::IndexBatch gone;
+    qint64 removed = 0;
+    for (qsizetype e = 0; e < expiredEndpoints.size(); ++e) {
+        const redisReply *list = (*unindexed)[size_t(e)].get();
+        for (size_t i = 0; list->type == REDIS_REPLY_ARRAY && i < list->elements; ++i) {
+            gone.add({QString::fromUtf8(text(list->element[i])), expiredEndpoints.at(e), std::nullopt,
+                      redis::bit(KeyState::Processing) | redis::bit(KeyState::Failed) | redis::bit(KeyState::Reset),
+                      now, 0});
+            ++removed;
+        }
+    }
+    if (auto written = pipeline(gone.commands(m_prefix), true); !written)
         return written.error();
     return removed;
 }
@@ -888,7 +930,8 @@ Result<QList<KeyRecord>> RedisStore::listKeys(const KeyQuery &q)
                 if (reply->element[f]->type == REDIS_REPLY_STRING)
                     fields.insert(kRead[f], text(reply->element[f]));
             QHash<QByteArray, QByteArray> meta;
-            redis::metaFrom(fields.value("m"), meta);
+            if (fields.contains("m") && !redis::metaFrom(fields.value("m"), meta))
+                continue; // unreadable: not listed, its entries left (every script refuses it)
             auto state = keyStateFromString(QString::fromLatin1(meta.value("state")));
             if (meta.value("expires_at").toLongLong() <= *now)
                 state.reset(); // a tombstone
@@ -1093,8 +1136,9 @@ Result<qint64> RedisStore::migrateV2(bool confirmed)
             return now.error();
         const redisReply *entries = newest->get();
         if (entries->type == REDIS_REPLY_ARRAY && entries->elements == 1) {
+            // The entry's ID is Redis's clock when it was written (the "at" field, the desk's).
             const auto f = fieldsFrom(entries->element[0]->element[1]);
-            const qint64 ago = *now - f.value("at").toLongLong();
+            const qint64 ago = *now - text(entries->element[0]->element[0]).split('-').value(0).toLongLong();
             if (ago < 120'000)
                 return makeError(
                     ErrorCode::Unavailable,
@@ -1104,6 +1148,20 @@ Result<qint64> RedisStore::migrateV2(bool confirmed)
                         QString::fromUtf8(f.value("i"))));
         }
     }
+    // One migration at a time (two desks starting together): the other is refused, and says so.
+    const QByteArray lock = m_prefix + "migrating";
+    auto locked = command({"SET", lock, "1", "NX", "PX", "900000"}, true);
+    if (!locked)
+        return locked.error();
+    if ((*locked)->type == REDIS_REPLY_NIL)
+        return makeError(ErrorCode::Unavailable,
+                         u"Redis %1: another desk is migrating the records to layout v3 (%2 is set): start again when "
+                         u"it has finished"_qs.arg(m_url.display(), QString::fromUtf8(lock)));
+    auto unlock = qScopeGuard([&] { (void)command({"DEL", lock}, true); });
+    if (auto layout = command({"GET", m_prefix + "layout"}, false); !layout)
+        return layout.error();
+    else if (text(layout->get()).toLongLong() >= 3)
+        return 0; // the other desk finished just before
     // v2's indexes go first (v3's are rebuilt from the records below; a v2 i:es entry whose
     // record is gone would stay forever); then each record and token counter by migrate3.lua:
     // run again after a migration cut short, it indexes every live record once more.

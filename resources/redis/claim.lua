@@ -19,6 +19,9 @@ local fp, leaseMs, ttlMs, policy = ARGV[3], tonumber(ARGV[4]), tonumber(ARGV[5])
 local now, nowUs = clock()
 local nowText = fmt(now)
 local cur = redis.call('HMGET', rk, 'm', 's', 'e', 'state')
+if cur[1] and cur[4] then
+  refuseMixed(rk)
+end
 if not cur[1] and cur[4] then
   -- A record of layout v2, written after the migration (a desk of the previous version):
   -- converted here, then decided on like any other.

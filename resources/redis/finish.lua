@@ -8,7 +8,10 @@
 local rk, token, newState = KEYS[1], ARGV[1], ARGV[2]
 local now = clock()
 local nowText = fmt(now)
-local cur = redis.call('HMGET', rk, 'm', 'h', 'e')
+local cur = redis.call('HMGET', rk, 'm', 'h', 'e', 'state')
+if cur[1] and cur[4] then
+  refuseMixed(rk)
+end
 if not cur[1] then
   cur[1] = convertV2(rk) -- a v2 record left over, or nothing
   if not cur[1] then
@@ -24,10 +27,14 @@ if curToken ~= token then
   return 'stale-token'
 end
 if state ~= 'processing' then
-  -- The same state, status and body (decideFinish's test): this finish, answered before.
+  -- The same state, status and body (decideFinish's test; none stored reads as status 0 and
+  -- an empty body): this finish, answered before.
   if state == newState and status == fmt(tonumber(ARGV[3])) then
-    local stored = redis.call('HGET', rk, 's')
-    if stored and string.match(stored, '^[^\n]*\n[^\n]*\n(.*)$') == ARGV[5] then
+    local stored, body = redis.call('HGET', rk, 's'), ''
+    if stored then
+      body = string.match(stored, '^[^\n]*\n[^\n]*\n(.*)$')
+    end
+    if body == ARGV[5] then
       return 'repeated'
     end
   end

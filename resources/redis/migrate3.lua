@@ -8,7 +8,11 @@
 -- indexes it), or {converted, ''} when there is none (gone, or a tombstone).
 local rk, tk = KEYS[1], KEYS[2]
 local converted = 0
-local m = redis.call('HGET', rk, 'm')
+local cur = redis.call('HMGET', rk, 'm', 'state')
+local m = cur[1]
+if m and cur[2] then
+  refuseMixed(rk)
+end
 if not m then
   m = convertV2(rk)
   if m then converted = 1 end
@@ -17,10 +21,12 @@ local counter = redis.call('GET', tk)
 if counter then
   if not m then
     local until_ = redis.call('PEXPIRETIME', tk)
-    m = packMeta('reset', fmt(tonumber(counter)), '0', '0', '0', '0', '0', '0', '', '', '')
+    m = tombstoneMeta('reset', fmt(tonumber(counter)), '0', '0', '', '', '')
     redis.call('HSET', rk, 'm', m)
     if until_ > 0 then
       redis.call('PEXPIREAT', rk, until_)
+    else
+      redis.call('PEXPIREAT', rk, keyExpiry(clock())) -- a counter without expiry: a day, not forever
     end
     converted = 1
   end

@@ -16,8 +16,7 @@ end
 if action == 'delete' then
   -- A tombstone from now: absent everywhere, its token the floor of the key's next one.
   redis.call('DEL', rk)
-  redis.call('HSET', rk, 'm', packMeta(state, token, attempts, created, fmt(now), '0', fmt(now), status, provider,
-                                       endpoint, fp))
+  redis.call('HSET', rk, 'm', tombstoneMeta(state, token, attempts, created, provider, endpoint, fp))
   redis.call('PEXPIREAT', rk, keyExpiry(now))
   return {'accept', fmt(now), endpoint, state, ''}
 end

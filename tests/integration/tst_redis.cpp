@@ -539,6 +539,12 @@ private Q_SLOTS:
         QVERIFY((*store)->purgeExpired().ok());
         QVERIFY(redisCli(port, {u"HKEYS"_qs, rk(brief.key)}, &out));
         QCOMPARE(out.trimmed(), QByteArray("m")); // its payloads dropped, its meta kept
+        auto expiresOf = [&](const QString &k) {
+            QByteArray meta;
+            redisCli(port, {u"HGET"_qs, rk(k), u"m"_qs}, &meta);
+            return meta.trimmed().split(' ').value(6);
+        };
+        QCOMPARE(expiresOf(brief.key), QByteArray("0")); // absent even if the clock steps back
         QCOMPARE(name(*(*store)->finish(f)), name(FinishVerdict::Missing));
         const qint64 high = raiseToken(brief.key);
         QVERIFY(high > 0);
@@ -551,6 +557,7 @@ private Q_SLOTS:
         QCOMPARE(name(*(*store)->applyOperator(doomed.key, OperatorAction::Delete, true, {})),
                  name(OperatorVerdict::Accept));
         QVERIFY(!(*(*store)->key(doomed.key)).has_value());
+        QCOMPARE(expiresOf(doomed.key), QByteArray("0"));
         QCOMPARE(name(*(*store)->applyOperator(doomed.key, OperatorAction::Delete, true, {})),
                  name(OperatorVerdict::Missing));
         const qint64 high2 = raiseToken(doomed.key);
@@ -580,9 +587,22 @@ private Q_SLOTS:
         f.state = KeyState::Completed;
         QVERIFY(!(*store)->finish(f).ok());
         QVERIFY(!(*store)->applyOperator(u"ep:odd"_qs, OperatorAction::Delete, true, {}).ok());
+        QVERIFY(!(*store)->key(u"ep:odd"_qs).ok());
         QByteArray out;
         QVERIFY(redisCli(port, {u"HGET"_qs, rk, u"m"_qs}, &out));
         QCOMPARE(out.trimmed(), QByteArray("completed not-a-token"));
+
+        // A desk of the previous version that wrote its fields into a record of layout v3 (it
+        // takes every v3 key for a new one): refused loudly, never decided on.
+        const ClaimRequest mixed = claimOf(u"ep:mixed"_qs);
+        QVERIFY((*store)->claim(mixed)->claimed());
+        const QString mk = QString::fromUtf8(redis::recordKey("bad:", mixed.key));
+        QVERIFY(redisCli(port, {u"HSET"_qs, mk, u"state"_qs, u"processing"_qs, u"token"_qs, u"1"_qs}));
+        auto refused = (*store)->claim(mixed);
+        QVERIFY(!refused.ok());
+        QVERIFY2(refused.error().message.contains(u"previous version"_qs), qPrintable(refused.error().message));
+        QVERIFY(!(*store)->key(mixed.key).ok());
+        QVERIFY(!(*store)->applyOperator(mixed.key, OperatorAction::Delete, true, {}).ok());
     }
 
     // A store of layout v2 (the release before) is migrated to v3 in place: each record with its
