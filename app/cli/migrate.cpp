@@ -1,5 +1,5 @@
-// idemdesk migrate: converts a store's records from an earlier version's layout (Redis layouts v1, v2)
-// to the current one. Every command does it at start too; this one says so when there was none.
+// idemdesk migrate: converts a store's records from an earlier version's layout (Redis layouts v1,
+// v2) to the current one. Every command does it at start too; this one says so when there was none.
 #include "cli/common.h"
 
 #include "store/storefactory.h"
@@ -10,7 +10,8 @@ int migrate(const QStringList &arguments)
 {
     QCommandLineParser parser;
     parser.setApplicationDescription(
-        u"Converts the store's records from an earlier layout (Redis layouts v1 and v2) to the current "
+        u"Converts the store's records from an earlier layout (Redis layouts v1 and v2) to the "
+        u"current "
         u"one; every record, "
         "its state, TTL, result and history are kept. Every command does it at start too."_qs);
     addCommonOptions(parser, false);

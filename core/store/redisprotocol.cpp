@@ -20,9 +20,9 @@ QByteArray num(qint64 v)
 
 // The SUMMARY of claim.lua's answer, in its order: the meta's columns, then the result and the
 // error as stored (fields s and e).
-const QByteArray kSummary[] = {"endpoint", "provider", "state",       "fingerprint", "token",
-                               "attempts", "created",  "updated",     "lease_until", "expires_at",
-                               "s",        "e"};
+const QByteArray kSummary[] = {"endpoint",    "provider",   "state",   "fingerprint",
+                               "token",       "attempts",   "created", "updated",
+                               "lease_until", "expires_at", "s",       "e"};
 constexpr size_t kSummarySize = std::size(kSummary);
 
 ClaimAction actionFrom(const QByteArray &text)
@@ -110,7 +110,8 @@ QString endpointOf(const QString &key)
 
 namespace {
 
-// The result as stored (field s: status, headers JSON, body, a line break between) into its columns.
+// The result as stored (field s: status, headers JSON, body, a line break between) into its
+// columns.
 void resultColumns(const QByteArray &s, QHash<QByteArray, QByteArray> &into)
 {
     if (s.isEmpty())
@@ -128,8 +129,9 @@ bool metaFrom(const QByteArray &m, QHash<QByteArray, QByteArray> &into)
 {
     // "state token attempts created updated lease_until expires_at status provider endpoint
     // fingerprint": the scripts' unpackMeta, which refuses what this refuses.
-    static const QByteArray names[] = {"state",       "token",      "attempts",   "created", "updated",
-                                       "lease_until", "expires_at", "res_status", "provider", "endpoint"};
+    static const QByteArray names[] = {"state",    "token",       "attempts",   "created",
+                                       "updated",  "lease_until", "expires_at", "res_status",
+                                       "provider", "endpoint"};
     QHash<QByteArray, QByteArray> read;
     qsizetype at = 0;
     for (size_t i = 0; i < std::size(names); ++i) {
@@ -138,10 +140,11 @@ bool metaFrom(const QByteArray &m, QHash<QByteArray, QByteArray> &into)
             return false;
         const QByteArray value = m.mid(at, space - at);
         // As unpackMeta's pattern: digits (the status may be negative), no white space.
-        const bool digits =
-            !value.isEmpty() && std::all_of(value.begin() + (i == 7 && value.startsWith('-') ? 1 : 0),
-                                            value.end(), [](char c) { return c >= '0' && c <= '9'; });
-        const bool blank = std::any_of(value.begin(), value.end(), [](char c) { return std::isspace(uchar(c)); });
+        const bool digits = !value.isEmpty() &&
+                            std::all_of(value.begin() + (i == 7 && value.startsWith('-') ? 1 : 0),
+                                        value.end(), [](char c) { return c >= '0' && c <= '9'; });
+        const bool blank =
+            std::any_of(value.begin(), value.end(), [](char c) { return std::isspace(uchar(c)); });
         if (blank || (i >= 1 && i <= 7 && !digits) || (i == 0 && value.isEmpty()))
             return false;
         read.insert(names[i], value);
@@ -216,7 +219,8 @@ Result<QHash<QByteArray, Script>> scripts()
                          u"the Redis scripts are missing from the resources"_qs);
     const QByteArray common = "local CAP = " + num(kHistoryCap) + "\n" + commonFile.readAll();
     QHash<QByteArray, Script> loaded;
-    for (const char *name : {"claim", "finish", "operator", "import", "migrate", "migrate3", "tombstone", "unindex"}) {
+    for (const char *name :
+         {"claim", "finish", "operator", "import", "migrate", "migrate3", "tombstone", "unindex"}) {
         QFile file(u":/redis/%1.lua"_qs.arg(QLatin1String(name)));
         if (!file.open(QIODevice::ReadOnly))
             return makeError(ErrorCode::Internal,

@@ -20,12 +20,14 @@ struct Script
     QByteArray source;
     QByteArray sha;
 };
-Result<QHash<QByteArray, Script>> scripts(); // by name: claim, finish, operator, import, migrate, migrate3, tombstone, unindex
+Result<QHash<QByteArray, Script>>
+scripts(); // by name: claim, finish, operator, import, migrate, migrate3, tombstone, unindex
 
 // The key layout (described at the top of resources/redis/common.lua): a record's own keys
 // carry its hash tag, the indexes are the desk's.
 QByteArray recordKey(const QByteArray &prefix, const QString &key); // P{key}:r
-QByteArray tokenKey(const QByteArray &prefix, const QString &key);  // P{key}:t (layout v2; migrated away)
+QByteArray tokenKey(const QByteArray &prefix,
+                    const QString &key); // P{key}:t (layout v2; migrated away)
 QByteArray endpointIndex(const QByteArray &prefix, const QString &endpoint); // P i:k:<ep>
 // P i:es:<ep>:<state>, for processing, failed and reset (completed has none)
 QByteArray endpointStateIndex(const QByteArray &prefix, const QString &endpoint, KeyState state);

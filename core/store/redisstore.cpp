@@ -548,7 +548,8 @@ Result<std::optional<KeyRecord>> RedisStore::key(const QString &key)
     if (!fields.contains("m") && fields.contains("state")) {
         // A record of layout v2 left over: converted (tombstone.lua reads it as every script
         // does), then read again.
-        if (auto converted = script("tombstone", {"1", redis::recordKey(m_prefix, key)}, true); !converted)
+        if (auto converted = script("tombstone", {"1", redis::recordKey(m_prefix, key)}, true);
+            !converted)
             return converted.error();
         r = command({"HGETALL", redis::recordKey(m_prefix, key)}, false);
         if (!r)
@@ -559,9 +560,10 @@ Result<std::optional<KeyRecord>> RedisStore::key(const QString &key)
         return std::optional<KeyRecord>();
     QHash<QByteArray, QByteArray> meta;
     if (!redis::metaFrom(fields.value("m"), meta) || fields.contains("state"))
-        return makeError(ErrorCode::Unavailable,
-                         u"Redis %1: the record of %2 is unreadable (its meta line, or fields of layout v2 beside it)"_qs
-                             .arg(m_url.display(), key));
+        return makeError(
+            ErrorCode::Unavailable,
+            u"Redis %1: the record of %2 is unreadable (its meta line, or fields of layout v2 beside it)"_qs
+                .arg(m_url.display(), key));
     if (meta.value("expires_at").toLongLong() <= *now)
         return std::optional<KeyRecord>(); // a tombstone (expired, deleted)
     return std::optional<KeyRecord>(redis::recordFrom(key, fields));
@@ -645,8 +647,10 @@ Result<qint64> RedisStore::purgeSlice(qint64 now)
     for (qsizetype e = 0; e < expiredEndpoints.size(); ++e) {
         const redisReply *list = (*unindexed)[size_t(e)].get();
         for (size_t i = 0; list->type == REDIS_REPLY_ARRAY && i < list->elements; ++i) {
-            gone.add({QString::fromUtf8(text(list->element[i])), expiredEndpoints.at(e), std::nullopt,
-                      redis::bit(KeyState::Processing) | redis::bit(KeyState::Failed) | redis::bit(KeyState::Reset),
+            gone.add({QString::fromUtf8(text(list->element[i])), expiredEndpoints.at(e),
+                      std::nullopt,
+                      redis::bit(KeyState::Processing) | redis::bit(KeyState::Failed) |
+                          redis::bit(KeyState::Reset),
                       now, 0});
             ++removed;
         }
@@ -656,8 +660,8 @@ Result<qint64> RedisStore::purgeSlice(qint64 now)
     return removed;
 }
 
-Result<std::vector<RedisStore::Reply>> RedisStore::scriptsPipelined(const char *name,
-                                                                    const QList<QList<QByteArray>> &argsList)
+Result<std::vector<RedisStore::Reply>>
+RedisStore::scriptsPipelined(const char *name, const QList<QList<QByteArray>> &argsList)
 {
     // Many runs of one script in one write; a master that lost its script cache runs it again
     // with it loaded (NOSCRIPT: it did not run). An error answer fails the whole.
@@ -669,7 +673,8 @@ Result<std::vector<RedisStore::Reply>> RedisStore::scriptsPipelined(const char *
         return replies.error();
     for (qsizetype i = 0; i < argsList.size(); ++i) {
         Reply &r = (*replies)[size_t(i)];
-        if (r->type == REDIS_REPLY_ERROR && QByteArray(r->str, qsizetype(r->len)).startsWith("NOSCRIPT")) {
+        if (r->type == REDIS_REPLY_ERROR &&
+            QByteArray(r->str, qsizetype(r->len)).startsWith("NOSCRIPT")) {
             auto again = script(name, argsList.at(i), true);
             if (!again)
                 return again.error();
@@ -788,8 +793,9 @@ Result<QStringList> RedisStore::keyNames(const KeyQuery &q)
     for (const QString &endpoint : std::as_const(endpointNames)) {
         QByteArray cursor = "0";
         do {
-            auto r = command({"ZSCAN", redis::endpointIndex(m_prefix, endpoint), cursor, "COUNT", "1000"},
-                             false);
+            auto r = command(
+                {"ZSCAN", redis::endpointIndex(m_prefix, endpoint), cursor, "COUNT", "1000"},
+                false);
             if (!r)
                 return r.error();
             const redisReply *answer = r->get();
@@ -800,7 +806,8 @@ Result<QStringList> RedisStore::keyNames(const KeyQuery &q)
             const redisReply *members = answer->element[1];
             for (size_t i = 0; i + 1 < members->elements; i += 2) { // member, score
                 const QString key = QString::fromUtf8(text(members->element[i]));
-                if ((glob.pattern().isEmpty() || glob.match(key).hasMatch()) && !seen.contains(key)) {
+                if ((glob.pattern().isEmpty() || glob.match(key).hasMatch()) &&
+                    !seen.contains(key)) {
                     seen.insert(key);
                     names << key;
                 }
@@ -843,7 +850,8 @@ Result<QList<KeyRecord>> RedisStore::listKeys(const KeyQuery &q)
     QList<Source> sources;
     for (const QString &endpoint : std::as_const(endpointNames)) {
         if (q.state && *q.state != KeyState::Completed)
-            sources.append({redis::endpointStateIndex(m_prefix, endpoint, *q.state), *q.state, endpoint});
+            sources.append(
+                {redis::endpointStateIndex(m_prefix, endpoint, *q.state), *q.state, endpoint});
         else
             sources.append({redis::endpointIndex(m_prefix, endpoint), std::nullopt, endpoint});
     }
@@ -1083,12 +1091,14 @@ Result<void> RedisStore::scanAll(const QByteArray &match,
     QList<redisContext *> nodes{m_context};
     if (m_cluster) {
         if (auto r = m_cluster->refresh(); !r)
-            return makeError(r.error().code, u"Redis %1: %2"_qs.arg(m_url.display(), r.error().message));
+            return makeError(r.error().code,
+                             u"Redis %1: %2"_qs.arg(m_url.display(), r.error().message));
         nodes.clear();
         for (const redis::ClusterNode &node : m_cluster->map().masters()) {
             auto c = m_cluster->linkTo(node);
             if (!c)
-                return makeError(c.error().code, u"Redis %1: %2"_qs.arg(m_url.display(), c.error().message));
+                return makeError(c.error().code,
+                                 u"Redis %1: %2"_qs.arg(m_url.display(), c.error().message));
             nodes << *c;
         }
     }
@@ -1096,7 +1106,8 @@ Result<void> RedisStore::scanAll(const QByteArray &match,
         QByteArray cursor = "0";
         do {
             redis::Argv a({"SCAN", cursor, "MATCH", match, "COUNT", "1000"});
-            auto *raw = static_cast<redisReply *>(redisCommandArgv(c, a.count(), a.argv.data(), a.lengths.data()));
+            auto *raw = static_cast<redisReply *>(
+                redisCommandArgv(c, a.count(), a.argv.data(), a.lengths.data()));
             if (!raw) {
                 const Error error = failure(QString::fromUtf8(c->errstr), false);
                 if (m_cluster)
@@ -1138,14 +1149,16 @@ Result<qint64> RedisStore::migrateV2(bool confirmed)
         if (entries->type == REDIS_REPLY_ARRAY && entries->elements == 1) {
             // The entry's ID is Redis's clock when it was written (the "at" field, the desk's).
             const auto f = fieldsFrom(entries->element[0]->element[1]);
-            const qint64 ago = *now - text(entries->element[0]->element[0]).split('-').value(0).toLongLong();
+            const qint64 ago =
+                *now - text(entries->element[0]->element[0]).split('-').value(0).toLongLong();
             if (ago < 120'000)
-                return makeError(
-                    ErrorCode::Unavailable,
-                    u"Redis %1 holds records of layout v2 and a delivery was logged %2 s ago (instance %3): stop every "
-                    u"desk of the previous version, then run idemdesk migrate"_qs.arg(
-                        m_url.display(), QString::number(std::max<qint64>(0, ago) / 1000),
-                        QString::fromUtf8(f.value("i"))));
+                return makeError(ErrorCode::Unavailable,
+                                 u"Redis %1 holds records of layout v2 and a delivery was logged "
+                                 u"%2 s ago (instance %3): stop every "
+                                 u"desk of the previous version, then run idemdesk migrate"_qs.arg(
+                                     m_url.display(),
+                                     QString::number(std::max<qint64>(0, ago) / 1000),
+                                     QString::fromUtf8(f.value("i"))));
         }
     }
     // One migration at a time (two desks starting together): the other is refused, and says so.
@@ -1155,7 +1168,8 @@ Result<qint64> RedisStore::migrateV2(bool confirmed)
         return locked.error();
     if ((*locked)->type == REDIS_REPLY_NIL)
         return makeError(ErrorCode::Unavailable,
-                         u"Redis %1: another desk is migrating the records to layout v3 (%2 is set): start again when "
+                         u"Redis %1: another desk is migrating the records to layout v3 (%2 is "
+                         u"set): start again when "
                          u"it has finished"_qs.arg(m_url.display(), QString::fromUtf8(lock)));
     auto unlock = qScopeGuard([&] { (void)command({"DEL", lock}, true); });
     if (auto layout = command({"GET", m_prefix + "layout"}, false); !layout)
@@ -1171,55 +1185,61 @@ Result<qint64> RedisStore::migrateV2(bool confirmed)
     drop.append({"DEL", m_prefix + "i:exp"});
     if (auto done = pipeline(drop, true); !done)
         return done.error();
-    auto indexes = scanAll(globEscaped(m_prefix) + "i:es:*", [&](const QList<QByteArray> &names) -> Result<void> {
-        QList<QList<QByteArray>> commands;
-        for (const QByteArray &name : names)
-            commands.append({"DEL", name});
-        if (auto done = pipeline(commands, true); !done)
-            return done.error();
-        return {};
-    });
+    auto indexes = scanAll(globEscaped(m_prefix) + "i:es:*",
+                           [&](const QList<QByteArray> &names) -> Result<void> {
+                               QList<QList<QByteArray>> commands;
+                               for (const QByteArray &name : names)
+                                   commands.append({"DEL", name});
+                               if (auto done = pipeline(commands, true); !done)
+                                   return done.error();
+                               return {};
+                           });
     if (!indexes)
         return indexes.error();
     qint64 migrated = 0;
-    auto records = scanAll(globEscaped(m_prefix) + "{*}:[rt]", [&](const QList<QByteArray> &names) -> Result<void> {
-        // A key's :r and :t in one page are run once; in two, twice (the second only answers).
-        QSet<QString> seen;
-        QStringList keys;
-        QList<QList<QByteArray>> args;
-        for (const QByteArray &name : names) {
-            const QString key = QString::fromUtf8(name.mid(m_prefix.size() + 1, name.size() - m_prefix.size() - 4));
-            if (seen.contains(key))
-                continue;
-            seen.insert(key);
-            keys << key;
-            args.append({"2", redis::recordKey(m_prefix, key), redis::tokenKey(m_prefix, key)});
-        }
-        if (keys.isEmpty())
+    auto records = scanAll(
+        globEscaped(m_prefix) + "{*}:[rt]", [&](const QList<QByteArray> &names) -> Result<void> {
+            // A key's :r and :t in one page are run once; in two, twice (the second only answers).
+            QSet<QString> seen;
+            QStringList keys;
+            QList<QList<QByteArray>> args;
+            for (const QByteArray &name : names) {
+                const QString key = QString::fromUtf8(
+                    name.mid(m_prefix.size() + 1, name.size() - m_prefix.size() - 4));
+                if (seen.contains(key))
+                    continue;
+                seen.insert(key);
+                keys << key;
+                args.append({"2", redis::recordKey(m_prefix, key), redis::tokenKey(m_prefix, key)});
+            }
+            if (keys.isEmpty())
+                return {};
+            auto replies = scriptsPipelined("migrate3", args);
+            if (!replies)
+                return replies.error();
+            redis::IndexBatch batch;
+            for (qsizetype i = 0; i < keys.size(); ++i) {
+                const redisReply *answer = (*replies)[size_t(i)].get();
+                if (answer->type != REDIS_REPLY_ARRAY || answer->elements < 2)
+                    return makeError(
+                        ErrorCode::Unavailable,
+                        u"Redis %1: unexpected answer from migrate3.lua"_qs.arg(m_url.display()));
+                migrated += answer->element[0]->integer;
+                if (answer->elements != 5)
+                    continue; // nothing live there
+                const auto state =
+                    keyStateFromString(QString::fromLatin1(text(answer->element[1])));
+                QString endpoint = QString::fromUtf8(text(answer->element[2]));
+                if (endpoint.isEmpty())
+                    endpoint = redis::endpointOf(keys.at(i));
+                batch.add({keys.at(i), endpoint, state.value_or(KeyState::Failed),
+                           redis::kAllStates, text(answer->element[3]).toLongLong(),
+                           text(answer->element[4]).toLongLong()});
+            }
+            if (auto written = pipeline(batch.commands(m_prefix), true); !written)
+                return written.error();
             return {};
-        auto replies = scriptsPipelined("migrate3", args);
-        if (!replies)
-            return replies.error();
-        redis::IndexBatch batch;
-        for (qsizetype i = 0; i < keys.size(); ++i) {
-            const redisReply *answer = (*replies)[size_t(i)].get();
-            if (answer->type != REDIS_REPLY_ARRAY || answer->elements < 2)
-                return makeError(ErrorCode::Unavailable,
-                                 u"Redis %1: unexpected answer from migrate3.lua"_qs.arg(m_url.display()));
-            migrated += answer->element[0]->integer;
-            if (answer->elements != 5)
-                continue; // nothing live there
-            const auto state = keyStateFromString(QString::fromLatin1(text(answer->element[1])));
-            QString endpoint = QString::fromUtf8(text(answer->element[2]));
-            if (endpoint.isEmpty())
-                endpoint = redis::endpointOf(keys.at(i));
-            batch.add({keys.at(i), endpoint, state.value_or(KeyState::Failed), redis::kAllStates,
-                       text(answer->element[3]).toLongLong(), text(answer->element[4]).toLongLong()});
-        }
-        if (auto written = pipeline(batch.commands(m_prefix), true); !written)
-            return written.error();
-        return {};
-    });
+        });
     if (!records)
         return records.error();
     if (auto done = command({"SET", m_prefix + "layout", "3"}, true); !done)

@@ -63,11 +63,12 @@ public:
     Result<ImportVerdict> importRecord(const KeyRecord &record, qint64 ttlMs,
                                        qint64 leaseMs) override;
     Result<QString> serverVersion() override;
-    // To layout v3 from v2 (each record by migrate3.lua, its indexes rebuilt) and from v1 (P k:<key>,
-    // one token counter P tokens, P i:all, P i:e:*; first to v2 by migrate.lua). v1 is recognised
-    // by P tokens or P i:all, v2 by records without the field m; "P layout" 3 says it is done.
+    // To layout v3 from v2 (each record by migrate3.lua, its indexes rebuilt) and from v1 (P
+    // k:<key>, one token counter P tokens, P i:all, P i:e:*; first to v2 by migrate.lua). v1 is
+    // recognised by P tokens or P i:all, v2 by records without the field m; "P layout" 3 says it is
+    // done.
     Result<qint64> migrateLayout(bool confirmed = false) override;
-    Result<qint64> migrateV1(); // P k:<key> to layout v2 (migrate.lua)
+    Result<qint64> migrateV1();               // P k:<key> to layout v2 (migrate.lua)
     Result<qint64> migrateV2(bool confirmed); // layout v2 to v3 (migrate3.lua), its indexes too
     Result<qint64> clockMs() override;
     Result<QStringList> durabilityWarnings() override;
@@ -91,7 +92,8 @@ private:
     // The index writes of transitions that happened: failures are left to the repairs.
     void writeIndexes(const redis::IndexBatch &batch);
     Result<qint64> repairSlice();
-    // Every key matching `match` (a SCAN glob), a SCAN page at a time; on a cluster, every master's.
+    // Every key matching `match` (a SCAN glob), a SCAN page at a time; on a cluster, every
+    // master's.
     Result<void> scanAll(const QByteArray &match,
                          const std::function<Result<void>(const QList<QByteArray> &)> &each);
     Result<QStringList> endpoints(); // the endpoints that have keys (P i:eps)
@@ -100,7 +102,8 @@ private:
     Result<qint64> purgeSlice(qint64 now);
     // Many runs of one script, pipelined (NOSCRIPT answered by running it loaded); the answers,
     // in order, or an error if any was one.
-    Result<std::vector<Reply>> scriptsPipelined(const char *name, const QList<QList<QByteArray>> &argsList);
+    Result<std::vector<Reply>> scriptsPipelined(const char *name,
+                                                const QList<QList<QByteArray>> &argsList);
     // One script per request, all in one MULTI/EXEC: atomic together (on a cluster: pipelined,
     // each atomic alone). The answers, in order.
     struct ScriptAnswers

@@ -49,7 +49,10 @@ struct StoreWatch final : IdempotencyStore
         return seen(inner.importRecord(r, ttl, lease));
     }
     Result<QString> serverVersion() override { return seen(inner.serverVersion()); }
-    Result<qint64> migrateLayout(bool confirmed) override { return seen(inner.migrateLayout(confirmed)); }
+    Result<qint64> migrateLayout(bool confirmed) override
+    {
+        return seen(inner.migrateLayout(confirmed));
+    }
     Result<qint64> clockMs() override { return seen(inner.clockMs()); }
     Result<QStringList> durabilityWarnings() override { return seen(inner.durabilityWarnings()); }
     Result<void> appendDeliveries(const QList<DeliveryEvent> &e) override { return seen(inner.appendDeliveries(e)); }

@@ -444,8 +444,10 @@ private Q_SLOTS:
         // The worker that held the claim can no longer finish it; a failure with no result is
         // what the key already holds (decideFinish: same state, status 0, empty body): repeated.
         QCOMPARE(name(finish(key, c.record.token, KeyState::Completed)), name(FinishVerdict::NotProcessing));
-        QCOMPARE(name(finish(key, c.record.token, KeyState::Failed, 500)), name(FinishVerdict::NotProcessing));
-        QCOMPARE(name(finish(key, c.record.token, KeyState::Failed, 0, {})), name(FinishVerdict::Repeated));
+        QCOMPARE(name(finish(key, c.record.token, KeyState::Failed, 500)),
+                 name(FinishVerdict::NotProcessing));
+        QCOMPARE(name(finish(key, c.record.token, KeyState::Failed, 0, {})),
+                 name(FinishVerdict::Repeated));
         QCOMPARE(name(claim(reject).decision.action), name(ClaimAction::Replay));
         QCOMPARE(name(*m_store->applyOperator(key, OperatorAction::Reset, false, u"op"_qs)), name(OperatorVerdict::Accept));
         QCOMPARE(name((*m_store->key(key))->state), name(KeyState::Reset));

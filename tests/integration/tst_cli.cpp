@@ -10,6 +10,7 @@
 #include <QJsonDocument>
 #include <QJsonObject>
 #include <QProcess>
+#include <QUrl>
 #include <QRandomGenerator>
 #include <QRegularExpression>
 #include <QTemporaryDir>
@@ -96,6 +97,19 @@ private Q_SLOTS:
         if (store.isEmpty())
             QFAIL("IDEM_TEST_REDIS_URL / IDEM_TEST_POSTGRES_URL are not set: run through ./dev test");
         const QString run = QString::number(QRandomGenerator::global()->bounded(1u << 30), 36);
+        // A store of its own (a Redis prefix, a PostgreSQL database): `keys purge-expired`
+        // counts what expired in the whole store, and other tests' keys expire in the shared one.
+        if (store.startsWith(u"redis"_qs)) {
+            store += u"?prefix=cli"_qs + run + u":"_qs;
+        } else if (store.startsWith(u"postgres"_qs)) {
+            QProcess psql;
+            psql.start(u"psql"_qs, {u"-q"_qs, u"-d"_qs, store, u"-c"_qs, u"CREATE DATABASE cli_"_qs + run});
+            QVERIFY(psql.waitForFinished(20'000));
+            QVERIFY2(psql.exitCode() == 0, psql.readAllStandardError().constData());
+            QUrl url(store);
+            url.setPath(u"/cli_"_qs + run);
+            store = url.toString();
+        }
         const QString ok = u"ok"_qs + run, bad = u"bad"_qs + run, fwd = u"fwd"_qs + run, brief = u"brief"_qs + run;
         idem::test::CountingDownstream down; // storms are graded here, where the processor's work lands
         const QString config = m_dir.filePath(run + u".json"_qs);

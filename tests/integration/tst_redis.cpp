@@ -100,15 +100,18 @@ QList<QByteArray> runV1(quint16 port, const char *script, const QStringList &arg
 }
 // Runs a script of Redis layout v2 (tests/fixtures/redis-v2, loaded as that release did: the
 // history cap and common.lua prepended) on `keys`; its answer's lines.
-QList<QByteArray> runV2(quint16 port, const char *script, const QStringList &keys, const QStringList &argv)
+QList<QByteArray> runV2(quint16 port, const char *script, const QStringList &keys,
+                        const QStringList &argv)
 {
     QFile common(QStringLiteral(IDEM_REDIS_V2 "/common.lua"));
     QFile file(QStringLiteral(IDEM_REDIS_V2 "/%1.lua").arg(QLatin1String(script)));
     if (!common.open(QIODevice::ReadOnly) || !file.open(QIODevice::ReadOnly))
         return {};
-    const QString source = QString::fromUtf8("local CAP = 64\n" + common.readAll() + "\n" + file.readAll());
+    const QString source =
+        QString::fromUtf8("local CAP = 64\n" + common.readAll() + "\n" + file.readAll());
     QByteArray out;
-    if (!redisCli(port, QStringList{u"EVAL"_qs, source, QString::number(keys.size())} + keys + argv, &out))
+    if (!redisCli(port, QStringList{u"EVAL"_qs, source, QString::number(keys.size())} + keys + argv,
+                  &out))
         return {};
     return out.trimmed().split('\n');
 }
@@ -449,7 +452,8 @@ private Q_SLOTS:
                 port,
                 {u"PEXPIRETIME"_qs, QString::fromUtf8(redis::recordKey(url.prefix.toUtf8(), k))},
                 &out));
-            QCOMPARE(out.trimmed().toLongLong(), ttl.value(k).trimmed().toLongLong() + kTombstoneMs);
+            QCOMPARE(out.trimmed().toLongLong(),
+                     ttl.value(k).trimmed().toLongLong() + kTombstoneMs);
         }
         const auto doneRecord = **(*store)->key(u"ep:done"_qs);
         QCOMPARE(doneRecord.result.status, 201);
@@ -519,7 +523,9 @@ private Q_SLOTS:
                 return qint64(0);
             const qint64 high = wallMs() * 1000 + 3'600'000'000LL;
             meta[1] = QByteArray::number(high);
-            return redisCli(port, {u"HSET"_qs, rk(k), u"m"_qs, QString::fromUtf8(meta.join(' '))}) ? high : 0;
+            return redisCli(port, {u"HSET"_qs, rk(k), u"m"_qs, QString::fromUtf8(meta.join(' '))})
+                       ? high
+                       : 0;
         };
         ClaimRequest brief = claimOf(u"ep:brief"_qs);
         brief.policy.ttlMs = 300;
@@ -576,11 +582,13 @@ private Q_SLOTS:
         auto store = RedisStore::connect(*StoreUrl::parse(m_redis->url() + u"?prefix=bad:"_qs));
         QVERIFY(store.ok());
         const QString rk = QString::fromUtf8(redis::recordKey("bad:", u"ep:odd"_qs));
-        QVERIFY(redisCli(port, {u"HSET"_qs, rk, u"m"_qs, u"completed not-a-token"_qs, u"s"_qs, u"200\n[]\nold"_qs}));
+        QVERIFY(redisCli(port, {u"HSET"_qs, rk, u"m"_qs, u"completed not-a-token"_qs, u"s"_qs,
+                                u"200\n[]\nold"_qs}));
         auto claimed = (*store)->claim(claimOf(u"ep:odd"_qs));
         QVERIFY(!claimed.ok());
         QCOMPARE(int(claimed.error().code), int(ErrorCode::Unavailable));
-        QVERIFY2(claimed.error().message.contains(u"unreadable"_qs), qPrintable(claimed.error().message));
+        QVERIFY2(claimed.error().message.contains(u"unreadable"_qs),
+                 qPrintable(claimed.error().message));
         FinishRequest f;
         f.key = u"ep:odd"_qs;
         f.token = 1;
@@ -597,10 +605,12 @@ private Q_SLOTS:
         const ClaimRequest mixed = claimOf(u"ep:mixed"_qs);
         QVERIFY((*store)->claim(mixed)->claimed());
         const QString mk = QString::fromUtf8(redis::recordKey("bad:", mixed.key));
-        QVERIFY(redisCli(port, {u"HSET"_qs, mk, u"state"_qs, u"processing"_qs, u"token"_qs, u"1"_qs}));
+        QVERIFY(
+            redisCli(port, {u"HSET"_qs, mk, u"state"_qs, u"processing"_qs, u"token"_qs, u"1"_qs}));
         auto refused = (*store)->claim(mixed);
         QVERIFY(!refused.ok());
-        QVERIFY2(refused.error().message.contains(u"previous version"_qs), qPrintable(refused.error().message));
+        QVERIFY2(refused.error().message.contains(u"previous version"_qs),
+                 qPrintable(refused.error().message));
         QVERIFY(!(*store)->key(mixed.key).ok());
         QVERIFY(!(*store)->applyOperator(mixed.key, OperatorAction::Delete, true, {}).ok());
     }
@@ -639,11 +649,13 @@ private Q_SLOTS:
                           u"downstream \"down\""_qs),
                  QByteArray("accept"));
         const auto againV2 = claimV2(u"ep:again"_qs, u"3600000"_qs);
-        QCOMPARE(finishV2(u"ep:again"_qs, againV2.value(2), u"failed"_qs, u"500"_qs, u"[]"_qs, u"x"_qs,
-                          u"boom"_qs),
+        QCOMPARE(finishV2(u"ep:again"_qs, againV2.value(2), u"failed"_qs, u"500"_qs, u"[]"_qs,
+                          u"x"_qs, u"boom"_qs),
                  QByteArray("accept"));
-        QCOMPARE(runV2(port, "operator", {rk(u"ep:again"_qs)}, {u"reset"_qs, u"0"_qs, u"by hand"_qs}).value(0),
-                 QByteArray("accept"));
+        QCOMPARE(
+            runV2(port, "operator", {rk(u"ep:again"_qs)}, {u"reset"_qs, u"0"_qs, u"by hand"_qs})
+                .value(0),
+            QByteArray("accept"));
         const QStringList keys{u"ep:done"_qs, u"ep:busy"_qs, u"ep:bad"_qs, u"ep:again"_qs};
 
         // What v2 holds, and its indexes as that desk wrote them after the scripts.
@@ -651,9 +663,10 @@ private Q_SLOTS:
         QHash<QString, QByteArray> expiry;
         for (const QString &k : keys) {
             QByteArray out;
-            for (const char *field : {"state", "token", "attempts", "created", "updated", "lease_until",
-                                      "expires_at", "fingerprint", "res_status", "res_body", "error",
-                                      "history", "m"}) { // none holds a line break
+            for (const char *field :
+                 {"state", "token", "attempts", "created", "updated", "lease_until", "expires_at",
+                  "fingerprint", "res_status", "res_body", "error", "history",
+                  "m"}) { // none holds a line break
                 QVERIFY(redisCli(port, {u"HGET"_qs, rk(k), QString::fromLatin1(field)}, &out));
                 v2[k].insert(field, out.chopped(1));
             }
@@ -675,9 +688,11 @@ private Q_SLOTS:
         QVERIFY2(ready.error().message.contains(u"layout"_qs), qPrintable(ready.error().message));
         // A v2 key deleted: its record gone, its token counter left (the floor of its next token).
         const auto gone = claimV2(u"ep:gone"_qs, u"3600000"_qs);
-        QCOMPARE(runV2(port, "operator", {rk(u"ep:gone"_qs)}, {u"delete"_qs, u"1"_qs, QString()}).value(0),
+        QCOMPARE(runV2(port, "operator", {rk(u"ep:gone"_qs)}, {u"delete"_qs, u"1"_qs, QString()})
+                     .value(0),
                  QByteArray("accept"));
-        QVERIFY(redisCli(port, {u"SET"_qs, tk(u"ep:gone"_qs), QString::number(wallMs() * 1000 + 3'600'000'000LL), u"PX"_qs,
+        QVERIFY(redisCli(port, {u"SET"_qs, tk(u"ep:gone"_qs),
+                                QString::number(wallMs() * 1000 + 3'600'000'000LL), u"PX"_qs,
                                 u"600000"_qs})); // as if Redis's clock had gone back an hour since
         QByteArray out;
         QVERIFY(redisCli(port, {u"GET"_qs, tk(u"ep:gone"_qs)}, &out));
@@ -707,7 +722,8 @@ private Q_SLOTS:
         QVERIFY2(replayed.ok(), replayed.ok() ? "" : qPrintable(replayed.error().message));
         QCOMPARE(name(replayed->decision.action), name(ClaimAction::Replay));
         QCOMPARE(replayed->record.result.body, QByteArray("the result"));
-        v2[u"ep:done"_qs]["attempts"] = QByteArray::number(v2[u"ep:done"_qs].value("attempts").toInt() + 1);
+        v2[u"ep:done"_qs]["attempts"] =
+            QByteArray::number(v2[u"ep:done"_qs].value("attempts").toInt() + 1);
         v2[u"ep:done"_qs]["updated"] = QByteArray::number(replayed->storeNowMs);
 
         auto migrated = (*store)->migrateLayout(true);
@@ -715,8 +731,9 @@ private Q_SLOTS:
         QCOMPARE(*migrated, 4); // three records and the deleted key's floor
         QCOMPARE(*(*store)->migrateLayout(), 0);
         QVERIFY((*store)->ready().ok());
-        QVERIFY(redisCli(port, {u"EXISTS"_qs, p + u"i:s:completed"_qs, p + u"i:s:failed"_qs, p + u"i:exp"_qs,
-                                p + u"i:es:ep:completed"_qs},
+        QVERIFY(redisCli(port,
+                         {u"EXISTS"_qs, p + u"i:s:completed"_qs, p + u"i:s:failed"_qs,
+                          p + u"i:exp"_qs, p + u"i:es:ep:completed"_qs},
                          &out));
         QCOMPARE(out.trimmed(), QByteArray("0"));
 
@@ -740,9 +757,11 @@ private Q_SLOTS:
             QCOMPARE(record->result.status, old.value("res_status").toInt());
             QCOMPARE(record->result.body, old.value("res_body"));
             QCOMPARE(record->error, QString::fromUtf8(old.value("error")));
-            QCOMPARE(record->history.size(), historyFromJson(parseJsonArray(old.value("history"))).size());
+            QCOMPARE(record->history.size(),
+                     historyFromJson(parseJsonArray(old.value("history"))).size());
             QVERIFY(redisCli(port, {u"PEXPIRETIME"_qs, rk(k)}, &out));
-            QCOMPARE(out.trimmed().toLongLong(), expiry.value(k).trimmed().toLongLong() + kTombstoneMs);
+            QCOMPARE(out.trimmed().toLongLong(),
+                     expiry.value(k).trimmed().toLongLong() + kTombstoneMs);
         }
         const auto doneRecord = **(*store)->key(u"ep:done"_qs);
         QCOMPARE(doneRecord.result.status, 201);
@@ -763,8 +782,9 @@ private Q_SLOTS:
         QCOMPARE((*store)->listKeys(q)->size(), 1);
         // A migration cut short (records converted, indexes not yet written) is finished by the
         // next one: every live record indexed again, nothing converted twice.
-        QVERIFY(redisCli(port, {u"DEL"_qs, p + u"layout"_qs, p + u"i:k:ep"_qs, p + u"i:es:ep:failed"_qs,
-                                p + u"i:es:ep:processing"_qs, p + u"i:es:ep:reset"_qs}));
+        QVERIFY(
+            redisCli(port, {u"DEL"_qs, p + u"layout"_qs, p + u"i:k:ep"_qs, p + u"i:es:ep:failed"_qs,
+                            p + u"i:es:ep:processing"_qs, p + u"i:es:ep:reset"_qs}));
         QCOMPARE((*store)->countKeys(u"ep"_qs)->total(), 0);
         QCOMPARE(*(*store)->migrateLayout(), 0);
         const StateCounts again = *(*store)->countKeys(u"ep"_qs);
