@@ -255,7 +255,9 @@ private Q_SLOTS:
             QCOMPARE(r.body.size(), kBigAnswer);
             QCOMPARE(r.header("Idempotent-Replayed"), QByteArray("true"));
         }
-        QCOMPARE(replayed() - replayedBefore, 300);
+        // The engine counts a replay once its answer is handed over, which can be just after
+        // the client has read it.
+        QTRY_COMPARE_WITH_TIMEOUT(replayed() - replayedBefore, 300, 5000);
         QVERIFY2(residentKb() - residentBefore < 16 * 1024, "memory grew while the client read its answers");
     }
 
