@@ -225,7 +225,9 @@ Result<std::vector<RedisStore::Reply>> RedisStore::clusterPipeline(const QList<Q
     QHash<redisContext *, QList<qsizetype>> byNode;
     QList<redisContext *> order;
     for (qsizetype i = 0; i < commands.size(); ++i) {
-        auto c = m_cluster->link(redis::commandSlot(commands.at(i)));
+        // A command without a key (TIME) goes where ClusterLinks::command sends one.
+        const int slot = redis::commandSlot(commands.at(i));
+        auto c = slot >= 0 ? m_cluster->link(slot) : m_cluster->current();
         if (!c)
             return makeError(c.error().code, u"Redis %1: %2"_qs.arg(m_url.display(), c.error().message));
         if (!byNode.contains(*c))
@@ -491,11 +493,15 @@ Result<qint64> RedisStore::clockMs()
     auto r = command({"TIME"}, false);
     if (!r)
         return r.error();
-    if (r->get()->type != REDIS_REPLY_ARRAY || r->get()->elements != 2)
+    return timeMs(r->get());
+}
+
+Result<qint64> RedisStore::timeMs(const redisReply *time) const
+{
+    if (time->type != REDIS_REPLY_ARRAY || time->elements != 2)
         return makeError(ErrorCode::Unavailable,
                          u"Redis %1: unexpected answer to TIME"_qs.arg(m_url.display()));
-    return text(r->get()->element[0]).toLongLong() * 1000 +
-           text(r->get()->element[1]).toLongLong() / 1000;
+    return text(time->element[0]).toLongLong() * 1000 + text(time->element[1]).toLongLong() / 1000;
 }
 
 Result<QStringList> RedisStore::durabilityWarnings()
@@ -538,23 +544,29 @@ Result<QStringList> RedisStore::durabilityWarnings()
 
 Result<std::optional<KeyRecord>> RedisStore::key(const QString &key)
 {
-    auto now = clockMs();
+    // The store's clock with the record, in one round trip (export reads every key this way).
+    auto read = pipeline({{"TIME"}, {"HGETALL", redis::recordKey(m_prefix, key)}}, false);
+    if (!read)
+        return read.error();
+    auto now = timeMs((*read)[0].get());
     if (!now)
         return now.error();
-    auto r = command({"HGETALL", redis::recordKey(m_prefix, key)}, false);
-    if (!r)
-        return r.error();
-    auto fields = fieldsFrom(r->get());
+    if ((*read)[1]->type == REDIS_REPLY_ERROR)
+        return makeError(
+            ErrorCode::Unavailable,
+            u"Redis %1: %2"_qs.arg(m_url.display(),
+                                   QString::fromUtf8((*read)[1]->str, int((*read)[1]->len))));
+    auto fields = fieldsFrom((*read)[1].get());
     if (!fields.contains("m") && fields.contains("state")) {
         // A record of layout v2 left over: converted (tombstone.lua reads it as every script
         // does), then read again.
         if (auto converted = script("tombstone", {"1", redis::recordKey(m_prefix, key)}, true);
             !converted)
             return converted.error();
-        r = command({"HGETALL", redis::recordKey(m_prefix, key)}, false);
-        if (!r)
-            return r.error();
-        fields = fieldsFrom(r->get());
+        auto again = command({"HGETALL", redis::recordKey(m_prefix, key)}, false);
+        if (!again)
+            return again.error();
+        fields = fieldsFrom(again->get());
     }
     if (!fields.contains("m"))
         return std::optional<KeyRecord>();
@@ -581,17 +593,27 @@ Result<QStringList> RedisStore::endpoints()
     return names;
 }
 
-Result<qint64> RedisStore::purgeSlice(qint64 now)
+Result<RedisStore::Scope> RedisStore::purgedScope(const QString &endpoint)
+{
+    auto now = clockMs();
+    if (!now)
+        return now.error();
+    auto all = endpoints();
+    if (!all)
+        return all.error();
+    if (auto purged = purgeSlice(*now, *all); !purged)
+        return purged.error();
+    return Scope{*now, endpoint.isEmpty() ? *all : QStringList{endpoint}};
+}
+
+Result<qint64> RedisStore::purgeSlice(qint64 now, const QStringList &names)
 {
     // The index entries of records past their expiry (i:k's score), at most 5000 per endpoint:
     // tombstone.lua decides on each atomically (a key claimed again since keeps its record and
     // gets its new expiry here; an expired one keeps only its meta, the token floor, until Redis
     // expires it) and their entries go.
-    auto names = endpoints();
-    if (!names)
-        return names.error();
     QList<QList<QByteArray>> ranges;
-    for (const QString &endpoint : std::as_const(*names))
+    for (const QString &endpoint : names)
         ranges.append({"ZRANGEBYSCORE", redis::endpointIndex(m_prefix, endpoint), "-inf", num(now),
                        "LIMIT", "0", "5000"});
     if (ranges.isEmpty())
@@ -601,11 +623,11 @@ Result<qint64> RedisStore::purgeSlice(qint64 now)
         return due.error();
     QStringList keys, endpointOfKey;
     QList<QList<QByteArray>> args;
-    for (qsizetype e = 0; e < names->size(); ++e) {
+    for (qsizetype e = 0; e < names.size(); ++e) {
         const redisReply *members = (*due)[size_t(e)].get();
         for (size_t i = 0; members->type == REDIS_REPLY_ARRAY && i < members->elements; ++i) {
             keys << QString::fromUtf8(text(members->element[i]));
-            endpointOfKey << names->at(e);
+            endpointOfKey << names.at(e);
             args.append({"1", redis::recordKey(m_prefix, keys.last())});
         }
     }
@@ -697,24 +719,17 @@ Result<qint64> RedisStore::repairSlice()
     auto now = clockMs();
     if (!now)
         return now.error();
+    auto nodes = scanNodes();
+    if (!nodes)
+        return nodes.error();
     QList<QByteArray> names;
-    if (m_cluster) {
-        auto scanned = clusterScanSlice();
-        if (!scanned)
-            return scanned.error();
-        names = *scanned;
-    } else {
-        auto scanned = command(
-            {"SCAN", m_repairCursor, "MATCH", globEscaped(m_prefix) + "{*}:r", "COUNT", "1000"}, false);
-        if (!scanned)
-            return scanned.error();
-        const redisReply *answer = scanned->get();
-        if (answer->type != REDIS_REPLY_ARRAY || answer->elements != 2)
-            return makeError(ErrorCode::Unavailable,
-                             u"Redis %1: unexpected answer to SCAN"_qs.arg(m_url.display()));
-        m_repairCursor = text(answer->element[0]);
-        for (size_t i = 0; i < answer->element[1]->elements; ++i)
-            names << text(answer->element[1]->element[i]);
+    for (const auto &[address, node] : std::as_const(*nodes)) {
+        auto page =
+            scanStep(node, m_repairCursors.value(address, "0"), globEscaped(m_prefix) + "{*}:r");
+        if (!page)
+            return page.error();
+        m_repairCursors.insert(address, page->first);
+        names += page->second;
     }
     QStringList keys;
     QList<QList<QByteArray>> reads;
@@ -742,32 +757,45 @@ Result<qint64> RedisStore::repairSlice()
     return batch.size();
 }
 
-Result<QList<QByteArray>> RedisStore::clusterScanSlice()
+Result<QList<QPair<QByteArray, redisContext *>>> RedisStore::scanNodes()
 {
-    // SCAN walks one node's keys: a slice of every master's records, each master's cursor kept.
+    if (!m_cluster)
+        return QList<QPair<QByteArray, redisContext *>>{{QByteArray(), m_context}};
+    // SCAN walks one node's keys: on a cluster, every master's (the slot map read again).
     if (auto r = m_cluster->refresh(); !r)
         return makeError(r.error().code, u"Redis %1: %2"_qs.arg(m_url.display(), r.error().message));
-    QList<QByteArray> names;
-    const QByteArray match = globEscaped(m_prefix) + "{*}:r";
+    QList<QPair<QByteArray, redisContext *>> nodes;
     for (const redis::ClusterNode &node : m_cluster->map().masters()) {
         auto c = m_cluster->linkTo(node);
         if (!c)
             return makeError(c.error().code, u"Redis %1: %2"_qs.arg(m_url.display(), c.error().message));
-        redis::Argv a({"SCAN", m_clusterCursors.value(node.address(), "0"), "MATCH", match, "COUNT", "1000"});
-        auto *raw = static_cast<redisReply *>(redisCommandArgv(*c, a.count(), a.argv.data(), a.lengths.data()));
-        if (!raw) {
-            const Error error = failure(QString::fromUtf8((*c)->errstr), false);
-            m_cluster->broken(*c);
-            return error;
-        }
-        Reply answer(raw, freeReplyObject);
-        if (answer->type != REDIS_REPLY_ARRAY || answer->elements != 2)
-            return makeError(ErrorCode::Unavailable, u"Redis %1: unexpected answer to SCAN"_qs.arg(m_url.display()));
-        m_clusterCursors.insert(node.address(), text(answer->element[0]));
-        for (size_t i = 0; i < answer->element[1]->elements; ++i)
-            names << text(answer->element[1]->element[i]);
+        nodes.append({node.address(), *c});
     }
-    return names;
+    return nodes;
+}
+
+Result<QPair<QByteArray, QList<QByteArray>>>
+RedisStore::scanStep(redisContext *node, const QByteArray &cursor, const QByteArray &match)
+{
+    if (node->err)
+        return failure(u"connection lost: %1"_qs.arg(QString::fromUtf8(node->errstr)), false);
+    redis::Argv a({"SCAN", cursor, "MATCH", match, "COUNT", "1000"});
+    auto *raw = static_cast<redisReply *>(
+        redisCommandArgv(node, a.count(), a.argv.data(), a.lengths.data()));
+    if (!raw) {
+        const Error error = failure(QString::fromUtf8(node->errstr), false);
+        if (m_cluster)
+            m_cluster->broken(node);
+        return error;
+    }
+    Reply answer(raw, freeReplyObject);
+    if (answer->type != REDIS_REPLY_ARRAY || answer->elements != 2)
+        return makeError(ErrorCode::Unavailable,
+                         u"Redis %1: unexpected answer to SCAN"_qs.arg(m_url.display()));
+    QList<QByteArray> names;
+    for (size_t i = 0; i < answer->element[1]->elements; ++i)
+        names << text(answer->element[1]->element[i]);
+    return QPair<QByteArray, QList<QByteArray>>{text(answer->element[0]), names};
 }
 
 Result<QStringList> RedisStore::keyNames(const KeyQuery &q)
@@ -781,16 +809,13 @@ Result<QStringList> RedisStore::keyNames(const KeyQuery &q)
                                QRegularExpression::wildcardToRegularExpression(
                                    q.glob, QRegularExpression::UnanchoredWildcardConversion) +
                                u")\\z"_qs);
-    QStringList endpointNames{q.endpoint};
-    if (q.endpoint.isEmpty()) {
-        auto all = endpoints();
-        if (!all)
-            return all.error();
-        endpointNames = *all;
-    }
+    auto endpointNames =
+        q.endpoint.isEmpty() ? endpoints() : Result<QStringList>(QStringList{q.endpoint});
+    if (!endpointNames)
+        return endpointNames.error();
     QSet<QString> seen;
     QStringList names;
-    for (const QString &endpoint : std::as_const(endpointNames)) {
+    for (const QString &endpoint : std::as_const(*endpointNames)) {
         QByteArray cursor = "0";
         do {
             auto r = command(
@@ -820,11 +845,10 @@ Result<QStringList> RedisStore::keyNames(const KeyQuery &q)
 
 Result<QList<KeyRecord>> RedisStore::listKeys(const KeyQuery &q)
 {
-    auto now = clockMs();
-    if (!now)
-        return now.error();
-    if (auto purged = purgeSlice(*now); !purged)
-        return purged.error();
+    auto scope = purgedScope(q.endpoint);
+    if (!scope)
+        return scope.error();
+    const qint64 now = scope->now;
     // The keys newest first, merged by score across the endpoints asked for: by expiry from
     // i:k (every key: no state asked, or completed, which has no index of its own), by update
     // from i:es (processing, failed, reset). Each is checked against its record: an entry whose
@@ -840,15 +864,8 @@ Result<QList<KeyRecord>> RedisStore::listKeys(const KeyQuery &q)
         QList<QPair<qint64, QByteArray>> entries;
         bool done = false;
     };
-    QStringList endpointNames{q.endpoint};
-    if (q.endpoint.isEmpty()) {
-        auto all = endpoints();
-        if (!all)
-            return all.error();
-        endpointNames = *all;
-    }
     QList<Source> sources;
-    for (const QString &endpoint : std::as_const(endpointNames)) {
+    for (const QString &endpoint : std::as_const(scope->endpoints)) {
         if (q.state && *q.state != KeyState::Completed)
             sources.append(
                 {redis::endpointStateIndex(m_prefix, endpoint, *q.state), *q.state, endpoint});
@@ -941,7 +958,7 @@ Result<QList<KeyRecord>> RedisStore::listKeys(const KeyQuery &q)
             if (fields.contains("m") && !redis::metaFrom(fields.value("m"), meta))
                 continue; // unreadable: not listed, its entries left (every script refuses it)
             auto state = keyStateFromString(QString::fromLatin1(meta.value("state")));
-            if (meta.value("expires_at").toLongLong() <= *now)
+            if (meta.value("expires_at").toLongLong() <= now)
                 state.reset(); // a tombstone
             if (!state) {
                 // Gone (expired, deleted): its entries go, purge would have.
@@ -969,19 +986,11 @@ Result<QList<KeyRecord>> RedisStore::listKeys(const KeyQuery &q)
 
 Result<StateCounts> RedisStore::countKeys(const QString &endpoint)
 {
-    auto now = clockMs();
-    if (!now)
-        return now.error();
-    if (auto purged = purgeSlice(*now); !purged)
-        return purged.error();
+    auto scope = purgedScope(endpoint);
+    if (!scope)
+        return scope.error();
+    const QStringList &endpointNames = scope->endpoints;
     // Completed has no index of its own: it is every key (i:k) but those of the other states.
-    QStringList endpointNames{endpoint};
-    if (endpoint.isEmpty()) {
-        auto all = endpoints();
-        if (!all)
-            return all.error();
-        endpointNames = *all;
-    }
     constexpr KeyState kCounted[] = {KeyState::Processing, KeyState::Failed, KeyState::Reset};
     QList<QList<QByteArray>> cards;
     for (const QString &name : std::as_const(endpointNames)) {
@@ -1051,12 +1060,15 @@ Result<QString> RedisStore::serverVersion()
 
 Result<qint64> RedisStore::purgeExpired()
 {
+    auto names = endpoints();
+    if (!names)
+        return names.error();
     qint64 total = 0;
     for (;;) {
         auto now = clockMs();
         if (!now)
             return now.error();
-        auto n = purgeSlice(*now);
+        auto n = purgeSlice(*now, *names);
         if (!n)
             return n.error();
         total += *n;
@@ -1088,42 +1100,18 @@ Result<void> RedisStore::scanAll(const QByteArray &match,
                                  const std::function<Result<void>(const QList<QByteArray> &)> &each)
 {
     // Every key of the pattern, a thousand at a time: on a cluster, of every master.
-    QList<redisContext *> nodes{m_context};
-    if (m_cluster) {
-        if (auto r = m_cluster->refresh(); !r)
-            return makeError(r.error().code,
-                             u"Redis %1: %2"_qs.arg(m_url.display(), r.error().message));
-        nodes.clear();
-        for (const redis::ClusterNode &node : m_cluster->map().masters()) {
-            auto c = m_cluster->linkTo(node);
-            if (!c)
-                return makeError(c.error().code,
-                                 u"Redis %1: %2"_qs.arg(m_url.display(), c.error().message));
-            nodes << *c;
-        }
-    }
-    for (redisContext *c : std::as_const(nodes)) {
+    auto nodes = scanNodes();
+    if (!nodes)
+        return nodes.error();
+    for (const auto &[address, node] : std::as_const(*nodes)) {
         QByteArray cursor = "0";
         do {
-            redis::Argv a({"SCAN", cursor, "MATCH", match, "COUNT", "1000"});
-            auto *raw = static_cast<redisReply *>(
-                redisCommandArgv(c, a.count(), a.argv.data(), a.lengths.data()));
-            if (!raw) {
-                const Error error = failure(QString::fromUtf8(c->errstr), false);
-                if (m_cluster)
-                    m_cluster->broken(c);
-                return error;
-            }
-            Reply answer(raw, freeReplyObject);
-            if (answer->type != REDIS_REPLY_ARRAY || answer->elements != 2)
-                return makeError(ErrorCode::Unavailable,
-                                 u"Redis %1: unexpected answer to SCAN"_qs.arg(m_url.display()));
-            cursor = text(answer->element[0]);
-            QList<QByteArray> names;
-            for (size_t i = 0; i < answer->element[1]->elements; ++i)
-                names << text(answer->element[1]->element[i]);
-            if (!names.isEmpty())
-                if (auto done = each(names); !done)
+            auto page = scanStep(node, cursor, match);
+            if (!page)
+                return page.error();
+            cursor = page->first;
+            if (!page->second.isEmpty())
+                if (auto done = each(page->second); !done)
                     return done.error();
         } while (cursor != "0");
     }
@@ -1278,38 +1266,34 @@ Result<qint64> RedisStore::migrateV1()
     qint64 migrated = 0;
     // Every v1 record, and the v1-only endpoint indexes, whatever their number.
     for (const QByteArray &pattern : {QByteArray("k:*"), QByteArray("i:e:*")}) {
-        QByteArray cursor = "0";
-        do {
-            auto scanned = command(
-                {"SCAN", cursor, "MATCH", globEscaped(m_prefix) + pattern, "COUNT", "1000"}, false);
-            if (!scanned)
-                return scanned.error();
-            cursor = text((*scanned)->element[0]);
-            const redisReply *names = (*scanned)->element[1];
-            QList<QList<QByteArray>> commands;
-            for (size_t i = 0; i < names->elements; ++i) {
-                const QByteArray name = text(names->element[i]);
-                if (pattern.startsWith("i:")) {
-                    commands.append({"DEL", name});
-                    continue;
+        auto scanned = scanAll(
+            globEscaped(m_prefix) + pattern, [&](const QList<QByteArray> &names) -> Result<void> {
+                QList<QList<QByteArray>> commands;
+                for (const QByteArray &name : names) {
+                    if (pattern.startsWith("i:")) {
+                        commands.append({"DEL", name});
+                        continue;
+                    }
+                    const QString key = QString::fromUtf8(name.mid(m_prefix.size() + 2));
+                    commands.append({"EVALSHA", m_sha.value("migrate"), "3",
+                                     redis::recordKey(m_prefix, key),
+                                     redis::tokenKey(m_prefix, key), name, lastToken});
                 }
-                const QString key = QString::fromUtf8(name.mid(m_prefix.size() + 2));
-                commands.append({"EVALSHA", m_sha.value("migrate"), "3",
-                                 redis::recordKey(m_prefix, key), redis::tokenKey(m_prefix, key),
-                                 name, lastToken});
-            }
-            auto replies = pipeline(commands, true);
-            if (!replies)
-                return replies.error();
-            for (const Reply &r : *replies) {
-                if (r->type == REDIS_REPLY_ERROR)
-                    return makeError(ErrorCode::Unavailable,
-                                     u"Redis %1: migrating a record: %2"_qs.arg(
-                                         m_url.display(), QString::fromUtf8(r->str)));
-                if (r->type == REDIS_REPLY_INTEGER && !pattern.startsWith("i:"))
-                    migrated += r->integer;
-            }
-        } while (cursor != "0");
+                auto replies = pipeline(commands, true);
+                if (!replies)
+                    return replies.error();
+                for (const Reply &r : *replies) {
+                    if (r->type == REDIS_REPLY_ERROR)
+                        return makeError(ErrorCode::Unavailable,
+                                         u"Redis %1: migrating a record: %2"_qs.arg(
+                                             m_url.display(), QString::fromUtf8(r->str)));
+                    if (r->type == REDIS_REPLY_INTEGER && !pattern.startsWith("i:"))
+                        migrated += r->integer;
+                }
+                return {};
+            });
+        if (!scanned)
+            return scanned.error();
     }
     // Last, so that a migration cut short is found and finished by the next one.
     if (auto done = pipeline({{"DEL", all, tokens}, {"SET", m_prefix + "layout", "2"}}, true);

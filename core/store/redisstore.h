@@ -5,6 +5,7 @@
 #include "store/storeurl.h"
 
 #include <QHash>
+#include <QPair>
 
 #include <functional>
 
@@ -71,6 +72,7 @@ public:
     Result<qint64> migrateV1();               // P k:<key> to layout v2 (migrate.lua)
     Result<qint64> migrateV2(bool confirmed); // layout v2 to v3 (migrate3.lua), its indexes too
     Result<qint64> clockMs() override;
+    Result<qint64> timeMs(const redisReply *time) const; // an answer to TIME, in ms
     Result<QStringList> durabilityWarnings() override;
     Result<void> appendDeliveries(const QList<DeliveryEvent> &events) override;
     Result<QList<DeliveryEvent>> deliveries(const DeliveryQuery &query) override;
@@ -86,7 +88,11 @@ private:
                                                               const RedisOptions &options);
     Result<Reply> command(const QList<QByteArray> &args, bool writes);
     Result<std::vector<Reply>> clusterPipeline(const QList<QList<QByteArray>> &commands, bool writes);
-    Result<QList<QByteArray>> clusterScanSlice(); // record names, a SCAN slice of every master
+    // The nodes SCAN walks, by address: the single Redis (""), or every master of the cluster.
+    Result<QList<QPair<QByteArray, redisContext *>>> scanNodes();
+    // One SCAN step on a node from `cursor`: the next cursor and the names found.
+    Result<QPair<QByteArray, QList<QByteArray>>>
+    scanStep(redisContext *node, const QByteArray &cursor, const QByteArray &match);
     // Many commands in one write; every answer, in order (an error answer is an answer).
     Result<std::vector<Reply>> pipeline(const QList<QList<QByteArray>> &commands, bool writes);
     // The index writes of transitions that happened: failures are left to the repairs.
@@ -99,7 +105,15 @@ private:
     Result<QStringList> endpoints(); // the endpoints that have keys (P i:eps)
     Result<Reply> script(const char *name, const QList<QByteArray> &args, bool writes);
     Result<void> loadScripts();
-    Result<qint64> purgeSlice(qint64 now);
+    Result<qint64> purgeSlice(qint64 now, const QStringList &endpoints);
+    // What a listing or a count starts with: the store's clock, a purge slice over every
+    // endpoint, and the endpoints asked for (`endpoint`, or all of them when it is empty).
+    struct Scope
+    {
+        qint64 now;
+        QStringList endpoints;
+    };
+    Result<Scope> purgedScope(const QString &endpoint);
     // Many runs of one script, pipelined (NOSCRIPT answered by running it loaded); the answers,
     // in order, or an error if any was one.
     Result<std::vector<Reply>> scriptsPipelined(const char *name,
@@ -118,12 +132,11 @@ private:
 
     redisContext *m_context; // single Redis; null on a cluster
     std::unique_ptr<redis::ClusterLinks> m_cluster;
-    QHash<QByteArray, QByteArray> m_clusterCursors; // cluster: repair SCAN cursor per master
+    QHash<QByteArray, QByteArray> m_repairCursors; // where each node's next repair slice SCANs from
     StoreUrl m_url;
     RedisOptions m_options;
     QByteArray m_prefix;
     QHash<QByteArray, QByteArray> m_sha; // script name → SHA1
-    QByteArray m_repairCursor = "0";     // where the next repair slice SCANs from
 };
 
 } // namespace idem
