@@ -34,24 +34,19 @@ namespace {
 const QString kHiddenPassword = u"***"_qs;
 
 // A URL in an editable field shows its password as ***; reading the field puts the password
-// back unless the operator typed another (or removed it).
+// back unless the operator typed another (or removed it). As text, not QUrl: a Redis Cluster
+// URL names several hosts, and the URL is kept as it was written.
 QString hidePassword(const QString &url)
 {
-    QUrl parsed(url);
-    if (parsed.password().isEmpty())
-        return url;
-    parsed.setPassword(kHiddenPassword);
-    return parsed.toString();
+    return urlPassword(url).isEmpty() ? url : withUrlPassword(url, kHiddenPassword);
 }
 
 QString restorePassword(const QString &edited, const QString &original)
 {
-    QUrl parsed(edited);
-    const QUrl before(original);
-    if (parsed.password() != kHiddenPassword || before.password().isEmpty())
+    const QString password = urlPassword(original);
+    if (urlPassword(edited) != kHiddenPassword || password.isEmpty())
         return edited;
-    parsed.setPassword(before.password(QUrl::FullyDecoded), QUrl::DecodedMode);
-    return parsed.toString();
+    return withUrlPassword(edited, password);
 }
 
 } // namespace

@@ -116,15 +116,58 @@ QString displayUrl(const QUrl &url)
     return url.adjusted(QUrl::RemoveUserInfo).toString();
 }
 
-QString displayUrl(const QString &text)
+namespace {
+
+// Where the user information of a URL given as text is: from after "://" to the last '@'
+// (begin < 0: there is none).
+struct UserInfo
+{
+    qsizetype begin = -1;
+    qsizetype end = -1; // the '@'
+};
+
+UserInfo userInfoOf(const QString &text)
 {
     const qsizetype scheme = text.indexOf(u"://"_qs);
-    if (scheme < 0)
-        return text;
     const qsizetype at = text.lastIndexOf(u'@');
-    if (at < scheme + 3)
+    if (scheme < 0 || at < scheme + 3)
+        return {};
+    return {scheme + 3, at};
+}
+
+// The password's place in the user information ([begin, end)), or begin < 0.
+UserInfo passwordOf(const QString &text)
+{
+    const UserInfo info = userInfoOf(text);
+    if (info.begin < 0)
+        return {};
+    const QStringView userInfo = QStringView(text).mid(info.begin, info.end - info.begin);
+    const qsizetype colon = userInfo.indexOf(u':');
+    if (colon < 0 || userInfo.contains(u'/') || userInfo.contains(u'?') || userInfo.contains(u'#'))
+        return {};
+    return {info.begin + colon + 1, info.end};
+}
+
+} // namespace
+
+QString displayUrl(const QString &text)
+{
+    const UserInfo info = userInfoOf(text);
+    if (info.begin < 0)
         return text;
-    return text.left(scheme + 3) + text.mid(at + 1);
+    return text.left(info.begin) + text.mid(info.end + 1);
+}
+
+QString urlPassword(const QString &text)
+{
+    const UserInfo password = passwordOf(text);
+    return password.begin < 0 ? QString() : text.mid(password.begin, password.end - password.begin);
+}
+
+QString withUrlPassword(const QString &text, const QString &password)
+{
+    const UserInfo place = passwordOf(text);
+    return place.begin < 0 ? text : text.left(place.begin) + password + text.mid(place.end);
 }
 
 QString maskSecret(const QString &secret)

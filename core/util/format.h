@@ -33,6 +33,12 @@ QString displayUrl(const QUrl &url);
 // The same for text that may not parse as a URL (a store URL in an error message): everything
 // between "://" and the last '@' goes.
 QString displayUrl(const QString &text);
+// The password of a URL given as text, as written (percent-encoded), found where displayUrl
+// finds the user information (a user information holding '/', '?' or '#' is none: a path's
+// '@'); null without one. withUrlPassword puts another in its place and keeps every other
+// character, so a URL QUrl cannot hold (redis-cluster://:pass@host:port,host:port) stays whole.
+QString urlPassword(const QString &text);
+QString withUrlPassword(const QString &text, const QString &password);
 
 // "whsec_…abcd"-style mask for a secret that must be recognisable but not readable.
 QString maskSecret(const QString &secret);

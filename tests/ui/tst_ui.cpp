@@ -216,7 +216,9 @@ class TestUi : public QObject
     int m_seq = 0;
     StoreCalls m_calls;
 
-    Desk open(const QByteArray &endpoints)
+    // `storeUrl`: the URL the desk says it was configured with (its window and Settings show
+    // it), the store being a SQLite file all the same.
+    Desk open(const QByteArray &endpoints, const QString &storeUrl = {})
     {
         Desk desk;
         auto config = Config::parse("{\"endpoints\": " + endpoints + "}", u"ui"_qs);
@@ -228,7 +230,9 @@ class TestUi : public QObject
         ListenAddress any;
         any.port = 0;
         desk.port = desk.receiver->start(any)->port;
-        desk.window = std::make_unique<MainWindow>(DeskSession{*config, url, m_dir.filePath(u"cfg%1.json"_qs.arg(m_seq)), desk.pool, desk.receiver.get()});
+        desk.window = std::make_unique<MainWindow>(DeskSession{
+            *config, storeUrl.isEmpty() ? url : storeUrl,
+            m_dir.filePath(u"cfg%1.json"_qs.arg(m_seq)), desk.pool, desk.receiver.get()});
         desk.window->show();
         return desk;
     }
@@ -1044,6 +1048,57 @@ private Q_SLOTS:
         QCOMPARE(saved->store, u"redis://:hunter2@127.0.0.1:2/0"_qs);
         QCOMPARE(saved->endpoints.first().forwardTo.password(), u"hunter2"_qs);
         QCOMPARE(saved->endpoints.first().forwardTo.userName(), u"deskuser"_qs);
+    }
+
+    void settingsKeepARedisClusterUrl()
+    {
+        // redis-cluster:// names several hosts (QUrl holds one): Settings, opened from the
+        // window of a desk configured with one, never shows its password, and Save without an
+        // edit writes the URL exactly as it was.
+        const QString withUser =
+            u"redis-cluster://desk:s3cret@127.0.0.1:7000,127.0.0.1:7001,127.0.0.1:7002?prefix=app:&wait_replicas=1"_qs;
+        for (const QString &url :
+             {u"redis-cluster://127.0.0.1:7000,127.0.0.1:7001,127.0.0.1:7002"_qs,
+              u"redis-cluster://:s3cret@127.0.0.1:7000,127.0.0.1:7001"_qs, withUser}) {
+            Desk desk = open("[{\"name\": \"c\"}]", url);
+            const QString path =
+                m_dir.filePath(u"cfg%1.json"_qs.arg(m_seq)); // the desk's config file
+            desk.window->settingsAction()->trigger();
+            SettingsDialog *dialog = nullptr;
+            QTRY_VERIFY((dialog = desk.window->findChild<SettingsDialog *>()) &&
+                        dialog->isVisible());
+            const QString shown = dialog->storeEdit()->text();
+            QVERIFY2(!shown.contains(u"s3cret"_qs), qPrintable(shown));
+            QVERIFY2(shown.contains(u"127.0.0.1:7000,127.0.0.1:7001"_qs), qPrintable(shown));
+            if (url.contains(u"s3cret"_qs))
+                QVERIFY2(shown.contains(u":***@"_qs), qPrintable(shown));
+            else
+                QCOMPARE(shown, url);
+            dialog->findChild<QDialogButtonBox *>()->button(QDialogButtonBox::Save)->click();
+            QTRY_VERIFY(!desk.window->findChild<SettingsDialog *>()); // saved, closed, deleted
+            auto saved = Config::load(path);
+            QVERIFY2(saved.ok(), saved.ok() ? "" : qPrintable(saved.error().message));
+            QCOMPARE(saved->store, url);
+        }
+
+        // An edit of one host keeps the others, the options and the password; a password typed
+        // over the *** replaces it.
+        auto config = Config::parse("{\"endpoints\": [{\"name\": \"c\"}]}", u"ui"_qs);
+        QVERIFY(config.ok());
+        SettingsDialog dialog(*config, withUser, m_dir.filePath(u"cluster-edit.json"_qs));
+        QLineEdit *store = dialog.storeEdit();
+        store->setText(store->text().replace(u"127.0.0.1:7001"_qs, u"127.0.0.1:7005"_qs));
+        QVERIFY2(!store->text().contains(u"s3cret"_qs), qPrintable(store->text()));
+        QCOMPARE(dialog.storeUrl(),
+                 QString(withUser).replace(u"127.0.0.1:7001"_qs, u"127.0.0.1:7005"_qs));
+        store->setText(store->text().replace(u"***"_qs, u"n3w"_qs));
+        QCOMPARE(
+            dialog.storeUrl(),
+            u"redis-cluster://desk:n3w@127.0.0.1:7000,127.0.0.1:7005,127.0.0.1:7002?prefix=app:&wait_replicas=1"_qs);
+        QVERIFY(dialog.save());
+        auto saved = Config::load(m_dir.filePath(u"cluster-edit.json"_qs));
+        QVERIFY(saved.ok());
+        QCOMPARE(saved->store, dialog.storeUrl());
     }
 
     void mismatchShowsThePayloadDifference()

@@ -260,6 +260,26 @@ private Q_SLOTS:
         QCOMPARE(displayUrl(u"sqlite:/var/lib/a@b.db"_qs), u"sqlite:/var/lib/a@b.db"_qs);
     }
 
+    void urlPasswordsAsText()
+    {
+        // Found where displayUrl finds the user information; everything else kept as written.
+        const QString cluster =
+            u"redis-cluster://desk:s%40cret@10.0.0.1:7000,10.0.0.2:7000?prefix=a:"_qs;
+        QCOMPARE(urlPassword(cluster), u"s%40cret"_qs);
+        QCOMPARE(withUrlPassword(cluster, u"***"_qs),
+                 u"redis-cluster://desk:***@10.0.0.1:7000,10.0.0.2:7000?prefix=a:"_qs);
+        QCOMPARE(withUrlPassword(withUrlPassword(cluster, u"***"_qs), urlPassword(cluster)),
+                 cluster);
+        QCOMPARE(urlPassword(u"redis-cluster://:p@h:1,h:2"_qs), u"p"_qs);
+        QVERIFY(urlPassword(u"redis-cluster://h:1,h:2"_qs).isNull());
+        QVERIFY(urlPassword(u"postgresql://user@h/db"_qs).isNull()); // a user, no password
+        QCOMPARE(urlPassword(u"http://u:@h/"_qs), u""_qs);
+        // An '@' in a path is no user information.
+        QVERIFY(urlPassword(u"sqlite:///var/lib/a:b@c.db"_qs).isNull());
+        QCOMPARE(withUrlPassword(u"sqlite:///var/lib/a:b@c.db"_qs, u"***"_qs),
+                 u"sqlite:///var/lib/a:b@c.db"_qs);
+    }
+
     void controlCharactersAreEscaped()
     {
         QCOMPARE(escapeControls(u"a\nb\r\x1b[2J\tc\x7f"_qs), u"a\\u000ab\\u000d\\u001b[2J\tc\\u007f"_qs);
