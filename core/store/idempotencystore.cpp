@@ -3,6 +3,85 @@
 
 namespace idem {
 
+namespace {
+
+// One pass over a key glob: `any` for '*', `one` for '?', `set(negated, members)` for a
+// bracket expression (members as written, a leading ']' included), `literal` for the rest.
+template <typename Any, typename One, typename Set, typename Literal>
+void walkGlob(const QString &glob, Any any, One one, Set set, Literal literal)
+{
+    for (qsizetype i = 0; i < glob.size(); ++i) {
+        const QChar c = glob.at(i);
+        if (c == u'*') {
+            any();
+        } else if (c == u'?') {
+            one();
+        } else if (c == u'[') {
+            qsizetype first = i + 1;
+            const bool negated =
+                first < glob.size() && (glob.at(first) == u'!' || glob.at(first) == u'^');
+            if (negated)
+                ++first;
+            const qsizetype close = glob.indexOf(u']', first + 1); // a ']' first is a member
+            if (first >= glob.size() || close < 0) {
+                literal(c);
+                continue;
+            }
+            set(negated, QStringView(glob).mid(first, close - first));
+            i = close;
+        } else {
+            literal(c);
+        }
+    }
+}
+
+bool plainAscii(QChar c)
+{
+    return (c >= u'a' && c <= u'z') || (c >= u'A' && c <= u'Z') || (c >= u'0' && c <= u'9');
+}
+
+} // namespace
+
+QString keyGlobToRegex(const QString &glob)
+{
+    // A backslash before any other ASCII character than a letter or digit makes it literal in
+    // both dialects, in a bracket expression too.
+    const auto escaped = [](QChar c) {
+        return plainAscii(c) || c.unicode() > 0x7f ? QString(c) : u"\\"_qs + c;
+    };
+    QString re;
+    walkGlob(
+        glob, [&] { re += u".*"_qs; }, [&] { re += u'.'; },
+        [&](bool negated, QStringView members) {
+            re += negated ? u"[^"_qs : u"["_qs;
+            for (qsizetype i = 0; i < members.size(); ++i) {
+                const QChar c = members.at(i);
+                // a range's '-' stays one, a '-' first or last is literal either way
+                re += c == u'-' ? QString(c) : escaped(c);
+            }
+            re += u']';
+        },
+        [&](QChar c) { re += escaped(c); });
+    return re;
+}
+
+QString keyGlobToSqlite(const QString &glob)
+{
+    QString pattern;
+    walkGlob(
+        glob, [&] { pattern += u'*'; }, [&] { pattern += u'?'; },
+        [&](bool negated, QStringView members) {
+            pattern += (negated ? u"[^"_qs : u"["_qs) + members.toString() + u']';
+        },
+        [&](QChar c) {
+            if (c == u'*' || c == u'?' || c == u'[')
+                pattern += u'[' + QString(c) + u']';
+            else
+                pattern += c;
+        });
+    return pattern;
+}
+
 KeyRecord claimedRecord(const KeyRecord *current, const ClaimRequest &req, const ClaimDecision &decision,
                         qint64 token, qint64 nowMs)
 {

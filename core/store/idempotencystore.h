@@ -58,10 +58,19 @@ struct KeyQuery
 {
     std::optional<KeyState> state;
     QString endpoint; // empty: all
-    QString glob;     // empty: all; shell glob on the stored key (* ? [...])
+    QString glob;     // empty: all; shell glob on the whole stored key (keyGlobToRegex)
     int limit = 100;
     int offset = 0;
 };
+
+// KeyQuery::glob (`keys list --match`, the window's filter), alike on every store: `*` any
+// characters, '/' included; `?` one character; `[abc]`, `[a-z]` one of a set, `[!abc]` or
+// `[^abc]` one not in it (a ']' right after the '[', "[!" or "[^" belongs to the set). Every
+// other character, a backslash too, stands for itself, and so does a '[' without its ']':
+// `[*]` matches a '*'. As a regular expression without anchors, read alike by PCRE
+// (QRegularExpression, with DotMatchesEverythingOption) and PostgreSQL's ~; as SQLite's GLOB.
+QString keyGlobToRegex(const QString &glob);
+QString keyGlobToSqlite(const QString &glob);
 
 struct StateCounts
 {

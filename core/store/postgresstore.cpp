@@ -78,36 +78,6 @@ KeyRecord recordFrom(const pqxx::row &row, bool full)
 
 } // namespace
 
-QString globToPosixRegex(const QString &glob)
-{
-    QString re = u"^"_qs;
-    for (qsizetype i = 0; i < glob.size(); ++i) {
-        const QChar c = glob.at(i);
-        if (c == u'*') {
-            re += u".*"_qs;
-        } else if (c == u'?') {
-            re += u'.';
-        } else if (c == u'[') {
-            const qsizetype close = glob.indexOf(u']', i + 1);
-            if (close < 0) {
-                re += u"\\["_qs;
-                continue;
-            }
-            QString set = glob.mid(i + 1, close - i - 1);
-            if (set.startsWith(u'!'))
-                set[0] = u'^';
-            re += u'[' + set.replace(u"\\"_qs, u"\\\\"_qs) + u']';
-            i = close;
-        } else if (QStringLiteral("\\.^$|()+{}").contains(c)) {
-            re += u'\\';
-            re += c;
-        } else {
-            re += c;
-        }
-    }
-    return re + u'$';
-}
-
 struct PostgresStore::Connection
 {
     explicit Connection(const std::string &conninfo) : c(conninfo) {}
@@ -462,7 +432,7 @@ std::string keyFilter(const pqxx::transaction_base &n, const KeyQuery &q)
     if (!q.endpoint.isEmpty())
         sql += " AND endpoint = " + n.quote(s(q.endpoint));
     if (!q.glob.isEmpty())
-        sql += " AND key ~ " + n.quote(s(globToPosixRegex(q.glob)));
+        sql += " AND key ~ " + n.quote(s(u"^(?:"_qs + keyGlobToRegex(q.glob) + u")$"_qs));
     return sql;
 }
 } // namespace

@@ -66,7 +66,4 @@ private:
     PostgresOptions m_options;
 };
 
-// A shell glob (* ? [...]) as an anchored POSIX regular expression for PostgreSQL's ~.
-QString globToPosixRegex(const QString &glob);
-
 } // namespace idem

@@ -15,6 +15,14 @@ namespace idem {
 
 namespace {
 
+// KeyQuery::glob as a match of the whole key (empty: every key).
+QRegularExpression keyGlob(const QString &glob)
+{
+    return QRegularExpression(glob.isEmpty() ? QString()
+                                             : u"\\A(?:"_qs + keyGlobToRegex(glob) + u")\\z"_qs,
+                              QRegularExpression::DotMatchesEverythingOption);
+}
+
 QByteArray num(qint64 v)
 {
     return QByteArray::number(v);
@@ -803,12 +811,7 @@ Result<QStringList> RedisStore::keyNames(const KeyQuery &q)
     // An endpoint's i:k holds every live key from its claim to its end, whatever its state:
     // ZSCAN returns each member present for the whole scan at least once (duplicates dropped
     // here). The state is the caller's to check on the record.
-    const QRegularExpression glob(
-        q.glob.isEmpty() ? QString()
-                         : u"\\A(?:"_qs +
-                               QRegularExpression::wildcardToRegularExpression(
-                                   q.glob, QRegularExpression::UnanchoredWildcardConversion) +
-                               u")\\z"_qs);
+    const QRegularExpression glob = keyGlob(q.glob);
     auto endpointNames =
         q.endpoint.isEmpty() ? endpoints() : Result<QStringList>(QStringList{q.endpoint});
     if (!endpointNames)
@@ -872,12 +875,7 @@ Result<QList<KeyRecord>> RedisStore::listKeys(const KeyQuery &q)
         else
             sources.append({redis::endpointIndex(m_prefix, endpoint), std::nullopt, endpoint});
     }
-    const QRegularExpression glob(
-        q.glob.isEmpty() ? QString()
-                         : QRegularExpression::wildcardToRegularExpression(
-                               q.glob, QRegularExpression::UnanchoredWildcardConversion));
-    const QRegularExpression anchored(
-        glob.pattern().isEmpty() ? QString() : u"\\A(?:"_qs + glob.pattern() + u")\\z"_qs);
+    const QRegularExpression glob = keyGlob(q.glob);
     const qint64 chunk = std::clamp<qint64>(qint64(q.offset) + q.limit, 100, 1000);
 
     QList<KeyRecord> records;
@@ -928,7 +926,7 @@ Result<QList<KeyRecord>> RedisStore::listKeys(const KeyQuery &q)
                 break;
             const QString key = QString::fromUtf8(best->entries.takeFirst().second);
             const bool refill = best->entries.isEmpty() && !best->done;
-            if (anchored.pattern().isEmpty() || anchored.match(key).hasMatch())
+            if (glob.pattern().isEmpty() || glob.match(key).hasMatch())
                 candidates.append({key, best});
             if (refill)
                 break; // that source must be read further before anything older is taken

@@ -449,7 +449,7 @@ template <typename Statement> void bindFilter(Statement &s, const KeyQuery &q, q
     if (!q.endpoint.isEmpty())
         s.bind(3, q.endpoint);
     if (!q.glob.isEmpty())
-        s.bind(4, q.glob);
+        s.bind(4, keyGlobToSqlite(q.glob));
 }
 } // namespace
 

@@ -429,6 +429,62 @@ private Q_SLOTS:
         QVERIFY(std::any_of(found.begin(), found.end(), [&](const KeyRecord &k) { return k.endpoint == other; }));
     }
 
+    void globsMatchAlikeOnEveryStore()
+    {
+        // The documented shell glob (keyGlobToRegex): '*' and '?' match a '/' too, a set may
+        // hold one, a backslash is no escape, "[*]" is a literal '*'. What `keys list --match`
+        // and `keys export --match` find, on every store.
+        const QString ep = endpoint();
+        const QStringList names{u"a/b/c"_qs, u"a/b"_qs, u"ab"_qs,   u"a-b"_qs,
+                                u"a*b"_qs,   u"b/a"_qs, u"a\\b"_qs, u"a]b"_qs};
+        for (const QString &n : names)
+            claim(request(ep, n));
+        const QList<QPair<QString, QStringList>> cases{
+            {u"a*"_qs,
+             {u"a/b/c"_qs, u"a/b"_qs, u"ab"_qs, u"a-b"_qs, u"a*b"_qs, u"a\\b"_qs, u"a]b"_qs}},
+            {u"a/*"_qs, {u"a/b/c"_qs, u"a/b"_qs}},
+            {u"*/c"_qs, {u"a/b/c"_qs}},
+            {u"*"_qs, names},
+            {u"a?b"_qs, {u"a/b"_qs, u"a-b"_qs, u"a*b"_qs, u"a\\b"_qs, u"a]b"_qs}},
+            {u"a?"_qs, {u"ab"_qs}},
+            {u"a[/-]b"_qs, {u"a/b"_qs, u"a-b"_qs}},
+            {u"a[!/]b"_qs, {u"a-b"_qs, u"a*b"_qs, u"a\\b"_qs, u"a]b"_qs}},
+            {u"a[^/*]b"_qs, {u"a-b"_qs, u"a\\b"_qs, u"a]b"_qs}},
+            {u"a[]-]b"_qs, {u"a-b"_qs, u"a]b"_qs}},
+            {u"a[*]b"_qs, {u"a*b"_qs}},
+            {u"a\\b"_qs, {u"a\\b"_qs}},
+            {u"[a-b]/?"_qs, {u"a/b"_qs, u"b/a"_qs}},
+            {u"a[b"_qs, {}},
+            {u"a.b"_qs, {}},
+        };
+        for (const auto &[glob, expected] : cases) {
+            QStringList want;
+            for (const QString &n : expected)
+                want << ep + u":"_qs + n;
+            want.sort();
+            for (const bool byEndpoint : {true, false}) {
+                KeyQuery q;
+                q.endpoint = byEndpoint ? ep : QString();
+                q.glob = ep + u":"_qs + glob;
+                q.limit = 1000;
+                auto listed = m_store->listKeys(q);
+                QVERIFY2(listed.ok(), qPrintable(listed.ok() ? QString() : listed.error().message));
+                QStringList got;
+                for (const KeyRecord &k : *listed)
+                    got << k.key;
+                got.sort();
+                QVERIFY2(got == want, qPrintable(u"listKeys %1: %2, expected %3"_qs.arg(
+                                          glob, got.join(u' '), want.join(u' '))));
+                auto named = m_store->keyNames(q);
+                QVERIFY2(named.ok(), qPrintable(named.ok() ? QString() : named.error().message));
+                got = *named;
+                got.sort();
+                QVERIFY2(got == want, qPrintable(u"keyNames %1: %2, expected %3"_qs.arg(
+                                          glob, got.join(u' '), want.join(u' '))));
+            }
+        }
+    }
+
     void operatorActions()
     {
         const QString ep = endpoint();
