@@ -433,11 +433,9 @@ void IdempotencyEngine::onProcessed(const DeliveryPtr &d, qint64 token, Outcome 
         });
 }
 
-void IdempotencyEngine::sendProbe(const DeliveryPtr &d, HttpResponse response)
+void IdempotencyEngine::sendProbe(const DeliveryPtr &d, const HttpResponse &response)
 {
-    if (d->request.method == "HEAD")
-        response.body.clear();
-    d->responder.send(response);
+    d->responder.send(response); // HEAD: the server leaves the body out
     --m_inFlight;
 }
 

@@ -77,8 +77,8 @@ private:
                      const QList<ClaimResult> &results, const ProcessResult &processed,
                      const QList<FinishVerdict> &verdicts);
     void reject(const DeliveryPtr &d, int status, const QString &title, const QString &detail);
-    // /healthz and /readyz: the answer (HEAD: without its body), and why not in the log.
-    void sendProbe(const DeliveryPtr &d, HttpResponse response);
+    // /healthz and /readyz: the answer, and why not in the log.
+    void sendProbe(const DeliveryPtr &d, const HttpResponse &response);
     void logNotReady(const QString &probe, const QString &why);
     // The processor's job for a claimed delivery, with its deadline counted from the claim.
     ProcessJob job(const DeliveryPtr &d, const QString &key, const QByteArray &tokens,

@@ -134,7 +134,7 @@ bool RawConnection::readMore()
     return true;
 }
 
-ClientResponse RawConnection::readResponse()
+ClientResponse RawConnection::readResponse(bool toHead)
 {
     ClientResponse r;
     if (m_fd < 0) {
@@ -158,7 +158,8 @@ ClientResponse RawConnection::readResponse()
                 m_buffer.remove(0, end + 4);
                 continue;
             }
-            const qsizetype length = headerValue(headers, "Content-Length").toLongLong();
+            const qsizetype length =
+                toHead ? 0 : headerValue(headers, "Content-Length").toLongLong();
             while (m_buffer.size() < end + 4 + length)
                 if (!readMore()) {
                     r.error = QStringLiteral("body cut short");

@@ -30,8 +30,9 @@ public:
     quint16 localPort() const; // 0 when not open
     bool send(QByteArrayView bytes);
     // Reads one response (Content-Length framed); status 0 on timeout or close. Interim
-    // answers (100 Continue) are skipped: readBytes sees them.
-    ClientResponse readResponse();
+    // answers (100 Continue) are skipped: readBytes sees them. The answer to a HEAD (`toHead`)
+    // has no body whatever its Content-Length says.
+    ClientResponse readResponse(bool toHead = false);
     // The next `count` bytes exactly as they arrive (fewer on timeout or close).
     QByteArray readBytes(qsizetype count);
     // True when the server closed the connection (reads EOF) within timeoutMs.

@@ -453,6 +453,7 @@ void HttpConnection::dispatch()
     m_phase = Phase::Waiting;
     m_timer.stop();
     const quint64 sequence = ++m_sequence;
+    m_head = m_request.method == "HEAD";
     m_server->m_handler(std::move(m_request), Responder(this, sequence));
 }
 
@@ -460,7 +461,7 @@ void HttpConnection::answer(quint64 sequence, const HttpResponse &response)
 {
     if (sequence != m_sequence || m_phase != Phase::Waiting)
         return; // an answer for an earlier request, or a second answer
-    writeResponse(response, !m_keepAlive);
+    writeResponse(response, !m_keepAlive, m_head);
     if (m_phase == Phase::Closing)
         return;
     m_timer.start(m_server->m_limits.idleTimeoutMs);
@@ -490,12 +491,12 @@ void HttpConnection::fail(int status, const QString &detail)
 {
     HttpResponse r = HttpResponse::problem(status, QString::fromLatin1(reasonPhrase(status)), detail);
     r.setHeader("Idempotency-Outcome", "rejected");
-    writeResponse(r, true);
+    writeResponse(r, true, m_request.method == "HEAD");
     if (m_server->m_onReject)
         m_server->m_onReject(m_request, status, detail);
 }
 
-void HttpConnection::writeResponse(const HttpResponse &response, bool closeAfter)
+void HttpConnection::writeResponse(const HttpResponse &response, bool closeAfter, bool head)
 {
     QByteArray out;
     out.reserve(256 + response.body.size());
@@ -508,11 +509,14 @@ void HttpConnection::writeResponse(const HttpResponse &response, bool closeAfter
             continue;
         out += name + ": " + value + "\r\n";
     }
+    // An answer to HEAD is a GET's without its content: the same Content-Length (RFC 9110 9.3.2,
+    // 8.6), and no body, whatever the handler put there.
     out += "Content-Length: " + QByteArray::number(response.body.size()) + "\r\n";
     if (closeAfter)
         out += "Connection: close\r\n";
     out += "\r\n";
-    out += response.body;
+    if (!head)
+        out += response.body;
     m_socket->write(out);
     // Written now, not when the loop next sees the socket writable: the write notifier QTcpSocket
     // enables is disabled again within this turn, so epoll is not told (EpollDispatcher).

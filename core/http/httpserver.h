@@ -39,6 +39,8 @@ using HttpRejectObserver = std::function<void(const HttpRequest &partial, int st
 // being answered), so answers leave in order; a client that does not read its answers is not
 // read either (HttpLimits::maxUnsentBytes). Lives on one thread; handlers are called there and
 // may answer later through their Responder.
+// A handler answers HEAD as it answers GET: the server sends that answer's headers, its
+// Content-Length included, without the body (RFC 9110 9.3.2).
 //
 // What a handler gets is what was interpreted, once (RFC 9112): a field sent on several lines
 // arrives as one line, its values joined with ", " (Cookie: "; "), so whoever reads the
@@ -102,7 +104,7 @@ private:
     void onBytesWritten();
     void fail(int status, const QString &detail);
     int refuseEarly(int status, const QString &detail);
-    void writeResponse(const HttpResponse &response, bool close);
+    void writeResponse(const HttpResponse &response, bool close, bool head);
     void onTimeout();
     void close();
     bool countHeaderBytes(size_t len);
@@ -132,6 +134,7 @@ private:
     QString m_earlyDetail;
     bool m_keepAlive = true;
     bool m_messageDone = false;
+    bool m_head = false; // the request being answered is a HEAD: its answer goes without body
     quint64 m_sequence = 0;
 };
 

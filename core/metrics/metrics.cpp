@@ -235,8 +235,7 @@ MetricsServer::MetricsServer(Config config, StoreFactory store, std::function<qi
                 m.setInFlight(m_inFlight());
             HttpResponse r;
             r.setHeader("Content-Type", "text/plain; version=0.0.4; charset=utf-8");
-            if (request.method == "GET") // HEAD: the headers only
-                r.body = m.exposition();
+            r.body = m.exposition(); // HEAD too: the server sends its headers only
             responder.send(r);
         });
     m_countTimer.setSingleShot(true);

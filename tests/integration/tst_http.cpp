@@ -241,6 +241,23 @@ private Q_SLOTS:
         QCOMPARE(odd.readResponse().status, 417);
     }
 
+    void headIsAGetWithoutItsBody()
+    {
+        // The handler answers a HEAD with a body, as it would a GET: the server sends the
+        // headers, that body's Content-Length included, and none of the body (RFC 9110 9.3.2),
+        // so the next answer on the connection is read from its first byte.
+        RawConnection c(m_port);
+        QVERIFY(c.send("HEAD /page HTTP/1.1\r\nHost: x\r\n\r\n"
+                       "GET /page HTTP/1.1\r\nHost: x\r\n\r\n"));
+        const ClientResponse head = c.readResponse(true);
+        QCOMPARE(head.status, 200);
+        QCOMPARE(head.header("Content-Length"),
+                 QByteArray::number(QByteArray("HEAD /page ").size()));
+        const ClientResponse get = c.readResponse();
+        QCOMPARE(get.status, 200);
+        QCOMPARE(get.body, QByteArray("GET /page "));
+    }
+
     void idleConnectionsAreClosed()
     {
         RawConnection c(m_port);

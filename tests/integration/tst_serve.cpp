@@ -70,6 +70,28 @@ class TestServe : public QObject
             return {};
         return c.readResponse();
     }
+    // A HEAD on a new connection: its body is what followed the headers until the server closed
+    // the connection (nothing, when the server keeps to RFC 9110).
+    static ClientResponse head(quint16 port, const QByteArray &path)
+    {
+        RawConnection c(port, 2000);
+        if (!c.isOpen() ||
+            !c.send("HEAD " + path + " HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"))
+            return {};
+        ClientResponse r = c.readResponse(true);
+        r.body = c.readBytes(1 << 20);
+        return r;
+    }
+    // A HEAD is answered as a GET is, without the body: the same status and Content-Length.
+    static void checkHead(quint16 port, const QByteArray &path)
+    {
+        const ClientResponse get = TestServe::get(port, path);
+        const ClientResponse head = TestServe::head(port, path);
+        QCOMPARE(head.status, get.status);
+        QCOMPARE(head.header("Content-Type"), get.header("Content-Type"));
+        QCOMPARE(head.header("Content-Length"), QByteArray::number(get.body.size()));
+        QVERIFY2(head.body.isEmpty(), head.body.left(200).constData());
+    }
     static std::pair<int, QByteArray> runToEnd(const QStringList &args)
     {
         QProcess p;
@@ -110,10 +132,12 @@ private Q_SLOTS:
         QCOMPARE(post(s.port, "/hooks/nope", "{}", {{"Idempotency-Key", "k3"}}).status, 404);
         QCOMPARE(get(s.port, "/metrics").status, 404); // never on the webhook listener
         QCOMPARE(get(s.port, "/readyz").status, 200);
-        const ClientResponse head = get(s.port, "/readyz", "HEAD");
-        QCOMPARE(head.status, 200);
-        QVERIFY(head.body.isEmpty());
+        checkHead(s.port, "/readyz");
         QCOMPARE(get(s.port, "/healthz").status, 200);
+        const ClientResponse healthHead = head(s.port, "/healthz");
+        QCOMPARE(healthHead.status, 200);
+        QVERIFY(healthHead.header("Content-Length").toInt() > 0);
+        QVERIFY(healthHead.body.isEmpty());
 
         // The store is pinged and counted on a schedule, never for a scrape: many scrapes
         // make no count (the next is 15 s after the one at start).
@@ -122,10 +146,15 @@ private Q_SLOTS:
             (text = get(metricsPort, "/metrics").body).contains("idemdesk_store_up 1\n"), 10000);
         for (int i = 0; i < 20; ++i)
             QCOMPARE(get(metricsPort, "/metrics").status, 200);
-        const ClientResponse metricsHead = get(metricsPort, "/metrics", "HEAD");
+        const ClientResponse metricsHead = head(metricsPort, "/metrics");
         QCOMPARE(metricsHead.status, 200);
         QVERIFY2(metricsHead.body.isEmpty(),
                  metricsHead.body.left(200).constData()); // headers only
+        // The Content-Length a GET sends (taken one after the other: a ping or count between
+        // them may change a value, so until they agree).
+        QTRY_COMPARE_WITH_TIMEOUT(head(metricsPort, "/metrics").header("Content-Length"),
+                                  QByteArray::number(get(metricsPort, "/metrics").body.size()),
+                                  10000);
         text = get(metricsPort, "/metrics").body;
         const auto counts = QRegularExpression(u"\nidemdesk_key_counts_total (\\d+)\n"_qs)
                                 .match(QString::fromUtf8(text));
@@ -152,6 +181,10 @@ private Q_SLOTS:
         QVERIFY(QRegularExpression(u"\nidemdesk_store_round_trips_total [1-9]"_qs)
                     .match(QString::fromUtf8(text))
                     .hasMatch());
+        // A webhook path (after the counts above: these are deliveries too) answers HEAD as GET:
+        // 405 with a problem+json body.
+        QCOMPARE(get(s.port, "/hooks/ok").status, 405);
+        checkHead(s.port, "/hooks/ok");
         QCOMPARE(stop(s), 0);
 
         // The count made at start: a desk started again over the same store shows its keys.
@@ -186,7 +219,7 @@ private Q_SLOTS:
         QCOMPARE(notReady.status, 503);
         // Why is for the log, not for whoever can reach the webhook port.
         QCOMPARE(notReady.body, QByteArray(R"({"status":"not ready"})"));
-        QCOMPARE(get(s.port, "/readyz", "HEAD").status, 503);
+        QCOMPARE(head(s.port, "/readyz").status, 503);
         QByteArray log;
         QTRY_VERIFY2((log += s.process->readAllStandardError())
                          .contains("/readyz: store not ready: the SQLite schema is at version 99"),
