@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <array>
 #include <cctype>
+#include <cstring>
 
 #include <hiredis.h>
 
@@ -24,6 +25,7 @@ const QByteArray kSummary[] = {"endpoint",    "provider",   "state",   "fingerpr
                                "token",       "attempts",   "created", "updated",
                                "lease_until", "expires_at", "s",       "e"};
 constexpr size_t kSummarySize = std::size(kSummary);
+constexpr size_t kSummaryResult = 10; // s, then e
 
 ClaimAction actionFrom(const QByteArray &text)
 {
@@ -110,17 +112,18 @@ QString endpointOf(const QString &key)
 
 namespace {
 
-// The result as stored (field s: status, headers JSON, body, a line break between) into its
-// columns.
-void resultColumns(const QByteArray &s, QHash<QByteArray, QByteArray> &into)
+// The result as stored (field s: status, headers JSON, body, a line break between), split.
+struct ResultColumns
 {
-    if (s.isEmpty())
-        return;
+    QByteArray status, headers, body;
+};
+
+ResultColumns resultColumns(const QByteArray &s)
+{
     const qsizetype a = s.indexOf('\n');
     const qsizetype b = a < 0 ? -1 : s.indexOf('\n', a + 1);
-    into.insert("res_status", a < 0 ? s : s.left(a));
-    into.insert("res_headers", a < 0 ? QByteArray() : s.mid(a + 1, b < 0 ? -1 : b - a - 1));
-    into.insert("res_body", b < 0 ? QByteArray() : s.mid(b + 1));
+    return {a < 0 ? s : s.left(a), a < 0 ? QByteArray() : s.mid(a + 1, b < 0 ? -1 : b - a - 1),
+            b < 0 ? QByteArray() : s.mid(b + 1)};
 }
 
 } // namespace
@@ -165,7 +168,12 @@ QHash<QByteArray, QByteArray> columnsFrom(const QHash<QByteArray, QByteArray> &r
     const qsizetype headEnd = eol < 0 ? -1 : q.indexOf('\n', eol + 1);
     c.insert("req_head", headEnd < 0 ? q : q.left(headEnd));
     c.insert("req_body", headEnd < 0 ? QByteArray() : q.mid(headEnd + 1));
-    resultColumns(record.value("s"), c);
+    if (const QByteArray stored = record.value("s"); !stored.isEmpty()) {
+        const ResultColumns result = resultColumns(stored);
+        c.insert("res_status", result.status);
+        c.insert("res_headers", result.headers);
+        c.insert("res_body", result.body);
+    }
     c.insert("error", record.value("e"));
     c.insert("history", record.value("h"));
     return c;
@@ -173,21 +181,23 @@ QHash<QByteArray, QByteArray> columnsFrom(const QHash<QByteArray, QByteArray> &r
 
 namespace {
 
-KeyRecord recordFromColumns(const QString &key, const QHash<QByteArray, QByteArray> &f)
+// A record from its columns (those of layout v2: the meta's, req_head req_body res_status
+// res_headers res_body error history), each read by `column(name)`, empty when there is none.
+template <typename Column> KeyRecord recordFromColumns(const QString &key, const Column &column)
 {
     KeyRecord r;
     r.key = key;
-    r.endpoint = QString::fromUtf8(f.value("endpoint"));
-    r.provider = QString::fromUtf8(f.value("provider"));
-    r.state = keyStateFromString(QString::fromLatin1(f.value("state"))).value_or(KeyState::Failed);
-    r.fingerprint = f.value("fingerprint");
-    r.token = f.value("token").toLongLong();
-    r.attempts = f.value("attempts").toInt();
-    r.createdMs = f.value("created").toLongLong();
-    r.updatedMs = f.value("updated").toLongLong();
-    r.leaseUntilMs = f.value("lease_until").toLongLong();
-    r.expiresAtMs = f.value("expires_at").toLongLong();
-    const QByteArray head = f.value("req_head");
+    r.endpoint = QString::fromUtf8(column("endpoint"));
+    r.provider = QString::fromUtf8(column("provider"));
+    r.state = keyStateFromString(QString::fromLatin1(column("state"))).value_or(KeyState::Failed);
+    r.fingerprint = column("fingerprint");
+    r.token = column("token").toLongLong();
+    r.attempts = column("attempts").toInt();
+    r.createdMs = column("created").toLongLong();
+    r.updatedMs = column("updated").toLongLong();
+    r.leaseUntilMs = column("lease_until").toLongLong();
+    r.expiresAtMs = column("expires_at").toLongLong();
+    const QByteArray head = column("req_head");
     if (const qsizetype eol = head.indexOf('\n'); eol >= 0) {
         const QByteArray line = head.left(eol);
         const qsizetype space = line.indexOf(' ');
@@ -195,12 +205,14 @@ KeyRecord recordFromColumns(const QString &key, const QHash<QByteArray, QByteArr
         r.request.path = space < 0 ? QByteArray() : line.mid(space + 1);
         r.request.headers = headersFromJson(parseJsonArray(head.mid(eol + 1)));
     }
-    r.request.body = f.value("req_body");
-    r.result.status = f.value("res_status").toInt();
-    r.result.headers = headersFromJson(parseJsonArray(f.value("res_headers")));
-    r.result.body = f.value("res_body");
-    r.error = QString::fromUtf8(f.value("error"));
-    r.history = historyFromJson(parseJsonArray(f.value("history")));
+    r.request.body = column("req_body");
+    r.result.status = column("res_status").toInt();
+    if (const QByteArray headers = column("res_headers"); !headers.isEmpty())
+        r.result.headers = headersFromJson(parseJsonArray(headers));
+    r.result.body = column("res_body");
+    r.error = QString::fromUtf8(column("error"));
+    if (const QByteArray history = column("history"); !history.isEmpty())
+        r.history = historyFromJson(parseJsonArray(history));
     return r;
 }
 
@@ -208,7 +220,8 @@ KeyRecord recordFromColumns(const QString &key, const QHash<QByteArray, QByteArr
 
 KeyRecord recordFrom(const QString &key, const QHash<QByteArray, QByteArray> &fields)
 {
-    return recordFromColumns(key, columnsFrom(fields));
+    const QHash<QByteArray, QByteArray> columns = columnsFrom(fields);
+    return recordFromColumns(key, [&columns](const char *name) { return columns.value(name); });
 }
 
 Result<QHash<QByteArray, Script>> scripts()
@@ -288,12 +301,22 @@ Result<ClaimResult> claimResult(const redisReply *reply, const ClaimRequest &req
     if (reply->elements != 3 + kSummarySize)
         return unexpected("claim");
     result.storeNowMs = text(reply->element[reply->elements - 1]).toLongLong();
-    QHash<QByteArray, QByteArray> fields;
-    for (size_t i = 0; i < kSummarySize; ++i)
-        fields.insert(kSummary[i], text(reply->element[i + 2]));
-    resultColumns(fields.take("s"), fields);
-    fields.insert("error", fields.take("e"));
-    result.record = recordFromColumns(req.key, fields);
+    // Read in place, by column name: on every duplicate's path, so no map of the columns.
+    const redisReply *const *summary = reply->element + 2;
+    const ResultColumns stored = resultColumns(text(summary[kSummaryResult]));
+    result.record = recordFromColumns(req.key, [&](const char *name) -> QByteArray {
+        if (std::strcmp(name, "res_status") == 0)
+            return stored.status;
+        if (std::strcmp(name, "res_headers") == 0)
+            return stored.headers;
+        if (std::strcmp(name, "res_body") == 0)
+            return stored.body;
+        if (std::strcmp(name, "error") == 0)
+            return text(summary[kSummaryResult + 1]);
+        const auto at = std::find(std::begin(kSummary), std::end(kSummary), name);
+        return at < std::begin(kSummary) + kSummaryResult ? text(summary[at - std::begin(kSummary)])
+                                                          : QByteArray();
+    });
     return result;
 }
 

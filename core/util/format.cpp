@@ -1,5 +1,8 @@
 #include "util/format.h"
 
+#include <algorithm>
+#include <string_view>
+
 #include <QDateTime>
 #include <QJsonDocument>
 
@@ -60,9 +63,15 @@ QString formatTime(qint64 epochMs)
 
 bool isSecretHeader(QByteArrayView name)
 {
-    const QByteArray lower = name.toByteArray().toLower();
-    for (const char *part : {"authorization", "signature", "hmac", "secret", "token", "cookie", "api-key", "apikey"})
-        if (lower.contains(part))
+    // On every delivery's path (each request header): searched in place, case-insensitively,
+    // without a lowered copy.
+    const auto sameLetter = [](char a, char b) {
+        return (a >= 'A' && a <= 'Z' ? char(a + 32) : a) == b;
+    };
+    for (const std::string_view part :
+         {"authorization", "signature", "hmac", "secret", "token", "cookie", "api-key", "apikey"})
+        if (std::search(name.begin(), name.end(), part.begin(), part.end(), sameLetter) !=
+            name.end())
             return true;
     return false;
 }
@@ -100,6 +109,9 @@ QString escapeControls(QStringView text, bool keepLineBreaks)
         return c < 0x20 || (c >= 0x7f && c <= 0x9f) || c == 0x061c || c == 0x200e || c == 0x200f ||
                (c >= 0x2028 && c <= 0x202e) || (c >= 0x2066 && c <= 0x2069);
     };
+    // Nearly every text has nothing to escape (a log line per delivery): then one copy.
+    if (std::none_of(text.begin(), text.end(), [&](QChar ch) { return unsafe(ch.unicode()); }))
+        return text.toString();
     QString out;
     out.reserve(text.size());
     for (const QChar ch : text) {

@@ -289,6 +289,22 @@ private Q_SLOTS:
         QCOMPARE(escapeControls(u"caf\u00e9 \u2713 {\"k\":\"v\"}"_qs), u"caf\u00e9 \u2713 {\"k\":\"v\"}"_qs);
     }
 
+    void secretHeadersAreMasked()
+    {
+        for (const char *name :
+             {"Authorization", "Stripe-Signature", "X-Hub-Signature-256", "X-Shopify-Hmac-SHA256",
+              "X-Twilio-Email-Event-Webhook-Signature", "webhook-secret", "X-Auth-TOKEN", "Cookie",
+              "X-API-Key", "x-apikey", "AUTHORIZATION"})
+            QVERIFY2(isSecretHeader(name), name);
+        for (const char *name : {"Content-Type", "X-Request-Id", "tok", "", "Signatur", "Api_Key",
+                                 "X-GitHub-Delivery"})
+            QVERIFY2(!isSecretHeader(name), name);
+        const HeaderList masked =
+            maskSecrets({{"Content-Type", "application/json"}, {"Stripe-Signature", "t=1,v1=ab"}});
+        QCOMPARE(masked.at(0).second, QByteArray("application/json"));
+        QVERIFY(!masked.at(1).second.contains("v1=ab"));
+    }
+
     void keyNormalisation()
     {
         QCOMPARE(*namespacedKey(QStringLiteral("ep"), QStringLiteral(" k1 ")), QStringLiteral("ep:k1"));
