@@ -854,6 +854,16 @@ void MainWindow::runRetry(const QString &key, bool force, std::function<void(Res
                 done(outcome);
         }, Qt::QueuedConnection);
     };
+    // Watching a shared store (no receiver here) without the desk's config, the endpoint's
+    // processor is unknown: the built-in config's would simulate, and mark the event completed
+    // without the app seeing it.
+    if (!m_session.receiver && m_session.configPath.isEmpty())
+        return deliver(makeError(
+            ErrorCode::Invalid,
+            tr("%1: not retried — this window watches the store without the desk's config, so it "
+               "does not know where the endpoint forwards; open it with --config (or choose the "
+               "config file in Settings)")
+                .arg(key)));
     IdempotencyEngine *engine = m_session.receiver ? m_session.receiver->engine() : m_localEngine;
     QMetaObject::invokeMethod(engine, [engine, key, force, deliver] { engine->retryKey(key, force, deliver); }, Qt::QueuedConnection);
 }

@@ -344,11 +344,22 @@ int retry(const QStringList &arguments)
     parser.setApplicationDescription(u"Run the stored request of each key through its endpoint's processor again, now, and print the outcome."_qs);
     addCommonOptions(parser, false);
     parser.addOption({u"force"_qs, u"Also retry completed keys and keys being processed."_qs});
+    parser.addOption(
+        {u"simulate"_qs,
+         u"Without --config: retry through the built-in endpoints' simulated processor, knowingly (the demo's store)."_qs});
     parser.addPositionalArgument(u"KEY..."_qs, u"Stored keys, <endpoint>:<key>."_qs);
     if (const int rc = parseOrExit(parser, arguments); rc >= 0)
         return rc;
     if (parser.positionalArguments().isEmpty()) {
         printError(u"no KEY given"_qs);
+        return ExitUsage;
+    }
+    // The processor comes from the config: without the desk's, the built-in one's endpoints
+    // (named after the providers, like the SPEC's "stripe") simulate, and a retry would mark the
+    // event completed without the app ever seeing it.
+    if (parser.value(u"config"_qs).isEmpty() && !parser.isSet(u"simulate"_qs)) {
+        printError(
+            u"keys retry needs the desk's config (--config FILE, as given to serve) to know where each endpoint forwards; without it the built-in simulator would mark the event completed without your app seeing it (--simulate does that on purpose)"_qs);
         return ExitUsage;
     }
     StoreSession session;

@@ -25,6 +25,7 @@
 #include <cstdio>
 #include <sys/socket.h>
 #include <unistd.h>
+#include <utility>
 
 namespace idem::cli {
 
@@ -83,9 +84,6 @@ int serve(const QStringList &arguments)
         return 1;
     }
     const QString storeDisplay = StoreUrl::parse(options->storeUrl)->display();
-    qint64 graceMs = 5000;
-    for (const auto &e : options->config.endpoints)
-        graceMs = std::max(graceMs, e.settings.leaseSeconds * 1000 + 2000); // processing, then recording retried within the lease
 
     std::unique_ptr<Receiver> receiver;
     auto metrics = startMetrics(*options, receiver);
@@ -165,25 +163,22 @@ int serve(const QStringList &arguments)
     sigaction(SIGINT, &action, nullptr);
     sigaction(SIGTERM, &action, nullptr);
     QSocketNotifier notifier(g_signalPipe[0], QSocketNotifier::Read);
-    QTimer drain;
-    QElapsedTimer stopping;
+    bool stopping = false;
     QObject::connect(&notifier, &QSocketNotifier::activated, &notifier, [&] {
         char byte;
         [[maybe_unused]] ssize_t n = ::read(g_signalPipe[0], &byte, 1);
-        if (stopping.isValid())
+        if (std::exchange(stopping, true))
             return;
-        std::fprintf(stderr, "idemdesk: stopping: no new connections, finishing %lld in-flight deliveries\n",
+        std::fprintf(stderr, "idemdesk: stopping: no new deliveries, finishing %lld in flight\n",
                      static_cast<long long>(receiver->engine()->inFlight()));
-        stopping.start();
-        receiver->stopAccepting();
-        drain.start(10);
-    });
-    QObject::connect(&drain, &QTimer::timeout, &drain, [&] {
-        if (receiver->engine()->inFlight() > 0 && stopping.elapsed() < graceMs)
-            return;
         QCoreApplication::quit();
     });
     const int rc = QCoreApplication::exec();
+    if (const qint64 left = receiver->drain(Receiver::drainGraceMs(options->config)))
+        std::fprintf(stderr,
+                     "idemdesk: %lld deliveries still in flight after the grace: their keys stay "
+                     "leased until their leases end\n",
+                     static_cast<long long>(left));
     receiver.reset(); // joins the receiver thread and flushes the delivery log to the store
     QCoreApplication::sendPostedEvents(); // the last deliveries' log lines
     flushLog();
@@ -275,6 +270,13 @@ int gui(int argc, char **argv)
     MainWindow window(session);
     window.show();
     const int rc = app.exec();
+    // Deliveries in flight finish before the receiver goes (a processed event left unrecorded
+    // would be processed again once its lease ends).
+    if (receiver && receiver->engine()->inFlight() > 0) {
+        std::fprintf(stderr, "idemdesk: finishing %lld deliveries in flight\n",
+                     static_cast<long long>(receiver->engine()->inFlight()));
+        receiver->drain(Receiver::drainGraceMs(options->config));
+    }
     return rc;
 }
 

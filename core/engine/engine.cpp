@@ -62,6 +62,28 @@ HttpResponse resultNotRecorded(const QString & /*why: the delivery log's*/)
 }
 constexpr int kLogBacklog = 50000; // deliveries kept in memory while the store is away
 
+// Claimed too late to start (the store was slow): nothing ran and nothing is recorded.
+HttpResponse notStarted(const ProcessResult &late, qint64 leaseSeconds)
+{
+    HttpResponse r = HttpResponse::problem(503, u"Processing not started in time"_qs,
+                                           late.error + u"; send it again after the lease ("_qs +
+                                               QString::number(leaseSeconds) + u" s)"_qs);
+    r.setHeader("Retry-After", QByteArray::number(leaseSeconds));
+    return r;
+}
+
+// What a duplicate of a finished key gets: its stored answer; a key failed with none (force-
+// failed by an operator) gets a 500 that says so, never a status 0.
+StoredResult answerOf(const KeyRecord &record)
+{
+    if (record.result.status >= 100)
+        return record.result;
+    const HttpResponse r = HttpResponse::problem(
+        500, u"Event failed"_qs,
+        u"this event failed with no answer stored to replay; an operator can retry or reset it"_qs);
+    return {r.status, r.headers, r.body};
+}
+
 // Processed, but a newer claim took the key over (its lease had ended): that one's result wins.
 HttpResponse claimSuperseded(FinishVerdict verdict)
 {
@@ -322,7 +344,7 @@ void IdempotencyEngine::onClaimed(const DeliveryPtr &d, Result<ClaimResult> resu
     case ClaimAction::Reclaim:
         return runProcessor(d, claim.record.token, claim.decision.outcome);
     case ClaimAction::Replay: {
-        HttpResponse r = fromStored(claim.record.result);
+        HttpResponse r = fromStored(answerOf(claim.record));
         r.setHeader("Idempotent-Replayed", "true");
         return respond(d, r, Outcome::Replayed, claim.record.token);
     }
@@ -360,14 +382,13 @@ void IdempotencyEngine::runProcessor(const DeliveryPtr &d, qint64 token, Outcome
 void IdempotencyEngine::run(const DeliveryPtr &d, const ProcessJob &job, Processor::Done done)
 {
     // The claim waited so long that no time is left: nothing is started that could outlive the
-    // lease; the key fails like a timeout (and is processed again by the sender's retry).
+    // lease, and nothing is recorded (ProcessResult::started).
     if (job.deadlineMs < kMinimumRunMs) {
         ProcessResult late;
+        late.started = false;
         late.error = u"the claim took %1 ms of the %2 s forward timeout; not started"_qs
                          .arg((monotonicUs() - d->claimSentUs) / 1000)
                          .arg(d->endpoint->settings.forwardTimeoutSeconds);
-        const HttpResponse p = HttpResponse::problem(504, u"Processing not started in time"_qs, late.error);
-        late.response = {p.status, p.headers, p.body};
         return done(std::move(late));
     }
     startProcessor(*d->endpoint, job, std::move(done));
@@ -413,6 +434,9 @@ void IdempotencyEngine::send(const DeliveryPtr &d, const HttpResponse &response)
 void IdempotencyEngine::onProcessed(const DeliveryPtr &d, qint64 token, Outcome outcome,
                                     ProcessResult processed)
 {
+    if (!processed.started)
+        return respond(d, notStarted(processed, d->endpoint->settings.leaseSeconds),
+                       Outcome::Unavailable, token, processed.error);
     FinishRequest finish;
     finish.key = d->key;
     finish.token = token;
@@ -552,31 +576,39 @@ void IdempotencyEngine::handleBatch(const DeliveryPtr &d, const Provider *provid
                 headers.removeIf([](const auto &h) { return isBatchSignatureHeader(h.first); });
             }
             run(d, job(d, forwardKeys.join(u","_qs), tokens.join(','), headers, body),
-                      [this, d, claims, results = *results, claimedIndexes](ProcessResult processed) {
-                          QList<FinishRequest> finishes;
-                          for (qsizetype i : claimedIndexes) {
-                              FinishRequest f;
-                              f.key = claims.at(i).key;
-                              f.token = results.at(i).record.token;
-                              f.state = processed.success ? KeyState::Completed : KeyState::Failed;
-                              f.result = processed.response;
-                              f.error = processed.error;
-                              finishes.append(f);
-                          }
-                          untilStored<QList<FinishVerdict>>(
-                              [this, finishes](std::function<void(Result<QList<FinishVerdict>>)> done) {
-                                  m_pool->submit<QList<FinishVerdict>>(
-                                      this, [finishes](IdempotencyStore &store) { return store.finishBatch(finishes); },
-                                      std::move(done), StorePool::Batch::Alone, StorePool::Priority::Finish);
-                              },
-                              leaseEndUs(d),
-                              [this, d, claims, results, processed](Result<QList<FinishVerdict>> verdicts) {
-                                  if (!verdicts)
-                                      return respond(d, resultNotRecorded(verdicts.error().message), Outcome::Unavailable,
-                                                     0, verdicts.error().message);
-                                  finishBatch(d, claims, results, processed, *verdicts);
-                              });
-                      });
+                [this, d, claims, results = *results, claimedIndexes](ProcessResult processed) {
+                    if (!processed.started)
+                        return respond(d, notStarted(processed, d->endpoint->settings.leaseSeconds),
+                                       Outcome::Unavailable, 0, processed.error);
+                    QList<FinishRequest> finishes;
+                    for (qsizetype i : claimedIndexes) {
+                        FinishRequest f;
+                        f.key = claims.at(i).key;
+                        f.token = results.at(i).record.token;
+                        f.state = processed.success ? KeyState::Completed : KeyState::Failed;
+                        f.result = processed.response;
+                        f.error = processed.error;
+                        finishes.append(f);
+                    }
+                    untilStored<QList<FinishVerdict>>(
+                        [this, finishes](std::function<void(Result<QList<FinishVerdict>>)> done) {
+                            m_pool->submit<QList<FinishVerdict>>(
+                                this,
+                                [finishes](IdempotencyStore &store) {
+                                    return store.finishBatch(finishes);
+                                },
+                                std::move(done), StorePool::Batch::Alone,
+                                StorePool::Priority::Finish);
+                        },
+                        leaseEndUs(d),
+                        [this, d, claims, results,
+                         processed](Result<QList<FinishVerdict>> verdicts) {
+                            if (!verdicts)
+                                return respond(d, resultNotRecorded(verdicts.error().message),
+                                               Outcome::Unavailable, 0, verdicts.error().message);
+                            finishBatch(d, claims, results, processed, *verdicts);
+                        });
+                });
         });
 }
 
@@ -602,7 +634,7 @@ void IdempotencyEngine::finishBatch(const DeliveryPtr &d, const QList<ClaimReque
             if (r.record.state == KeyState::Completed)
                 ++completed;
             else if (!failure)
-                failure = r.record.result;
+                failure = answerOf(r.record);
         } else if (r.decision.action == ClaimAction::InProgress) {
             ++inProgress;
             leaseLeftMs = std::max(leaseLeftMs, r.record.leaseUntilMs - r.storeNowMs);
@@ -630,9 +662,17 @@ void IdempotencyEngine::finishBatch(const DeliveryPtr &d, const QList<ClaimReque
         outcome = Outcome::InProgress;
     } else {
         const qint64 retryAfter = std::clamp<qint64>((leaseLeftMs + 999) / 1000, 1, 10);
-        response = HttpResponse::problem(d->endpoint->settings.inProgressStatus, u"Delivery in progress"_qs,
-                                         u"%1 of the %2 events are being processed by an earlier delivery; retry in %3 s"_qs
-                                             .arg(inProgress).arg(total).arg(retryAfter));
+        // A batch is 2xx only when every event in it is completed (SPEC §4): an in_progress_status
+        // of 2xx (for single events) would let the sender drop events that may still fail.
+        const int status = d->endpoint->settings.inProgressStatus / 100 == 2
+                               ? 409
+                               : d->endpoint->settings.inProgressStatus;
+        response = HttpResponse::problem(
+            status, u"Delivery in progress"_qs,
+            u"%1 of the %2 events are being processed by an earlier delivery; retry in %3 s"_qs
+                .arg(inProgress)
+                .arg(total)
+                .arg(retryAfter));
         response.setHeader("Retry-After", QByteArray::number(retryAfter));
         outcome = Outcome::InProgress;
     }
@@ -704,33 +744,46 @@ void IdempotencyEngine::retryKey(const QString &key, bool force,
             d->endpoint = m_config.endpoint(record.endpoint);
             d->request.method = record.request.method;
             d->request.target = record.request.path;
-            run(d, job(d, record.key, QByteArray::number(record.token), record.request.headers, record.request.body),
+            run(d,
+                job(d, record.key, QByteArray::number(record.token), record.request.headers,
+                    record.request.body),
                 [this, d, record, done](ProcessResult processed) {
-                FinishRequest finish;
-                finish.key = record.key;
-                finish.token = record.token;
-                finish.state = processed.success ? KeyState::Completed : KeyState::Failed;
-                finish.result = processed.response;
-                finish.error = processed.error;
-                untilStored<FinishVerdict>(
-                    [this, finish](std::function<void(Result<FinishVerdict>)> stored) {
-                        m_pool->submit<FinishVerdict>(
-                            this, [finish](IdempotencyStore &store) { return store.finish(finish); }, std::move(stored),
-                            StorePool::Batch::Alone, StorePool::Priority::Finish);
-                    },
-                    leaseEndUs(d),
-                    [this, d, record, processed, done](Result<FinishVerdict> verdict) {
-                        respond(d, fromStored(processed.response), Outcome::Reprocessed, record.token,
-                                u"operator retry"_qs);
-                        if (!verdict)
-                            return done(verdict.error());
-                        if (!finishStored(*verdict))
-                            return done(makeError(ErrorCode::Conflict,
-                                                  u"%1: the result was not stored (%2)"_qs.arg(record.key, toString(*verdict))));
-                        done(RetryOutcome{record.key, Outcome::Reprocessed, processed.success,
-                                          processed.response, processed.error});
-                    });
-            });
+                    if (!processed.started) {
+                        respond(d, notStarted(processed, d->endpoint->settings.leaseSeconds),
+                                Outcome::Unavailable, record.token, processed.error);
+                        return done(
+                            makeError(ErrorCode::Unavailable,
+                                      u"%1: %2; it stays claimed until its lease ends"_qs.arg(
+                                          record.key, processed.error)));
+                    }
+                    FinishRequest finish;
+                    finish.key = record.key;
+                    finish.token = record.token;
+                    finish.state = processed.success ? KeyState::Completed : KeyState::Failed;
+                    finish.result = processed.response;
+                    finish.error = processed.error;
+                    untilStored<FinishVerdict>(
+                        [this, finish](std::function<void(Result<FinishVerdict>)> stored) {
+                            m_pool->submit<FinishVerdict>(
+                                this,
+                                [finish](IdempotencyStore &store) { return store.finish(finish); },
+                                std::move(stored), StorePool::Batch::Alone,
+                                StorePool::Priority::Finish);
+                        },
+                        leaseEndUs(d),
+                        [this, d, record, processed, done](Result<FinishVerdict> verdict) {
+                            respond(d, fromStored(processed.response), Outcome::Reprocessed,
+                                    record.token, u"operator retry"_qs);
+                            if (!verdict)
+                                return done(verdict.error());
+                            if (!finishStored(*verdict))
+                                return done(makeError(ErrorCode::Conflict,
+                                                      u"%1: the result was not stored (%2)"_qs.arg(
+                                                          record.key, toString(*verdict))));
+                            done(RetryOutcome{record.key, Outcome::Reprocessed, processed.success,
+                                              processed.response, processed.error});
+                        });
+                });
         });
 }
 

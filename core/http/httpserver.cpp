@@ -138,6 +138,14 @@ bool HttpServer::listen(const QHostAddress &address, quint16 port)
     return m_server.listen(address, port);
 }
 
+void HttpServer::stopAccepting()
+{
+    m_server.close();
+    m_stopping = true;
+    for (HttpConnection *connection : findChildren<HttpConnection *>(Qt::FindDirectChildrenOnly))
+        connection->stop();
+}
+
 void HttpServer::acceptPending()
 {
     while (QTcpSocket *socket = m_server.nextPendingConnection()) {
@@ -445,11 +453,29 @@ int HttpConnection::onMessageComplete(llhttp_t *p)
     return HPE_PAUSED; // one request at a time: parsing resumes after its answer is written
 }
 
+void HttpConnection::stop()
+{
+    // Waiting or Draining: its answer closes it. Reading: answered 503 once it has arrived.
+    if (m_phase == Phase::Idle)
+        close();
+}
+
 void HttpConnection::dispatch()
 {
     if (!m_messageDone)
         return;
     m_messageDone = false;
+    if (m_server->m_stopping) {
+        // Not handed to the engine: nothing is claimed, so the sender's retry is a first delivery
+        // for whichever receiver takes it.
+        HttpResponse r = HttpResponse::problem(
+            503, u"Receiver stopping"_qs,
+            u"this receiver is shutting down and did not start the delivery; send it again"_qs);
+        r.setHeader("Retry-After", "1");
+        r.setHeader("Idempotency-Outcome", "rejected");
+        writeResponse(r, true, m_request.method == "HEAD");
+        return;
+    }
     m_phase = Phase::Waiting;
     m_timer.stop();
     const quint64 sequence = ++m_sequence;
@@ -461,7 +487,7 @@ void HttpConnection::answer(quint64 sequence, const HttpResponse &response)
 {
     if (sequence != m_sequence || m_phase != Phase::Waiting)
         return; // an answer for an earlier request, or a second answer
-    writeResponse(response, !m_keepAlive, m_head);
+    writeResponse(response, !m_keepAlive || m_server->m_stopping, m_head);
     if (m_phase == Phase::Closing)
         return;
     m_timer.start(m_server->m_limits.idleTimeoutMs);

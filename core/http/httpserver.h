@@ -59,7 +59,11 @@ public:
     QString errorString() const { return m_server.errorString(); }
     quint16 port() const { return m_server.serverPort(); }
     QHostAddress address() const { return m_server.serverAddress(); }
-    void stopAccepting() { m_server.close(); }
+    // A planned stop: no new connection, and none of the open ones takes another request: an
+    // idle keep-alive connection is closed, a request still arriving is answered 503 (nothing
+    // was started: the sender sends it again) and one being answered goes with Connection: close.
+    void stopAccepting();
+    bool stopping() const { return m_stopping; }
     int connectionCount() const { return m_connections.load(); } // from any thread
     const HttpLimits &limits() const { return m_limits; }
     const HttpHandler &handler() const { return m_handler; }
@@ -73,6 +77,7 @@ private:
     HttpHandler m_handler;
     HttpRejectObserver m_onReject;
     std::atomic<int> m_connections{0};
+    bool m_stopping = false;
 };
 
 class HttpConnection final : public QObject
@@ -83,6 +88,7 @@ public:
     ~HttpConnection() override;
 
     void answer(quint64 sequence, const HttpResponse &response);
+    void stop(); // HttpServer::stopAccepting
 
 private:
     // Draining: answered, but more than maxUnsentBytes wait for the client to read them.

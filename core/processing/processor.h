@@ -16,6 +16,10 @@ struct ProcessResult
     bool success = false; // 2xx from the downstream (or the simulation)
     StoredResult response; // what the sender gets, and what is stored for replays
     QString error;         // for failures: what went wrong
+    // False: the claim came too late to start the work (IdempotencyEngine::run): nothing ran,
+    // so nothing is recorded; the key stays leased and the sender's retry after the lease
+    // recovers it (a failure stored instead was replayed for good under on_failed: reject).
+    bool started = true;
 };
 
 // One run of the real work of a claimed delivery.

@@ -3,7 +3,10 @@
 #include "http/epolldispatcher.h"
 
 #include <QCoreApplication>
+#include <QElapsedTimer>
+#include <QEventLoop>
 #include <QHostInfo>
+#include <QTimer>
 
 namespace idem {
 
@@ -82,10 +85,30 @@ Result<ListenAddress> Receiver::start(const ListenAddress &address)
     return bound;
 }
 
-void Receiver::stopAccepting()
+qint64 Receiver::drain(qint64 graceMs)
 {
     QMetaObject::invokeMethod(m_server, [this] { m_server->stopAccepting(); },
                               Qt::BlockingQueuedConnection);
+    QElapsedTimer waited;
+    waited.start();
+    QEventLoop loop;
+    QTimer poll;
+    connect(&poll, &QTimer::timeout, &loop, [&] {
+        if (m_engine->inFlight() == 0 || waited.elapsed() >= graceMs)
+            loop.quit();
+    });
+    poll.start(10);
+    if (m_engine->inFlight() > 0)
+        loop.exec();
+    return m_engine->inFlight();
+}
+
+qint64 Receiver::drainGraceMs(const Config &config)
+{
+    qint64 graceMs = 5000;
+    for (const auto &e : config.endpoints)
+        graceMs = std::max(graceMs, e.settings.leaseSeconds * 1000 + 2000);
+    return graceMs;
 }
 
 } // namespace idem

@@ -19,11 +19,17 @@ class Receiver final : public QObject
 public:
     Receiver(Config config, std::shared_ptr<StorePool> pool, HttpLimits limits = {},
              QObject *parent = nullptr);
-    ~Receiver() override; // stops the thread; in-flight answers are dropped
+    ~Receiver() override; // stops the thread; in-flight answers are dropped: drain() first
 
     // Starts listening; returns the bound address (port 0 picks a free one).
     Result<ListenAddress> start(const ListenAddress &address);
-    void stopAccepting();
+    // A planned stop: no more deliveries (HttpServer::stopAccepting: keep-alive connections
+    // included), then the caller's thread runs its events until those in flight have finished
+    // or graceMs has passed. Returns how many are still in flight (0: all finished).
+    qint64 drain(qint64 graceMs);
+    // drain()'s grace for a config: the longest lease plus 2 s (processing, then its finish
+    // retried within the lease), at least 5 s.
+    static qint64 drainGraceMs(const Config &config);
     // The engine lives on the receiver thread: connect to its signals with a context object.
     IdempotencyEngine *engine() const { return m_engine; }
     const std::shared_ptr<StorePool> &pool() const { return m_pool; }

@@ -208,7 +208,17 @@ private Q_SLOTS:
         QVERIFY(r.out.contains("reset " + k1.toUtf8() + " (was completed)"));
         QCOMPARE(deliver(ok, "k1").header("Idempotency-Outcome"), QByteArray("reprocessed"));
 
-        // retry: runs the stored request through the processor again
+        // retry: runs the stored request through the processor again — the desk's, so it needs
+        // the desk's config: without it the built-in endpoints would simulate a completion.
+        r = idemdesk(QStringList{u"keys"_qs, u"retry"_qs, b1, u"--store"_qs, store});
+        QCOMPARE(r.rc, 2);
+        QVERIFY2(r.err.contains("needs the desk's config"), r.err.constData());
+        QCOMPARE(QJsonDocument::fromJson(
+                     idemdesk(QStringList{u"keys"_qs, u"show"_qs, b1, u"--json"_qs} + common).out)
+                     .object()
+                     .value(u"state")
+                     .toString(),
+                 u"failed"_qs);
         r = idemdesk(QStringList{u"keys"_qs, u"retry"_qs, b1} + common);
         QCOMPARE(r.rc, 1);
         QVERIFY(r.out.contains("reprocessed, 500, failed"));

@@ -12,6 +12,7 @@
 #include "support/servers.h"
 #include "util/clock.h"
 
+#include <QDeadlineTimer>
 #include <QJsonArray>
 #include <QJsonDocument>
 #include <QJsonObject>
@@ -275,6 +276,49 @@ private Q_SLOTS:
         QCOMPARE(r.status, 504);
         QVERIFY2(tookMs < 2900, qPrintable(u"answered after %1 ms, the lease is 3000 ms"_qs.arg(tookMs)));
         QCOMPARE(name(record(desk, u"slow:k1"_qs)->state), name(KeyState::Failed));
+    }
+
+    // A store slow to grant the claim (not failing: a lock held 1.5 s, under the 5 s busy
+    // timeout) leaves no time of the 1 s forward timeout: nothing runs and nothing is recorded.
+    // Stored as failed instead, it was replayed for good under on_failed: reject, though the
+    // event was never processed; now the key stays leased and the retry after the lease runs it.
+    void aClaimTooLateToStartIsNotRecorded()
+    {
+        GatedDownstream down;
+        Desk desk =
+            start(u"sqlite"_qs, endpoint("late", down.url(),
+                                         ", \"forward_timeout_seconds\": 1, \"lease_seconds\": 3, "
+                                         "\"on_failed\": \"reject\""));
+        const QByteArray path = QFile::encodeName(m_dir.filePath(u"e%1.db"_qs.arg(m_seq)));
+        std::promise<void> locked;
+        std::thread holder([path, &locked] {
+            sqlite3 *db = nullptr;
+            sqlite3_open(path.constData(), &db);
+            sqlite3_exec(db, "BEGIN EXCLUSIVE", nullptr, nullptr, nullptr);
+            locked.set_value();
+            std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+            sqlite3_exec(db, "COMMIT", nullptr, nullptr, nullptr);
+            sqlite3_close(db);
+        });
+        locked.get_future().wait();
+        const ClientResponse late = deliver(desk.port, "late", "k1");
+        holder.join();
+        QCOMPARE(late.status, 503);
+        QCOMPARE(late.header("Idempotency-Outcome"), QByteArray("unavailable"));
+        QVERIFY2(late.body.contains("not started"), late.body.constData());
+        QVERIFY(late.header("Retry-After").toInt() > 0);
+        QCOMPARE(down.count(), 0);
+        const auto leased = record(desk, u"late:k1"_qs);
+        QCOMPARE(name(leased->state), name(KeyState::Processing));
+        QVERIFY(leased->result.status == 0 && leased->error.isEmpty());
+        // Within the lease a retry is told to wait; after it, the retry is the first run.
+        ClientResponse retry = deliver(desk.port, "late", "k1");
+        for (QDeadlineTimer patience(10'000); retry.status == 409 && !patience.hasExpired();
+             retry = deliver(desk.port, "late", "k1"))
+            QTest::qWait(100);
+        QCOMPARE(retry.status, 200);
+        QCOMPARE(retry.header("Idempotency-Outcome"), QByteArray("recovered"));
+        QCOMPARE(down.count(), 1);
     }
 
     // The built-in processor keeps the same deadline.
@@ -774,7 +818,10 @@ private Q_SLOTS:
         RedisServer master(masterDir.path()), replica(replicaDir.path());
         QVERIFY(master.start());
         GatedDownstream down;
-        const QString url = master.url() + u"?wait_replicas=1&wait_timeout_ms=100"_qs;
+        const QString url =
+            master.url() +
+            u"?wait_replicas=1&wait_timeout_ms=1000"_qs; // 1 s: a replica on a loaded machine acks
+                                                         // within it
         Desk desk = startDesk("{\"endpoints\": " + endpoint("w", down.url()) + "}", url);
 
         QStringList details; // the delivery log's: why (the sender is told nothing of the store)

@@ -330,6 +330,16 @@ private Q_SLOTS:
         QVERIFY(watcher.ok());
         QCOMPARE(name((*(*watcher)->key(u"slow:g"_qs))->state), name(KeyState::Processing));
 
+        // Senders' keep-alive connections open before the signal: one idle after an answer, one
+        // whose request is still arriving (its body is not sent yet).
+        RawConnection idle(s.port, 5000);
+        QVERIFY(idle.send("GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"));
+        QCOMPARE(idle.readResponse().status, 200);
+        RawConnection arriving(s.port, 5000);
+        const QByteArray late =
+            buildPost("/hooks/slow", "{}", {{"Idempotency-Key", "late"}}, false);
+        QVERIFY(arriving.send(late.left(late.size() - 2)));
+
         ::kill(pid_t(s.process->processId()), SIGTERM);
         // Stopping began: no new connection is served, while the delivery is still in flight.
         QTRY_COMPARE_WITH_TIMEOUT(get(s.port, "/healthz").status, 0, 10000);
@@ -337,6 +347,19 @@ private Q_SLOTS:
         QCOMPARE(down.held(), 1);
         QCOMPARE(answer.status, 0);
         QCOMPARE(name((*(*watcher)->key(u"slow:g"_qs))->state), name(KeyState::Processing));
+        // Nor does an open connection take another delivery: the idle one is closed, the request
+        // that completes now is refused unstarted (503, the sender sends it again), nothing
+        // claimed. (Before, keep-alive senders went on being served for the whole grace, and
+        // what was in flight when it ran out was cut off, to be processed a second time.)
+        QVERIFY(idle.waitClosed(5000));
+        QVERIFY(arriving.send(late.right(2)));
+        const ClientResponse refused = arriving.readResponse();
+        QCOMPARE(refused.status, 503);
+        QCOMPARE(refused.header("Connection"), QByteArray("close"));
+        QVERIFY(refused.header("Retry-After").toInt() > 0);
+        QVERIFY(arriving.waitClosed(5000));
+        QVERIFY(!(*(*watcher)->key(u"slow:late"_qs)).has_value());
+        QCOMPARE(down.count("slow:late"), 0);
 
         // The in-flight delivery still gets its answer, is recorded, and then the process exits 0.
         down.openGate();
