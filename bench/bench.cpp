@@ -1,7 +1,16 @@
 // Helpers for ./dev bench (not a test):
 //   idemdesk_bench http PORT            the HTTP layer alone: answers 200 at once, no store
-//   idemdesk_bench sqlite PATH SECONDS  the embedded store alone: claim + complete in a loop (2 threads)
-//   idemdesk_bench ui                   the dashboard over one million keys: first page, RSS, stalls
+//   idemdesk_bench sqlite PATH SECONDS  the embedded store alone: claim + complete in a loop (2
+//   threads) idemdesk_bench ui [STORE_URL]       the dashboard over one million keys: first page,
+//   RSS, stalls
+//                                       (SQLite in a temporary file, or the Redis / Redis Cluster
+//                                       of STORE_URL, filled first unless it holds a million keys)
+//   idemdesk_bench fill STORE_URL COUNT [ENDPOINTS [EXPIRED_PERCENT]]
+//                                       COUNT keys of Redis layout v3 written straight in
+//   idemdesk_bench query STORE_URL [ENDPOINT]
+//                                       the store's part of a first page (100 keys: all,
+//                                       completed, failed, one endpoint) and of a count, median
+//                                       ms of 7 on a connected store; then one whole purge
 #include "engine/storm.h"
 #include "http/httpserver.h"
 #include "keysmodel.h"
@@ -20,11 +29,14 @@
 #include <QTest>
 #include <QThread>
 
-
+#include <algorithm>
 #include <atomic>
 #include <csignal>
 #include <cstdio>
+#include <functional>
 #include <thread>
+
+#include <time.h>
 
 using namespace idem;
 
@@ -38,6 +50,15 @@ qint64 rssKb(const char *field = "VmRSS:")
         if (line.startsWith(field))
             return line.mid(qsizetype(strlen(field))).trimmed().split(' ').first().toLongLong();
     return 0;
+}
+
+// The calling thread's CPU time (user + system), µs: what the GUI thread itself spent, apart
+// from the time it waited for a core on a busy machine.
+qint64 threadCpuUs()
+{
+    timespec t{};
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+    return qint64(t.tv_sec) * 1'000'000 + t.tv_nsec / 1000;
 }
 
 int httpOnly(int argc, char **argv)
@@ -90,14 +111,92 @@ int sqliteLoop(const char *path, int seconds)
     return 0;
 }
 
-int uiBench(int argc, char **argv)
+// Bodies of 100 bytes, not SQLite's 1000: a Redis listing reads only the meta line and the
+// error of each record (HMGET m e), never the request or the result, and a million records with
+// their replicas fill in half the time.
+int fillRedis(const QString &url, int count, int endpoints, int expiredPercent)
+{
+    QElapsedTimer took;
+    took.start();
+    const QString failure =
+        test::generateRedisKeys(url, count, endpoints, expiredPercent, QByteArray(100, 'x'));
+    if (!failure.isEmpty()) {
+        std::fprintf(stderr, "fill: %s\n", qPrintable(failure));
+        return 1;
+    }
+    std::printf("fill_ms %lld\n", static_cast<long long>(took.elapsed()));
+    return 0;
+}
+
+int queryBench(const QString &url, const QString &endpoint)
+{
+    auto pool = openStorePool(url, 1);
+    if (!pool) {
+        std::fprintf(stderr, "query: %s\n", qPrintable(pool.error().message));
+        return 1;
+    }
+    StorePool &store = **pool;
+    (void)store.run<qint64>([](IdempotencyStore &s) { return s.clockMs(); }); // connected
+    auto medianMs = [&](const std::function<bool(IdempotencyStore &)> &job) {
+        std::vector<double> ms;
+        for (int i = 0; i < 7; ++i) {
+            QElapsedTimer took;
+            took.start();
+            const auto ok =
+                store.run<bool>([&](IdempotencyStore &s) -> Result<bool> { return job(s); });
+            if (!ok || !*ok)
+                return -1.0;
+            ms.push_back(double(took.nsecsElapsed()) / 1e6);
+        }
+        std::sort(ms.begin(), ms.end());
+        return ms[ms.size() / 2];
+    };
+    auto page = [](std::optional<KeyState> state, const QString &ep) {
+        return [state, ep](IdempotencyStore &s) {
+            KeyQuery q;
+            q.state = state;
+            q.endpoint = ep;
+            q.limit = 100;
+            auto keys = s.listKeys(q);
+            return keys && keys->size() == 100;
+        };
+    };
+    std::printf("list_all_ms %.1f\n", medianMs(page(std::nullopt, {})));
+    std::printf("list_completed_ms %.1f\n", medianMs(page(KeyState::Completed, {})));
+    std::printf("list_failed_ms %.1f\n", medianMs(page(KeyState::Failed, {})));
+    if (!endpoint.isEmpty())
+        std::printf("list_endpoint_ms %.1f\n", medianMs(page(std::nullopt, endpoint)));
+    std::printf("count_ms %.1f\n",
+                medianMs([](IdempotencyStore &s) { return s.countKeys({}).ok(); }));
+    QElapsedTimer took;
+    took.start();
+    auto purged = store.run<qint64>([](IdempotencyStore &s) { return s.purgeExpired(); });
+    std::printf("purge_ms %lld\npurged %lld\n", static_cast<long long>(took.elapsed()),
+                static_cast<long long>(purged ? *purged : -1));
+    return 0;
+}
+
+int uiBench(int argc, char **argv, const QString &storeUrl)
 {
     QApplication app(argc, argv);
     QTemporaryDir dir;
-    const QString path = dir.filePath(u"million.db"_qs);
-    test::generateSqliteKeys(path, 1'000'000, QByteArray(1000, 'x'));
+    QString url = storeUrl;
+    if (url.isEmpty()) {
+        url = u"sqlite:"_qs + dir.filePath(u"million.db"_qs);
+        test::generateSqliteKeys(dir.filePath(u"million.db"_qs), 1'000'000, QByteArray(1000, 'x'));
+    } else {
+        // Filled unless it already holds the million (a run on a store filled before).
+        auto pool = openStorePool(url);
+        if (!pool) {
+            std::fprintf(stderr, "ui: %s\n", qPrintable(pool.error().message));
+            return 1;
+        }
+        auto counts =
+            (*pool)->run<StateCounts>([](IdempotencyStore &s) { return s.countKeys({}); });
+        if ((!counts || counts->total() < 1'000'000) && fillRedis(url, 1'000'000, 1, 0) != 0)
+            return 1;
+    }
 
-    const QString url = u"sqlite:"_qs + path;
     auto config = *Config::parse("{\"endpoints\": [{\"name\": \"big\", \"simulate\": {\"delay_ms\": 5}}]}", u"bench"_qs);
     auto pool = *openStorePool(url);
     Receiver receiver(config, pool);
@@ -107,10 +206,12 @@ int uiBench(int argc, char **argv)
 
     QElapsedTimer shown;
     shown.start();
+    const qint64 cpuBefore = threadCpuUs();
     MainWindow window(DeskSession{config, url, {}, *openStorePool(url, 0, PoolUse::Window), &receiver}); // as `idemdesk gui` does
     window.show();
     (void)QTest::qWaitFor([&] { return window.keys()->rowCount() >= 200; }, 60000);
     const qint64 firstPageMs = shown.elapsed();
+    const qint64 firstPageCpuMs = (threadCpuUs() - cpuBefore) / 1000;
     (void)QTest::qWaitFor([&] { return window.keys()->counts().total() >= 1'000'000; }, 60000);
 
     // The GUI event loop during a storm: the longest gap between 5 ms ticks.
@@ -136,8 +237,10 @@ int uiBench(int argc, char **argv)
     (void)QTest::qWaitFor([&] { return done.load(); }, 120000);
     storm.join();
     QTest::qWait(1500); // the dashboard catches up with the storm
-    std::printf("first_page_ms %lld\nrss_mb %lld\npeak_rss_mb %lld\nworst_gui_stall_ms %lld\nstorm_exactly_once %d\n",
-                static_cast<long long>(firstPageMs), static_cast<long long>(rssKb() / 1024),
+    std::printf("first_page_ms %lld\nfirst_page_gui_cpu_ms %lld\nrss_mb %lld\npeak_rss_mb "
+                "%lld\nworst_gui_stall_ms %lld\nstorm_exactly_once %d\n",
+                static_cast<long long>(firstPageMs), static_cast<long long>(firstPageCpuMs),
+                static_cast<long long>(rssKb() / 1024),
                 static_cast<long long>(rssKb("VmHWM:") / 1024), static_cast<long long>(worstGapMs),
                 report.exactlyOnce() ? 1 : 0);
     return 0;
@@ -152,8 +255,18 @@ int main(int argc, char **argv)
         return httpOnly(argc, argv);
     if (mode == "sqlite" && argc == 4)
         return sqliteLoop(argv[2], QByteArray(argv[3]).toInt());
-    if (mode == "ui")
-        return uiBench(argc, argv);
-    std::fprintf(stderr, "usage: idemdesk_bench http PORT | sqlite PATH SECONDS | ui\n");
+    if (mode == "ui" && argc <= 3)
+        return uiBench(argc, argv, argc == 3 ? QString::fromLocal8Bit(argv[2]) : QString());
+    if (mode == "query" && (argc == 3 || argc == 4))
+        return queryBench(QString::fromLocal8Bit(argv[2]),
+                          argc == 4 ? QString::fromLocal8Bit(argv[3]) : QString());
+    if (mode == "fill" && argc >= 4 && argc <= 6)
+        return fillRedis(QString::fromLocal8Bit(argv[2]), QByteArray(argv[3]).toInt(),
+                         argc > 4 ? QByteArray(argv[4]).toInt() : 1,
+                         argc > 5 ? QByteArray(argv[5]).toInt() : 0);
+    std::fprintf(
+        stderr,
+        "usage: idemdesk_bench http PORT | sqlite PATH SECONDS | ui [STORE_URL]"
+        " | fill STORE_URL COUNT [ENDPOINTS [EXPIRED_PERCENT]] | query STORE_URL [ENDPOINT]\n");
     return 2;
 }

@@ -28,6 +28,15 @@ QByteArray num(qint64 v)
     return QByteArray::number(v);
 }
 
+// Expired keys made tombstones per endpoint and round trip: by the purge (the engine's, every
+// minute, and `keys purge-expired`), a slice after another; by a count, one small slice, so that
+// a store where many keys expired at once (a burst a TTL ago, a desk that was stopped) keeps its
+// counts of failed, processing and reset keys close without a count paying the whole purge
+// (5000 tombstones: ~100 ms of Redis, measured on 1M keys). A listing purges nothing: it reads
+// only live entries of i:k, and skips the expired records it meets in i:es.
+constexpr qint64 kPurgeSlice = 5000;
+constexpr qint64 kCountPurgeSlice = 500;
+
 using redis::text;
 
 QHash<QByteArray, QByteArray> fieldsFrom(const redisReply *array)
@@ -601,7 +610,7 @@ Result<QStringList> RedisStore::endpoints()
     return names;
 }
 
-Result<RedisStore::Scope> RedisStore::purgedScope(const QString &endpoint)
+Result<RedisStore::Scope> RedisStore::scope(const QString &endpoint, qint64 purgeLimit)
 {
     auto now = clockMs();
     if (!now)
@@ -609,21 +618,23 @@ Result<RedisStore::Scope> RedisStore::purgedScope(const QString &endpoint)
     auto all = endpoints();
     if (!all)
         return all.error();
-    if (auto purged = purgeSlice(*now, *all); !purged)
-        return purged.error();
-    return Scope{*now, endpoint.isEmpty() ? *all : QStringList{endpoint}};
+    Scope scope{*now, endpoint.isEmpty() ? *all : QStringList{endpoint}};
+    if (purgeLimit > 0)
+        if (auto purged = purgeSlice(*now, scope.endpoints, purgeLimit); !purged)
+            return purged.error();
+    return scope;
 }
 
-Result<qint64> RedisStore::purgeSlice(qint64 now, const QStringList &names)
+Result<qint64> RedisStore::purgeSlice(qint64 now, const QStringList &names, qint64 limit)
 {
-    // The index entries of records past their expiry (i:k's score), at most 5000 per endpoint:
-    // tombstone.lua decides on each atomically (a key claimed again since keeps its record and
-    // gets its new expiry here; an expired one keeps only its meta, the token floor, until Redis
-    // expires it) and their entries go.
+    // The index entries of records past their expiry (i:k's score), at most `limit` per
+    // endpoint: tombstone.lua decides on each atomically (a key claimed again since keeps its
+    // record and gets its new expiry here; an expired one keeps only its meta, the token floor,
+    // until Redis expires it) and their entries go.
     QList<QList<QByteArray>> ranges;
     for (const QString &endpoint : names)
         ranges.append({"ZRANGEBYSCORE", redis::endpointIndex(m_prefix, endpoint), "-inf", num(now),
-                       "LIMIT", "0", "5000"});
+                       "LIMIT", "0", num(limit)});
     if (ranges.isEmpty())
         return 0;
     auto due = pipeline(ranges, false);
@@ -848,16 +859,17 @@ Result<QStringList> RedisStore::keyNames(const KeyQuery &q)
 
 Result<QList<KeyRecord>> RedisStore::listKeys(const KeyQuery &q)
 {
-    auto scope = purgedScope(q.endpoint);
+    auto scope = this->scope(q.endpoint, 0);
     if (!scope)
         return scope.error();
     const qint64 now = scope->now;
     // The keys newest first, merged by score across the endpoints asked for: by expiry from
-    // i:k (every key: no state asked, or completed, which has no index of its own), by update
-    // from i:es (processing, failed, reset). Each is checked against its record: an entry whose
-    // record is gone, or an i:es entry in another state, is stale (index writes follow the
-    // scripts) and is skipped and repaired; an i:k entry in another state than completed is
-    // only skipped.
+    // i:k (every key: no state asked, or completed, which has no index of its own; only its live
+    // entries, scored above now: the expired ones are the purge's), by update from i:es
+    // (processing, failed, reset). Each is checked against its record: an entry whose record is
+    // gone, or an i:es entry in another state, is stale (index writes follow the scripts) and is
+    // skipped and repaired; an i:k entry in another state than completed is only skipped. An
+    // expired record met in i:es leaves it, and stays in i:k for the purge to make a tombstone.
     struct Source
     {
         QByteArray index;
@@ -887,8 +899,11 @@ Result<QList<KeyRecord>> RedisStore::listKeys(const KeyQuery &q)
         QList<Source *> reading;
         for (Source &s : sources)
             if (s.entries.isEmpty() && !s.done) {
-                reads.append(
-                    {"ZREVRANGE", s.index, num(s.next), num(s.next + chunk - 1), "WITHSCORES"});
+                reads.append(s.state ? QList<QByteArray>{"ZREVRANGE", s.index, num(s.next),
+                                                         num(s.next + chunk - 1), "WITHSCORES"}
+                                     : QList<QByteArray>{"ZREVRANGEBYSCORE", s.index, "+inf",
+                                                         "(" + num(now), "WITHSCORES", "LIMIT",
+                                                         num(s.next), num(chunk)});
                 reading << &s;
                 s.next += chunk;
             }
@@ -956,10 +971,18 @@ Result<QList<KeyRecord>> RedisStore::listKeys(const KeyQuery &q)
             if (fields.contains("m") && !redis::metaFrom(fields.value("m"), meta))
                 continue; // unreadable: not listed, its entries left (every script refuses it)
             auto state = keyStateFromString(QString::fromLatin1(meta.value("state")));
-            if (meta.value("expires_at").toLongLong() <= now)
+            const qint64 expiresAt = meta.value("expires_at").toLongLong();
+            if (state && expiresAt <= now && expiresAt > 0 && source.state) {
+                // Expired, not yet purged: out of the i:es index read (not listed again);
+                // its i:k entry is left to the purge, which makes it a tombstone.
+                repairs.add({key, source.endpoint, KeyState::Completed, redis::bit(*source.state),
+                             meta.value("updated").toLongLong(), 0});
+                continue;
+            }
+            if (expiresAt <= now)
                 state.reset(); // a tombstone
             if (!state) {
-                // Gone (expired, deleted): its entries go, purge would have.
+                // Gone (deleted, purged): its entries go, purge would have.
                 repairs.add({key, source.endpoint, std::nullopt, redis::kAllStates, 0, 0});
                 continue;
             }
@@ -984,15 +1007,17 @@ Result<QList<KeyRecord>> RedisStore::listKeys(const KeyQuery &q)
 
 Result<StateCounts> RedisStore::countKeys(const QString &endpoint)
 {
-    auto scope = purgedScope(endpoint);
+    auto scope = this->scope(endpoint, kCountPurgeSlice);
     if (!scope)
         return scope.error();
     const QStringList &endpointNames = scope->endpoints;
-    // Completed has no index of its own: it is every key (i:k) but those of the other states.
+    // Completed has no index of its own: it is every live key (i:k scored above now) but those
+    // of the other states.
     constexpr KeyState kCounted[] = {KeyState::Processing, KeyState::Failed, KeyState::Reset};
     QList<QList<QByteArray>> cards;
     for (const QString &name : std::as_const(endpointNames)) {
-        cards.append({"ZCARD", redis::endpointIndex(m_prefix, name)});
+        cards.append(
+            {"ZCOUNT", redis::endpointIndex(m_prefix, name), "(" + num(scope->now), "+inf"});
         for (KeyState s : kCounted)
             cards.append({"ZCARD", redis::endpointStateIndex(m_prefix, name, s)});
     }
@@ -1066,11 +1091,11 @@ Result<qint64> RedisStore::purgeExpired()
         auto now = clockMs();
         if (!now)
             return now.error();
-        auto n = purgeSlice(*now, *names);
+        auto n = purgeSlice(*now, *names, kPurgeSlice);
         if (!n)
             return n.error();
         total += *n;
-        if (*n < 5000)
+        if (*n < kPurgeSlice)
             break;
     }
     if (auto repaired = repairSlice(); !repaired)

@@ -105,15 +105,16 @@ private:
     Result<QStringList> endpoints(); // the endpoints that have keys (P i:eps)
     Result<Reply> script(const char *name, const QList<QByteArray> &args, bool writes);
     Result<void> loadScripts();
-    Result<qint64> purgeSlice(qint64 now, const QStringList &endpoints);
-    // What a listing or a count starts with: the store's clock, a purge slice over every
-    // endpoint, and the endpoints asked for (`endpoint`, or all of them when it is empty).
+    // Up to `limit` expired entries of each endpoint's i:k made tombstones and unindexed.
+    Result<qint64> purgeSlice(qint64 now, const QStringList &endpoints, qint64 limit);
+    // What a listing or a count starts with: the store's clock, the endpoints asked for
+    // (`endpoint`, or all of them) and a purge slice of `purgeLimit` on each (none if 0).
     struct Scope
     {
         qint64 now;
         QStringList endpoints;
     };
-    Result<Scope> purgedScope(const QString &endpoint);
+    Result<Scope> scope(const QString &endpoint, qint64 purgeLimit);
     // Many runs of one script, pipelined (NOSCRIPT answered by running it loaded); the answers,
     // in order, or an error if any was one.
     Result<std::vector<Reply>> scriptsPipelined(const char *name,

@@ -505,6 +505,51 @@ private Q_SLOTS:
         QVERIFY((*store)->claim(c)->record.token > again.value(2).toLongLong());
     }
 
+    // A page never pays for a purge: a listing reads only i:k's live entries, and an expired
+    // record it meets in i:es leaves that index only; its i:k entry stays for the purge, which
+    // makes it a tombstone. A count runs a small purge slice, and counts only live i:k entries.
+    void listingLeavesExpiredKeysToThePurge()
+    {
+        const quint16 port = m_redis->port();
+        auto store = RedisStore::connect(*StoreUrl::parse(m_redis->url() + u"?prefix=lazy:"_qs));
+        QVERIFY(store.ok());
+        const QString rk = QString::fromUtf8(redis::recordKey("lazy:", u"ep:brief"_qs));
+        ClaimRequest brief = claimOf(u"ep:brief"_qs);
+        brief.policy.ttlMs = 300;
+        FinishRequest f;
+        f.key = brief.key;
+        f.token = (*store)->claim(brief)->record.token;
+        f.state = KeyState::Failed;
+        f.result = {500, {}, "no"};
+        f.error = u"boom"_qs;
+        QCOMPARE(name(*(*store)->finish(f)), name(FinishVerdict::Accept));
+        QVERIFY((*store)->claim(claimOf(u"ep:kept"_qs))->claimed());
+        QTRY_VERIFY_WITH_TIMEOUT(!(*(*store)->key(brief.key)).has_value(), 5000);
+
+        KeyQuery q;
+        const auto all = *(*store)->listKeys(q);
+        QCOMPARE(all.size(), 1);
+        QCOMPARE(all.first().key, u"ep:kept"_qs);
+        q.state = KeyState::Failed;
+        QCOMPARE((*store)->listKeys(q)->size(), 0);
+        QByteArray out;
+        QVERIFY(redisCli(port, {u"ZCARD"_qs, u"lazy:i:es:ep:failed"_qs}, &out));
+        QCOMPARE(out.trimmed(), QByteArray("0"));
+        QVERIFY(redisCli(port, {u"ZSCORE"_qs, u"lazy:i:k:ep"_qs, u"ep:brief"_qs}, &out));
+        QVERIFY(!out.trimmed().isEmpty()); // left to the purge
+        QVERIFY(redisCli(port, {u"HEXISTS"_qs, rk, u"q"_qs}, &out));
+        QCOMPARE(out.trimmed(), QByteArray("1")); // no listing made it a tombstone
+
+        const StateCounts counts = *(*store)->countKeys(u"ep"_qs);
+        QCOMPARE(counts.total(), 1);
+        QCOMPARE(counts.processing, 1);
+        QCOMPARE(counts.failed, 0);
+        QVERIFY(redisCli(port, {u"HKEYS"_qs, rk}, &out));
+        QCOMPARE(out.trimmed(), QByteArray("m")); // the count's purge slice: a tombstone now
+        QVERIFY(redisCli(port, {u"ZSCORE"_qs, u"lazy:i:k:ep"_qs, u"ep:brief"_qs}, &out));
+        QCOMPARE(out.trimmed(), QByteArray());
+    }
+
     // A key that expired, or was deleted, leaves a tombstone: absent to every reader, its token
     // the floor of the key's next one for a day, whatever Redis's clock does meanwhile (here:
     // a tombstone token set an hour ahead, as if the clock had gone back an hour since).

@@ -1,11 +1,17 @@
 #include "support/serveprocess.h"
 
+#include "model/keyrecord.h"
+#include "store/rediscluster.h"
+#include "store/redisprotocol.h"
 #include "store/sqlitestore.h"
+#include "store/storeurl.h"
 #include "util/clock.h"
 
 #include <QFile>
 #include <QRegularExpression>
+#include <QScopeGuard>
 
+#include <hiredis.h>
 #include <sqlite3.h>
 
 namespace idem::test {
@@ -64,6 +70,132 @@ void generateSqliteKeys(const QString &path, int count, const QByteArray &body)
     sqlite3_finalize(insert);
     sqlite3_exec(db, "COMMIT", nullptr, nullptr, nullptr);
     sqlite3_close(db);
+}
+
+QString generateRedisKeys(const QString &urlText, int count, int endpoints, int expiredPercent,
+                          const QByteArray &body)
+{
+    auto url = StoreUrl::parse(urlText);
+    if (!url || url->kind != StoreUrl::Kind::Redis)
+        return u"not a Redis store URL: "_qs + urlText;
+    const QByteArray prefix = url->prefix.toUtf8();
+    // The connections: a single Redis's, or each master's, by slot (the desk's own routing).
+    std::unique_ptr<redis::ClusterLinks> cluster;
+    redisContext *single = nullptr;
+    auto closeSingle = qScopeGuard([&] {
+        if (single)
+            redisFree(single);
+    });
+    if (url->cluster) {
+        QList<redis::ClusterNode> seeds;
+        for (const auto &[host, port] : std::as_const(url->clusterSeeds))
+            seeds.append({host.toUtf8(), port});
+        cluster = std::make_unique<redis::ClusterLinks>(
+            seeds, 2000, 60000, [](redisContext *) { return Result<void>(); });
+        if (auto r = cluster->refresh(); !r)
+            return r.error().message;
+    } else {
+        single = redisConnect(url->host.toUtf8().constData(), url->port);
+        if (!single || single->err)
+            return u"cannot connect to "_qs + url->display();
+        if (url->database != u"0"_qs)
+            freeReplyObject(redisCommand(single, "SELECT %s", url->database.toUtf8().constData()));
+    }
+    // Commands queued per connection, sent to every one, then every answer read: the masters
+    // work side by side.
+    QHash<redisContext *, qsizetype> queued;
+    QString failure;
+    auto send = [&](const QList<QByteArray> &command) {
+        redisContext *c = single;
+        if (cluster) {
+            auto link = cluster->link(redis::commandSlot(command));
+            if (!link) {
+                failure = link.error().message;
+                return;
+            }
+            c = *link;
+        }
+        redis::Argv a(command);
+        redisAppendCommandArgv(c, a.count(), a.argv.data(), a.lengths.data());
+        ++queued[c];
+    };
+    auto drain = [&] {
+        for (auto it = queued.cbegin(); it != queued.cend(); ++it) {
+            int done = 0;
+            while (!done)
+                if (redisBufferWrite(it.key(), &done) != REDIS_OK)
+                    return QString::fromUtf8(it.key()->errstr);
+        }
+        for (auto it = queued.cbegin(); it != queued.cend(); ++it)
+            for (qsizetype i = 0; i < it.value(); ++i) {
+                void *raw = nullptr;
+                if (redisGetReply(it.key(), &raw) != REDIS_OK || !raw)
+                    return QString::fromUtf8(it.key()->errstr);
+                const auto *reply = static_cast<redisReply *>(raw);
+                QString error;
+                if (reply->type == REDIS_REPLY_ERROR)
+                    error = QString::fromUtf8(reply->str, int(reply->len));
+                freeReplyObject(raw);
+                if (!error.isEmpty())
+                    return error;
+            }
+        queued.clear();
+        return QString();
+    };
+
+    // What claim.lua and finish.lua write for a delivery claimed at `created`, finished a few
+    // ms later (completed 200, or failed 500 with its error), live for a day from its claim.
+    const QByteArray fingerprint(64, 'f');
+    const QByteArray headers = headersJson({{"Content-Type", "application/json"}});
+    constexpr qint64 kTtlMs = 86'400'000, kGraceMs = 86'400'000; // TOKEN_GRACE_MS
+    const qint64 now = wallMs();
+    const qint64 expired = qint64(count) * expiredPercent / 100;
+    redis::IndexBatch indexes;
+    for (int i = 0; i < count && failure.isEmpty(); ++i) {
+        const QByteArray endpoint =
+            endpoints <= 1 ? QByteArrayLiteral("big") : "big" + QByteArray::number(i % endpoints);
+        const QByteArray key = endpoint + ":evt_" + QByteArray::number(i);
+        // Newest last; the oldest `expired` ones a day and more ago, past their expiry.
+        const qint64 created = now - count + i - (i < expired ? kTtlMs + 60'000 : 0);
+        const qint64 updated = created + 3, expiresAt = created + kTtlMs;
+        const qint64 token = created * 1000 + 17;
+        const bool failed = i % 4 == 3;
+        const QByteArray t = QByteArray::number(token), c = QByteArray::number(created),
+                         u = QByteArray::number(updated);
+        const QByteArray meta = QByteArray(failed ? "failed " : "completed ") + t + " 1 " + c +
+                                ' ' + u + " 0 " + QByteArray::number(expiresAt) +
+                                (failed ? " 500" : " 200") + " generic " + endpoint + ' ' +
+                                fingerprint;
+        QByteArray history =
+            "[{\"at\":" + c + ",\"event\":\"claimed\",\"token\":" + t + "},{\"at\":" + u +
+            (failed ? ",\"event\":\"failed\",\"token\":" : ",\"event\":\"completed\",\"token\":") +
+            t;
+        history += failed ? ",\"detail\":\"downstream answered 500\"}]" : "}]";
+        const QByteArray request = "POST /hooks/" + endpoint + '\n' + headers + '\n' + body;
+        const QByteArray result = (failed ? "500\n" : "200\n") + headers +
+                                  (failed ? "\n{\"error\":\"boom\"}" : "\n{\"ok\":true}");
+        const QByteArray rk = redis::recordKey(prefix, QString::fromUtf8(key));
+        QList<QByteArray> hset{"HSET", rk, "m", meta, "h", history, "q", request, "s", result};
+        if (failed)
+            hset << "e"
+                 << "downstream answered 500";
+        send(hset);
+        send({"PEXPIREAT", rk, QByteArray::number(expiresAt + kGraceMs)});
+        indexes.add({QString::fromUtf8(key), QString::fromUtf8(endpoint),
+                     failed ? KeyState::Failed : KeyState::Completed, 0, updated, expiresAt});
+        if (indexes.size() == 2000 || i + 1 == count) {
+            for (const auto &command : indexes.commands(prefix))
+                send(command);
+            indexes.clear();
+            if (failure.isEmpty())
+                failure = drain();
+        }
+    }
+    if (failure.isEmpty()) {
+        send({"SET", prefix + "layout", "3"}); // as the desk's first start leaves it
+        failure = drain();
+    }
+    return failure;
 }
 
 } // namespace idem::test
