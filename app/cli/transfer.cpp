@@ -98,7 +98,8 @@ int keysImport(const QStringList &arguments)
     QCommandLineParser parser;
     parser.setApplicationDescription(u"Read keys written by `idemdesk keys export` into this "
                                      u"store: state, TTL (what was left of it), history and "
-                                     "timeline kept, a new fencing token of this store. A key that "
+                                     "timeline kept, a new fencing token of this store above the "
+                                     "one it had there. A key that "
                                      "exists here is left alone and reported. "
                                      "Exit 1 when a line was refused."_qs);
     addCommonOptions(parser, false);

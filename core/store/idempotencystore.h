@@ -129,8 +129,10 @@ public:
     virtual Result<qint64> purgeExpired() = 0;
     // Writes a record exported from another store (`keys import`), atomically with its indexes:
     // state, fingerprint, attempts, created / updated, request, result, error and history as
-    // given; a new fencing token from this store's counter (a token of another store means
-    // nothing here); expiry `ttlMs` and, for a processing key, the lease `leaseMs` from now on
+    // given; a new fencing token from this store's counter, above the record's own `token` (the
+    // last the app saw for the key; at most kMaxImportToken, transfer.h), the counter moved past
+    // it, so that every later token of the key (reclaim, claim after a delete or expiry) is
+    // above it too; expiry `ttlMs` and, for a processing key, the lease `leaseMs` from now on
     // the store's clock. A live key is left alone (Exists); an expired one is replaced.
     virtual Result<ImportVerdict> importRecord(const KeyRecord &record, qint64 ttlMs,
                                                qint64 leaseMs) = 0;

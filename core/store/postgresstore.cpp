@@ -209,6 +209,9 @@ Result<std::unique_ptr<PostgresStore>> PostgresStore::connect(const StoreUrl &ur
             " CASE WHEN $4 = 'processing' THEN t.now + $9 ELSE 0 END, t.now + $10,"
             " $11, $12, $13, $14, $15, $16, $17, $18, $19 FROM t ON CONFLICT (key) DO NOTHING "
             "RETURNING token");
+        c.prepare("token_last", "SELECT last_value FROM idem_tokens");
+        c.prepare("token_raise",
+                  "SELECT setval('idem_tokens', greatest(last_value, $1)) FROM idem_tokens");
         c.prepare("purge", "DELETE FROM idem_keys WHERE key IN (SELECT key FROM idem_keys"
                            " WHERE expires_at_ms <= idem_now_ms() LIMIT 5000)");
         c.prepare("purge_deliveries", "DELETE FROM idem_deliveries WHERE at_ms <= idem_now_ms() - $1");
@@ -512,6 +515,20 @@ Result<OperatorVerdict> PostgresStore::applyOperator(const QString &key, Operato
 Result<ImportVerdict> PostgresStore::importRecord(const KeyRecord &r, qint64 ttlMs, qint64 leaseMs)
 {
     return guarded("import", true, [&]() -> Result<ImportVerdict> {
+        // The sequence first moves to at least the record's token (the last the app saw), so
+        // that nextval, for this record and every later claim of any key, is above it. Under
+        // ALTER SEQUENCE's lock, which holds off nextval until the commit: no claim takes a
+        // value between the read and the setval that would be handed out again after it. In a
+        // transaction of its own (a rollback would not undo setval anyway): in the import's, it
+        // would keep that lock while waiting for the key's row, which a claim of the same key
+        // may hold while waiting for nextval. Skipped when the sequence is past it already.
+        if (pqxx::nontransaction(m_conn->c).exec_prepared1("token_last")[0].as<qint64>() <=
+            r.token) {
+            pqxx::work raise(m_conn->c);
+            raise.exec0("ALTER SEQUENCE idem_tokens NO CYCLE"); // no change: the lock
+            raise.exec_prepared("token_raise", r.token);
+            raise.commit();
+        }
         pqxx::work w(m_conn->c);
         const std::string key = s(r.key);
         w.exec_prepared("import_clear", key); // an expired record is replaced, a live one kept

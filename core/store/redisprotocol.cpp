@@ -396,7 +396,8 @@ QList<QByteArray> importArgs(const QByteArray &prefix, const KeyRecord &r, qint6
             num(r.result.status) + '\n' + headersJson(r.result.headers) + '\n' + r.result.body,
             r.error.toUtf8(),
             compactJson(historyToJson(r.history)),
-            num(r.result.status)};
+            num(r.result.status),
+            num(r.token)};
 }
 
 Result<ImportVerdict> importVerdict(const redisReply *reply, const KeyRecord &r, IndexMove *move)

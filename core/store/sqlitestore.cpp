@@ -572,7 +572,8 @@ Result<ImportVerdict> SqliteStore::importRecord(const KeyRecord &r, qint64 ttlMs
         return existing.error();
     if (existing->has_value() && !existing->value().expiredAt(nowMs))
         return ImportVerdict::Exists;
-    auto token = nextToken(existing->has_value() ? existing->value().token : 0);
+    // Above the token the app last saw (the record's) and the key's own, the counter with it.
+    auto token = nextToken(std::max(r.token, existing->has_value() ? existing->value().token : 0));
     if (!token)
         return token.error();
     IDEM_PREPARE(insert,

@@ -342,6 +342,13 @@ Result<ImportedLine> importLine(IdempotencyStore &store, const QByteArray &line,
         return invalid(
             u"%1: record.attempts (≥ 1), created and updated (ms) must be integers"_qs.arg(shown));
     r.attempts = int(*attempts);
+    // The token the app last saw for the key: the importing store's are above it.
+    const QJsonValue tokenValue = rec.value(u"token");
+    const auto carried = integerIn(tokenValue, 0, kMaxImportToken);
+    if (!tokenValue.isUndefined() && !carried)
+        return invalid(
+            u"%1: record.token must be an integer from 0 to %2"_qs.arg(shown).arg(kMaxImportToken));
+    r.token = carried.value_or(0);
     r.createdMs = *created;
     r.updatedMs = *updated;
     const QJsonValue errorValue = rec.value(u"error");

@@ -24,6 +24,10 @@ constexpr int kTimelineCap = kHistoryCap;
 // lease_seconds).
 constexpr qint64 kMaxImportTtlMs = 10LL * 365 * 24 * 3600 * 1000;
 constexpr qint64 kMaxImportLeaseMs = 24LL * 3600 * 1000;
+// The highest fencing token an import accepts: 2^52, far above any store's (Redis's are µs of
+// its clock: 2^52 is the year 2112), and low enough that the importing store's later tokens
+// (one above it, and on) stay exact in JSON numbers and Redis's Lua (2^53).
+constexpr qint64 kMaxImportToken = qint64(1) << 52;
 
 // One key as an export line (without the newline); `storeNowMs` is the exporting store's clock.
 QByteArray exportLine(const KeyRecord &record, const QList<DeliveryEvent> &timeline,

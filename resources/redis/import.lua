@@ -1,20 +1,23 @@
 -- import: write a record exported from another store (`keys import`) into layout v3; a live key
--- is left alone. Its fencing token is this store's (newToken, as claim.lua); expiry and lease
--- count from TIME. The desk writes the indexes after it, as for every transition.
+-- is left alone. Its fencing token is this store's (newToken, as claim.lua), above the token it
+-- carries (the last the app saw for the key) as above a tombstone's: the record, then its
+-- tombstone, keep that floor for the key's later tokens. Expiry and lease count from TIME. The
+-- desk writes the indexes after it, as for every transition.
 -- KEYS: P{key}:r
 -- ARGV: endpoint provider state fingerprint attempts created updated lease_ms ttl_ms
---       request result error history status   (request and result: the q and s fields, common.lua)
+--       request result error history status token
+--       (request and result: the q and s fields, common.lua; token: the exported one, < 2^53)
 -- Returns {token, expires_at}, or 0 when the key exists and has not expired.
 local rk = KEYS[1]
 local now, nowUs = clock()
 local cur = readMeta(rk)
-local before = 0
+local before = tonumber(ARGV[15])
 if cur then
   local _, token, _, _, _, _, expires = unpackMeta(cur, rk)
   if tonumber(expires) > now then
     return 0
   end
-  before = tonumber(token) -- a tombstone
+  before = math.max(before, tonumber(token)) -- a tombstone
 end
 local expiresAt = now + tonumber(ARGV[9])
 local token = newToken(before, nowUs)

@@ -153,6 +153,24 @@ private:
         r.policy.ttlMs = ttlMs;
         return r;
     }
+    // A failed key as `keys import` reads it from another store's export, with that store's token.
+    static KeyRecord exported(const QString &ep, const QString &k, const QByteArray &fp,
+                              qint64 token)
+    {
+        KeyRecord r;
+        r.key = ep + u':' + k;
+        r.endpoint = ep;
+        r.provider = u"generic"_qs;
+        r.state = KeyState::Failed;
+        r.fingerprint = fp;
+        r.token = token;
+        r.attempts = 1;
+        r.createdMs = r.updatedMs = 1'700'000'000'000;
+        r.request = {"POST", "/hooks/x", {}, "{}"};
+        r.result = {500, {{"Content-Type", "text/plain"}}, "down"};
+        r.error = u"downstream said 500"_qs;
+        return r;
+    }
     ClaimResult claim(const ClaimRequest &r)
     {
         auto result = m_store->claim(r);
@@ -522,24 +540,18 @@ private Q_SLOTS:
     {
         // `keys import`: a record from another store goes in whole (state, attempts, times,
         // request, result, error, history), its TTL and lease counted from this store's clock,
-        // with a token of this store's counter; a live key is left alone.
+        // with a token of this store's counter, above the one it carries; a live key is left
+        // alone.
         const QString ep = endpoint();
         const QString key = ep + u":imp"_qs;
         const qint64 tokenBefore = claim(request(ep, u"probe"_qs)).record.token;
-        KeyRecord r;
-        r.key = key;
-        r.endpoint = ep;
+        // Another store's token, below our counter.
+        KeyRecord r = exported(ep, u"imp"_qs, "fp-imported", std::max<qint64>(1, tokenBefore / 2));
         r.provider = u"stripe"_qs;
-        r.state = KeyState::Failed;
-        r.fingerprint = "fp-imported";
-        r.token = 4'000'000'000'000'000'000; // another store's, above any of ours: means nothing here
         r.attempts = 3;
-        r.createdMs = 1'700'000'000'000;
         r.updatedMs = 1'700'000'100'000;
         r.request = {
             "POST", "/hooks/x", {{"Stripe-Signature", "masked"}}, QByteArray("\x00\xff{}", 4)};
-        r.result = {500, {{"Content-Type", "text/plain"}}, "down"};
-        r.error = u"downstream said 500"_qs;
         r.history = {{r.createdMs, u"claimed"_qs, 7, {}},
                      {r.updatedMs, u"failed"_qs, 7, u"downstream said 500"_qs}};
         const qint64 before = storeNow();
@@ -560,7 +572,7 @@ private Q_SLOTS:
         QCOMPARE(k.error, r.error);
         QCOMPARE(k.history.size(), 2);
         QCOMPARE(k.history.last().detail, r.history.last().detail);
-        QVERIFY(k.token > tokenBefore && k.token < r.token); // ours, not the exporter's
+        QCOMPARE_GT(k.token, tokenBefore); // ours, still increasing
         QVERIFY(k.expiresAtMs >= before + 3'600'000 && k.expiresAtMs <= storeNow() + 3'600'000);
         QCOMPARE(k.leaseUntilMs, 0);
         // Listed and counted under its state and endpoint.
@@ -594,6 +606,39 @@ private Q_SLOTS:
                  name(ImportVerdict::Imported)); // expired: replaced
         QCOMPARE(m_store->countKeys(ep)->processing,
                  3); // the probe, the reclaimed key and the re-imported one
+    }
+
+    void importedTokenIsTheFloorOfTheKeysNextTokens()
+    {
+        // A key moved from another store: the app last saw its token there (Redis's are µs of
+        // its clock, this one far ahead of any store's). Whatever this store's own counter or
+        // clock, the imported record's token, and every later one of the key, is above it: an
+        // app that refuses lower tokens takes the key's retry.
+        const QString ep = endpoint();
+        const QString key = ep + u":moved"_qs;
+        const qint64 carried = 3'000'000'000'000'000;
+        const KeyRecord r = exported(ep, u"moved"_qs, "fp-moved", carried);
+        QCOMPARE(name(*m_store->importRecord(r, 3'600'000, 0)), name(ImportVerdict::Imported));
+        const qint64 imported = (*m_store->key(key))->token;
+        QCOMPARE_GT(imported, carried);
+        // The sender's retry reprocesses it: above.
+        const ClaimResult retry = claim(request(ep, u"moved"_qs, "fp-moved"));
+        QCOMPARE(name(retry.decision.outcome), name(Outcome::Reprocessed));
+        const qint64 retried = retry.record.token;
+        QCOMPARE_GT(retried, std::max(imported, carried));
+        QCOMPARE(name(finish(key, retried, KeyState::Failed, 502, "down")),
+                 name(FinishVerdict::Accept));
+        // Deleted, then claimed again: still above.
+        QCOMPARE(name(*m_store->applyOperator(key, OperatorAction::Delete, false, {})),
+                 name(OperatorVerdict::Accept));
+        const ClaimResult again = claim(request(ep, u"moved"_qs, "fp-moved"));
+        QCOMPARE(name(again.decision.action), name(ClaimAction::Create));
+        QCOMPARE_GT(again.record.token, std::max(retried, carried));
+        // Deleted and imported again from the same, older file: above the key's last token.
+        QCOMPARE(name(*m_store->applyOperator(key, OperatorAction::Delete, false, {})),
+                 name(OperatorVerdict::Accept));
+        QCOMPARE(name(*m_store->importRecord(r, 3'600'000, 0)), name(ImportVerdict::Imported));
+        QCOMPARE_GT((*m_store->key(key))->token, std::max(again.record.token, carried));
     }
 
     void exportIsOneSetWhileKeysMove()

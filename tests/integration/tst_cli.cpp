@@ -746,6 +746,16 @@ private Q_SLOTS:
              "imported"},
             {line(u"dup"_qs, [](O &rec, O &, O &, O &) { rec[u"error"_qs] = u"SECOND"_qs; }),
              "the same key as line 23"},
+            {line(u"tk1"_qs, [](O &rec, O &, O &, O &) { rec[u"token"_qs] = -1; }),
+             "record.token must be an integer from 0 to 4503599627370496"},
+            {line(u"tk2"_qs,
+                  [](O &rec, O &, O &, O &) { rec[u"token"_qs] = qint64(4503599627370497); }),
+             "record.token must be"},
+            {line(u"tk3"_qs, [](O &rec, O &, O &, O &) { rec[u"token"_qs] = u"5"_qs; }),
+             "record.token must be"},
+            {line(u"moved"_qs,
+                  [](O &rec, O &, O &, O &) { rec[u"token"_qs] = qint64(3'000'000'000'000'000); }),
+             "imported"},
             {"{\"record\": {\"key\": \"" + QByteArray(12 * 1024 * 1024, 'z') + "\"}}",
              "longer than"},
             {line(u"after"_qs, [](O &, O &, O &, O &) {}), "imported"},
@@ -766,9 +776,17 @@ private Q_SLOTS:
                          r.err.indexOf(expected, at) > at,
                      (prefix + expected + "\n--\n" + r.err.mid(at, 400)).constData());
         }
-        QVERIFY2(r.out.contains("5 keys imported, 0 already here, 22 refused"), r.out.constData());
+        QVERIFY2(r.out.contains("6 keys imported, 0 already here, 25 refused"), r.out.constData());
         QCOMPARE(idemdesk({u"keys"_qs, u"show"_qs, ep + u":after"_qs, u"--config"_qs, config}).rc,
                  0);
+        // The token the app last saw for a key, where it was exported: this store's is above it.
+        QCOMPARE_GT(QJsonDocument::fromJson(idemdesk({u"keys"_qs, u"show"_qs, ep + u":moved"_qs,
+                                                      u"--json"_qs, u"--config"_qs, config})
+                                                .out)
+                        .object()
+                        .value(u"token"_qs)
+                        .toInteger(),
+                    qint64(3'000'000'000'000'000));
         // The refused duplicate wrote nothing, even where the first line's record had expired
         // by then (TTL 1 ms): that key is gone, not replaced by the second line.
         Run shown = idemdesk({u"keys"_qs, u"show"_qs, ep + u":dup"_qs, u"--config"_qs, config});
