@@ -861,8 +861,7 @@ void MainWindow::runRetry(const QString &key, bool force, std::function<void(Res
         return deliver(makeError(
             ErrorCode::Invalid,
             tr("%1: not retried — this window watches the store without the desk's config, so it "
-               "does not know where the endpoint forwards; open it with --config (or choose the "
-               "config file in Settings)")
+               "does not know where the endpoint forwards; start it with --config FILE")
                 .arg(key)));
     IdempotencyEngine *engine = m_session.receiver ? m_session.receiver->engine() : m_localEngine;
     QMetaObject::invokeMethod(engine, [engine, key, force, deliver] { engine->retryKey(key, force, deliver); }, Qt::QueuedConnection);

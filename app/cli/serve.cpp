@@ -270,11 +270,12 @@ int gui(int argc, char **argv)
     MainWindow window(session);
     window.show();
     const int rc = app.exec();
-    // Deliveries in flight finish before the receiver goes (a processed event left unrecorded
-    // would be processed again once its lease ends).
-    if (receiver && receiver->engine()->inFlight() > 0) {
-        std::fprintf(stderr, "idemdesk: finishing %lld deliveries in flight\n",
-                     static_cast<long long>(receiver->engine()->inFlight()));
+    // No delivery is taken from now on, and those in flight finish before the receiver goes (a
+    // processed event left unrecorded would be processed again once its lease ends).
+    if (receiver) {
+        if (const qint64 inFlight = receiver->engine()->inFlight())
+            std::fprintf(stderr, "idemdesk: finishing %lld deliveries in flight\n",
+                         static_cast<long long>(inFlight));
         receiver->drain(Receiver::drainGraceMs(options->config));
     }
     return rc;

@@ -62,14 +62,22 @@ HttpResponse resultNotRecorded(const QString & /*why: the delivery log's*/)
 }
 constexpr int kLogBacklog = 50000; // deliveries kept in memory while the store is away
 
-// Claimed too late to start (the store was slow): nothing ran and nothing is recorded.
-HttpResponse notStarted(const ProcessResult &late, qint64 leaseSeconds)
+// Claimed too late to start (the store was slow): nothing ran, and the claim is released (the
+// key finished as `reset`), so the sender's next delivery processes it.
+HttpResponse notStarted(const ProcessResult &late)
 {
     HttpResponse r = HttpResponse::problem(503, u"Processing not started in time"_qs,
-                                           late.error + u"; send it again after the lease ("_qs +
-                                               QString::number(leaseSeconds) + u" s)"_qs);
-    r.setHeader("Retry-After", QByteArray::number(leaseSeconds));
+                                           late.error + u"; nothing ran: send it again"_qs);
+    r.setHeader("Retry-After", "1");
     return r;
+}
+
+// The state a run finishes its key in: reset when it never started (ProcessResult::started).
+KeyState finishedState(const ProcessResult &processed)
+{
+    if (!processed.started)
+        return KeyState::Reset;
+    return processed.success ? KeyState::Completed : KeyState::Failed;
 }
 
 // What a duplicate of a finished key gets: its stored answer; a key failed with none (force-
@@ -382,7 +390,7 @@ void IdempotencyEngine::runProcessor(const DeliveryPtr &d, qint64 token, Outcome
 void IdempotencyEngine::run(const DeliveryPtr &d, const ProcessJob &job, Processor::Done done)
 {
     // The claim waited so long that no time is left: nothing is started that could outlive the
-    // lease, and nothing is recorded (ProcessResult::started).
+    // lease; the claim is released (ProcessResult::started).
     if (job.deadlineMs < kMinimumRunMs) {
         ProcessResult late;
         late.started = false;
@@ -434,19 +442,21 @@ void IdempotencyEngine::send(const DeliveryPtr &d, const HttpResponse &response)
 void IdempotencyEngine::onProcessed(const DeliveryPtr &d, qint64 token, Outcome outcome,
                                     ProcessResult processed)
 {
-    if (!processed.started)
-        return respond(d, notStarted(processed, d->endpoint->settings.leaseSeconds),
-                       Outcome::Unavailable, token, processed.error);
     FinishRequest finish;
     finish.key = d->key;
     finish.token = token;
-    finish.state = processed.success ? KeyState::Completed : KeyState::Failed;
+    finish.state = finishedState(processed);
     finish.result = processed.response;
     finish.error = processed.error;
     untilStored<FinishVerdict>(
-        [this, finish](std::function<void(Result<FinishVerdict>)> done) { lane().finish(finish, std::move(done)); },
+        [this, finish](std::function<void(Result<FinishVerdict>)> done) {
+            lane().finish(finish, std::move(done));
+        },
         leaseEndUs(d),
         [this, d, token, outcome, processed](Result<FinishVerdict> verdict) {
+            if (!processed.started) // released, or (not stored) leased until its lease ends
+                return respond(d, notStarted(processed), Outcome::Unavailable, token,
+                               processed.error);
             if (!verdict) // the sender must retry; the key is recovered once its lease ends
                 return respond(d, resultNotRecorded(verdict.error().message), Outcome::Unavailable, token,
                                verdict.error().message);
@@ -577,15 +587,12 @@ void IdempotencyEngine::handleBatch(const DeliveryPtr &d, const Provider *provid
             }
             run(d, job(d, forwardKeys.join(u","_qs), tokens.join(','), headers, body),
                 [this, d, claims, results = *results, claimedIndexes](ProcessResult processed) {
-                    if (!processed.started)
-                        return respond(d, notStarted(processed, d->endpoint->settings.leaseSeconds),
-                                       Outcome::Unavailable, 0, processed.error);
                     QList<FinishRequest> finishes;
                     for (qsizetype i : claimedIndexes) {
                         FinishRequest f;
                         f.key = claims.at(i).key;
                         f.token = results.at(i).record.token;
-                        f.state = processed.success ? KeyState::Completed : KeyState::Failed;
+                        f.state = finishedState(processed);
                         f.result = processed.response;
                         f.error = processed.error;
                         finishes.append(f);
@@ -603,6 +610,9 @@ void IdempotencyEngine::handleBatch(const DeliveryPtr &d, const Provider *provid
                         leaseEndUs(d),
                         [this, d, claims, results,
                          processed](Result<QList<FinishVerdict>> verdicts) {
+                            if (!processed.started)
+                                return respond(d, notStarted(processed), Outcome::Unavailable, 0,
+                                               processed.error);
                             if (!verdicts)
                                 return respond(d, resultNotRecorded(verdicts.error().message),
                                                Outcome::Unavailable, 0, verdicts.error().message);
@@ -748,18 +758,10 @@ void IdempotencyEngine::retryKey(const QString &key, bool force,
                 job(d, record.key, QByteArray::number(record.token), record.request.headers,
                     record.request.body),
                 [this, d, record, done](ProcessResult processed) {
-                    if (!processed.started) {
-                        respond(d, notStarted(processed, d->endpoint->settings.leaseSeconds),
-                                Outcome::Unavailable, record.token, processed.error);
-                        return done(
-                            makeError(ErrorCode::Unavailable,
-                                      u"%1: %2; it stays claimed until its lease ends"_qs.arg(
-                                          record.key, processed.error)));
-                    }
                     FinishRequest finish;
                     finish.key = record.key;
                     finish.token = record.token;
-                    finish.state = processed.success ? KeyState::Completed : KeyState::Failed;
+                    finish.state = finishedState(processed);
                     finish.result = processed.response;
                     finish.error = processed.error;
                     untilStored<FinishVerdict>(
@@ -772,6 +774,17 @@ void IdempotencyEngine::retryKey(const QString &key, bool force,
                         },
                         leaseEndUs(d),
                         [this, d, record, processed, done](Result<FinishVerdict> verdict) {
+                            if (!processed.started) {
+                                respond(d, notStarted(processed), Outcome::Unavailable,
+                                        record.token, processed.error);
+                                return done(makeError(
+                                    ErrorCode::Unavailable,
+                                    verdict && finishStored(*verdict)
+                                        ? u"%1: %2; nothing ran, and the key is reset: the next delivery (or another retry) processes it"_qs
+                                              .arg(record.key, processed.error)
+                                        : u"%1: %2; nothing ran, and the key stays claimed until its lease ends"_qs
+                                              .arg(record.key, processed.error)));
+                            }
                             respond(d, fromStored(processed.response), Outcome::Reprocessed,
                                     record.token, u"operator retry"_qs);
                             if (!verdict)

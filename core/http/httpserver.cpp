@@ -455,8 +455,18 @@ int HttpConnection::onMessageComplete(llhttp_t *p)
 
 void HttpConnection::stop()
 {
-    // Waiting or Draining: its answer closes it. Reading: answered 503 once it has arrived.
-    if (m_phase == Phase::Idle)
+    // Waiting or Draining: its answer closes it. Reading: answered 503 once it has arrived, and
+    // so is a request already here on an idle one; an idle one with nothing is closed.
+    if (m_phase != Phase::Idle)
+        return;
+    if (m_socket->bytesAvailable() == 0)
+        m_socket->waitForReadyRead(0); // what the kernel holds, without blocking (its readyRead
+                                       // may have run processInput already)
+    if (m_phase != Phase::Idle)
+        return;
+    if (m_socket->bytesAvailable() > 0 || !m_pending.isEmpty())
+        processInput();
+    else
         close();
 }
 
@@ -474,6 +484,8 @@ void HttpConnection::dispatch()
         r.setHeader("Retry-After", "1");
         r.setHeader("Idempotency-Outcome", "rejected");
         writeResponse(r, true, m_request.method == "HEAD");
+        if (m_server->m_onReject) // the delivery log's line for it
+            m_server->m_onReject(m_request, 503, u"receiver stopping: not started"_qs);
         return;
     }
     m_phase = Phase::Waiting;
@@ -558,6 +570,8 @@ void HttpConnection::onTimeout()
     if (m_phase == Phase::Idle) {
         if (m_socket->bytesAvailable() == 0)
             m_socket->waitForReadyRead(0); // what the kernel holds, without blocking
+        if (m_phase != Phase::Idle)
+            return; // its readyRead ran processInput: a request arrives (its own timer runs)
         if (m_socket->bytesAvailable() > 0 || !m_pending.isEmpty()) {
             m_timer.start(m_server->m_limits.idleTimeoutMs);
             processInput();

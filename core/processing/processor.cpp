@@ -123,6 +123,14 @@ void ForwardProcessor::run(const ProcessJob &job, Done done)
         ProcessResult result;
         switch (outcome.kind) {
         case Kind::Answered:
+            if (outcome.status < 200 || outcome.status > 599) {
+                // No final status a sender can read ("HTTP/1.1 099"): neither passed on nor stored.
+                result.error =
+                    u"the downstream %1 answered the invalid status %2"_qs.arg(target).arg(
+                        outcome.status);
+                result.response = problemResult(502, u"Bad downstream answer"_qs, result.error);
+                break;
+            }
             result.response.status = outcome.status;
             for (const auto &[name, value] : outcome.headers)
                 if (!isHopByHopHeader(name) && name.compare("Date", Qt::CaseInsensitive) != 0

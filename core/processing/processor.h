@@ -17,8 +17,9 @@ struct ProcessResult
     StoredResult response; // what the sender gets, and what is stored for replays
     QString error;         // for failures: what went wrong
     // False: the claim came too late to start the work (IdempotencyEngine::run): nothing ran,
-    // so nothing is recorded; the key stays leased and the sender's retry after the lease
-    // recovers it (a failure stored instead was replayed for good under on_failed: reject).
+    // and the key is finished as `reset`, so the next delivery processes it (stored as failed,
+    // it was replayed for good under on_failed: reject; left leased, a duplicate was told
+    // "in progress", a 2xx with in_progress_status 202, for an event nothing was running).
     bool started = true;
 };
 

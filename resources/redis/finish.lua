@@ -2,7 +2,7 @@
 -- (the twin of decideFinish()). Sent again after a lost answer, the same token and result find
 -- the key already finished: 'repeated', not a refusal. TIME, one HMGET, one HSET.
 -- KEYS: P{key}:r
--- ARGV: token state(completed|failed) res_status res_headers res_body error
+-- ARGV: token state(completed|failed|reset: a claim released unstarted) res_status res_headers res_body error
 -- Returns {'accept', now, endpoint} (the desk moves the key in the indexes), or the verdict:
 -- repeated | stale-token | not-processing | missing.
 local rk, token, newState = KEYS[1], ARGV[1], ARGV[2]
