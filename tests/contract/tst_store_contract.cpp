@@ -843,6 +843,36 @@ private Q_SLOTS:
         QCOMPARE(k.history.size(), 2); // claimed, completed: the repeat wrote nothing
     }
 
+    // A claim granted too late to start releases itself: finished as reset by its token (the
+    // engine's ProcessResult::started), listed and counted as reset, and the next claim —
+    // whatever on_failed says — reprocesses it under a higher token.
+    void aClaimReleasedAsResetIsReprocessed()
+    {
+        const QString ep = endpoint();
+        const QString key = ep + u":a"_qs;
+        const ClaimResult c = claim(request(ep, u"a"_qs));
+        QCOMPARE(name(finish(key, c.record.token + 1, KeyState::Reset, 0, "")),
+                 name(FinishVerdict::StaleToken));
+        QCOMPARE(name(finish(key, c.record.token, KeyState::Reset, 0, "")),
+                 name(FinishVerdict::Accept));
+        QCOMPARE(name(finish(key, c.record.token, KeyState::Reset, 0, "")),
+                 name(FinishVerdict::Repeated));
+        QCOMPARE(name((*m_store->key(key))->state), name(KeyState::Reset));
+        QCOMPARE(m_store->countKeys(ep)->reset, 1);
+        KeyQuery q;
+        q.endpoint = ep;
+        q.state = KeyState::Reset;
+        QCOMPARE(m_store->listKeys(q)->size(), 1);
+        ClaimRequest reject = request(ep, u"a"_qs);
+        reject.policy.onFailed = OnFailed::Reject;
+        const ClaimResult again = claim(reject);
+        QCOMPARE(name(again.decision.outcome), name(Outcome::Reprocessed));
+        QVERIFY(again.record.token > c.record.token);
+        QCOMPARE(name(finish(key, again.record.token, KeyState::Completed)),
+                 name(FinishVerdict::Accept));
+        QCOMPARE(m_store->countKeys(ep)->reset, 0);
+    }
+
     // A key that expired and is claimed again is listed and counted once, in its new state.
     void reclaimedAfterExpiryIsCountedOnce()
     {
