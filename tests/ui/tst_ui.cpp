@@ -1200,6 +1200,26 @@ private Q_SLOTS:
         QTRY_VERIFY_WITH_TIMEOUT(window.keys()->rowOfKey(u"shared:elsewhere"_qs) >= 0, 5000);
         QTRY_VERIFY_WITH_TIMEOUT(window.traffic()->total(Outcome::Processed) == 1, 5000);
         QVERIFY(window.statusText().contains(u"Attach mode"));
+
+        // Watching without the desk's config file, the window does not know the endpoint's
+        // processor: Retry refuses (the built-in config's would simulate a completion) and the
+        // key stays failed.
+        const QString failedKey = u"shared:fails"_qs;
+        auto config2 = *Config::parse("{\"endpoints\": [{\"name\": \"shared\", \"simulate\": {\"fail_rate\": 1}}]}", u"c"_qs);
+        Receiver failing(config2, otherPool);
+        const quint16 failingPort = failing.start(any)->port;
+        QCOMPARE(deliver(failingPort, "shared", "fails").status, 500);
+        window.refreshAction()->trigger();
+        QTRY_VERIFY_WITH_TIMEOUT(window.keys()->rowOfKey(failedKey) >= 0, 5000);
+        window.selectKey(failedKey);
+        QTRY_COMPARE(window.detail()->current().key, failedKey);
+        QSignalSpy done(&window, &MainWindow::actionFinished);
+        window.retryAction()->trigger();
+        QTRY_VERIFY(done.count() >= 2);
+        QVERIFY2(done.last().at(0).toString().contains(u"--config FILE"), qPrintable(done.last().at(0).toString()));
+        QVERIFY(!done.last().at(1).toBool());
+        QCOMPARE(name((*otherPool->run<std::optional<KeyRecord>>([&](IdempotencyStore &s) { return s.key(failedKey); }))->state),
+                 name(KeyState::Failed));
     }
 
     void aMillionKeysStayResponsive()
