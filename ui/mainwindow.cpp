@@ -860,9 +860,8 @@ void MainWindow::runRetry(const QString &key, bool force, std::function<void(Res
     if (!m_session.receiver && m_session.configPath.isEmpty())
         return deliver(makeError(
             ErrorCode::Invalid,
-            tr("%1: not retried — this window watches the store without the desk's config, so it "
-               "does not know where the endpoint forwards; start it with --config FILE")
-                .arg(key)));
+            tr("not retried — this window watches the store without the desk's config, so it "
+               "does not know where the endpoint forwards; start it with --config FILE")));
     IdempotencyEngine *engine = m_session.receiver ? m_session.receiver->engine() : m_localEngine;
     QMetaObject::invokeMethod(engine, [engine, key, force, deliver] { engine->retryKey(key, force, deliver); }, Qt::QueuedConnection);
 }
