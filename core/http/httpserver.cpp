@@ -457,17 +457,20 @@ void HttpConnection::stop()
 {
     // Waiting or Draining: its answer closes it. Reading: answered 503 once it has arrived, and
     // so is a request already here on an idle one; an idle one with nothing is closed.
-    if (m_phase != Phase::Idle)
-        return;
-    if (m_socket->bytesAvailable() == 0)
-        m_socket->waitForReadyRead(0); // what the kernel holds, without blocking (its readyRead
-                                       // may have run processInput already)
-    if (m_phase != Phase::Idle)
-        return;
-    if (m_socket->bytesAvailable() > 0 || !m_pending.isEmpty())
-        processInput();
-    else
+    if (m_phase == Phase::Idle && !readArrived())
         close();
+}
+
+bool HttpConnection::readArrived()
+{
+    if (m_socket->bytesAvailable() == 0)
+        m_socket->waitForReadyRead(0); // what the kernel holds, without blocking
+    if (m_phase != Phase::Idle)
+        return true; // its readyRead ran processInput: a request arrives (its own timer runs)
+    if (m_socket->bytesAvailable() == 0 && m_pending.isEmpty())
+        return false;
+    processInput();
+    return true;
 }
 
 void HttpConnection::dispatch()
@@ -568,15 +571,9 @@ void HttpConnection::onTimeout()
     // An "idle" connection whose request is already here (the thread was busy when the timer
     // ran out) is not idle: read it instead of closing it unanswered.
     if (m_phase == Phase::Idle) {
-        if (m_socket->bytesAvailable() == 0)
-            m_socket->waitForReadyRead(0); // what the kernel holds, without blocking
-        if (m_phase != Phase::Idle)
-            return; // its readyRead ran processInput: a request arrives (its own timer runs)
-        if (m_socket->bytesAvailable() > 0 || !m_pending.isEmpty()) {
-            m_timer.start(m_server->m_limits.idleTimeoutMs);
-            processInput();
+        m_timer.start(m_server->m_limits.idleTimeoutMs); // before reading: the request's own wins
+        if (readArrived())
             return;
-        }
     }
     if (m_phase == Phase::Reading) {
         fail(408, u"the request did not arrive within %1 ms"_qs.arg(m_server->m_limits.requestTimeoutMs));

@@ -112,6 +112,9 @@ private:
     int refuseEarly(int status, const QString &detail);
     void writeResponse(const HttpResponse &response, bool close, bool head);
     void onTimeout();
+    // An idle connection whose next request is already here (in the kernel, the socket's
+    // buffer or m_pending) reads it; false when nothing is.
+    bool readArrived();
     void close();
     bool countHeaderBytes(size_t len);
 
