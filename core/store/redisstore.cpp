@@ -395,28 +395,13 @@ Result<RedisStore::ScriptAnswers> RedisStore::scriptsInTransaction(const char *n
     if (m_cluster) {
         // The records are in many slots: no MULTI/EXEC across them. Each script is atomic on its
         // own; a failure of any fails the batch (the engine answers 503 and runs nothing; a claim
-        // that did go through is a lease nobody holds, taken again when it ends).
-        QList<QList<QByteArray>> commands;
-        for (const auto &args : argsList)
-            commands.append(QList<QByteArray>{"EVALSHA", m_sha.value(name)} + args);
-        auto replies = pipeline(commands, true);
+        // that did go through is a lease nobody holds, taken again when it ends): in doubt.
+        auto replies = scriptsPipelined(name, argsList, ErrorCode::InDoubt);
         if (!replies)
             return replies.error();
         ScriptAnswers answers;
-        for (qsizetype i = 0; i < argsList.size(); ++i) {
-            Reply &r = (*replies)[size_t(i)];
-            if (r->type == REDIS_REPLY_ERROR && QByteArray(r->str, qsizetype(r->len)).startsWith("NOSCRIPT")) {
-                // That master lacks the script: it did not run; once more with it loaded there.
-                auto again = script(name, argsList.at(i), true);
-                if (!again)
-                    return again.error();
-                r = std::move(*again);
-            }
-            if (r->type == REDIS_REPLY_ERROR)
-                return makeError(ErrorCode::InDoubt,
-                                 u"Redis %1: %2"_qs.arg(m_url.display(), QString::fromUtf8(r->str, int(r->len))));
+        for (const Reply &r : *replies)
             answers.at.push_back(r.get());
-        }
         answers.held = std::move(*replies);
         return answers;
     }
@@ -702,10 +687,11 @@ Result<qint64> RedisStore::purgeSlice(qint64 now, const QStringList &names, qint
 }
 
 Result<std::vector<RedisStore::Reply>>
-RedisStore::scriptsPipelined(const char *name, const QList<QList<QByteArray>> &argsList)
+RedisStore::scriptsPipelined(const char *name, const QList<QList<QByteArray>> &argsList,
+                             ErrorCode onError)
 {
     // Many runs of one script in one write; a master that lost its script cache runs it again
-    // with it loaded (NOSCRIPT: it did not run). An error answer fails the whole.
+    // with it loaded (NOSCRIPT: it did not run). An error answer fails the whole (onError).
     QList<QList<QByteArray>> commands;
     for (const auto &args : argsList)
         commands.append(QList<QByteArray>{"EVALSHA", m_sha.value(name)} + args);
@@ -722,9 +708,9 @@ RedisStore::scriptsPipelined(const char *name, const QList<QList<QByteArray>> &a
             r = std::move(*again);
         }
         if (r->type == REDIS_REPLY_ERROR)
-            return makeError(ErrorCode::Unavailable, u"Redis %1: %2.lua: %3"_qs.arg(
-                                                         m_url.display(), QLatin1String(name),
-                                                         QString::fromUtf8(r->str, int(r->len))));
+            return makeError(
+                onError, u"Redis %1: %2.lua: %3"_qs.arg(m_url.display(), QLatin1String(name),
+                                                        QString::fromUtf8(r->str, int(r->len))));
     }
     return replies;
 }

@@ -116,9 +116,10 @@ private:
     };
     Result<Scope> scope(const QString &endpoint, qint64 purgeLimit);
     // Many runs of one script, pipelined (NOSCRIPT answered by running it loaded); the answers,
-    // in order, or an error if any was one.
+    // in order, or an error (of kind onError) if any was one.
     Result<std::vector<Reply>> scriptsPipelined(const char *name,
-                                                const QList<QList<QByteArray>> &argsList);
+                                                const QList<QList<QByteArray>> &argsList,
+                                                ErrorCode onError = ErrorCode::Unavailable);
     // One script per request, all in one MULTI/EXEC: atomic together (on a cluster: pipelined,
     // each atomic alone). The answers, in order.
     struct ScriptAnswers
