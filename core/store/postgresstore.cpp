@@ -159,6 +159,7 @@ Result<std::unique_ptr<PostgresStore>> PostgresStore::connect(const StoreUrl &ur
         w.commit();
 
         const std::string cols = kColumns;
+        static_assert(kHistoryCap == 64, "finish below keeps 64 history entries");
         // Every time below is the server's clock (idem_now_ms()), read once per statement.
         c.prepare("claim_insert",
                   "WITH t AS (SELECT nextval('idem_tokens') AS token, idem_now_ms() AS now)"
@@ -187,11 +188,19 @@ Result<std::unique_ptr<PostgresStore>> PostgresStore::connect(const StoreUrl &ur
                   " RETURNING " + cols + ", c.now");
         c.prepare("finish",
                   "WITH c AS MATERIALIZED (SELECT idem_now_ms() AS now)"
-                  " UPDATE idem_keys SET state = $3, updated_ms = c.now, lease_until_ms = 0, res_status = $4,"
+                  " UPDATE idem_keys SET state = $3, updated_ms = c.now, lease_until_ms = 0, "
+                  "res_status = $4,"
                   " res_headers = $5, res_body = $6, error = $7,"
-                  " history = (history::jsonb || jsonb_build_array(jsonb_build_object('at', c.now,"
-                  " 'event', $3::text, 'token', $2::bigint, 'detail', $7::text)))::text"
-                  " FROM c WHERE key = $1 AND token = $2 AND state = 'processing' AND expires_at_ms > c.now");
+                  // appendHistory(): the first entry and the newest, kHistoryCap in all.
+                  " history = (SELECT CASE WHEN jsonb_array_length(h.a) <= 64 THEN h.a"
+                  " ELSE jsonb_build_array(h.a -> 0) || (SELECT jsonb_agg(e.v ORDER BY e.i)"
+                  " FROM jsonb_array_elements(h.a) WITH ORDINALITY AS e(v, i) WHERE e.i > "
+                  "jsonb_array_length(h.a) - 63)"
+                  " END FROM (SELECT idem_keys.history::jsonb || "
+                  "jsonb_build_array(jsonb_build_object('at', c.now,"
+                  " 'event', $3::text, 'token', $2::bigint, 'detail', $7::text)) AS a) h)::text"
+                  " FROM c WHERE key = $1 AND token = $2 AND state = 'processing' AND "
+                  "expires_at_ms > c.now");
         c.prepare("operator_update",
                   "UPDATE idem_keys SET state = $2, updated_ms = $3, lease_until_ms = 0,"
                   " error = CASE WHEN $2 = 'failed' THEN $4 ELSE error END, history = $5 WHERE key = $1");

@@ -77,10 +77,10 @@ if action == 'reclaim' then
   if outcome == 'recovered' or outcome == 'reprocessed' then
     event = outcome
   end
-  history = appendHistory(before, historyEntry(now, event, tokenText))
+  history = appendHistory(before, historyEntry(nowText, event, tokenText))
 else
   newAttempts, newCreated = '1', nowText
-  history = '[' .. historyEntry(now, 'claimed', tokenText) .. ']'
+  history = '[' .. historyEntry(nowText, 'claimed', tokenText) .. ']'
 end
 if state then
   redis.call('DEL', rk) -- a reclaim, or a tombstone: nothing of it is kept but its token, above

@@ -152,9 +152,9 @@ local function tombstoneMeta(state, token, attempts, created, provider, endpoint
   return packMeta(state, token, attempts, created, '0', '0', '0', '0', provider, endpoint, fingerprint)
 end
 
--- One history entry, as JSON text; the detail is the only free text.
+-- One history entry, as JSON text; at (ms) and token as text; the detail is the only free text.
 local function historyEntry(at, event, token, detail)
-  local entry = '{"at":' .. fmt(at) .. ',"event":"' .. event .. '","token":' .. token
+  local entry = '{"at":' .. at .. ',"event":"' .. event .. '","token":' .. token
   if detail and detail ~= '' then
     entry = entry .. ',"detail":' .. cjson.encode(detail)
   end
@@ -162,12 +162,17 @@ local function historyEntry(at, event, token, detail)
 end
 
 -- Appends an entry to a history (a JSON array as text) without decoding it; past CAP entries
--- the second goes (the first, how it started, is kept).
+-- the second goes (the first, how it started, is kept). Entries are counted only when there can
+-- be more than CAP: each starts with the 6 characters {"at": (counting copied the whole history,
+-- measured 7% of a claim + finish).
 local function appendHistory(history, entry)
   if not history or history == '' or history == '[]' or string.sub(history, -1) ~= ']' then
     return '[' .. entry .. ']'
   end
   history = string.sub(history, 1, -2) .. ',' .. entry .. ']'
+  if #history <= 6 * CAP then
+    return history
+  end
   local _, count = string.gsub(history, '{"at":', '')
   if count > CAP then
     local second = string.find(history, '{"at":', 3, true)

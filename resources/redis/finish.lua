@@ -42,7 +42,7 @@ if state ~= 'processing' then
 end
 local meta = packMeta(newState, curToken, attempts, created, nowText, '0', expires, fmt(tonumber(ARGV[3])), provider,
                       endpoint, fp)
-local history = appendHistory(cur[2], historyEntry(now, newState, token, ARGV[6]))
+local history = appendHistory(cur[2], historyEntry(nowText, newState, token, ARGV[6]))
 local result = ARGV[3] .. '\n' .. ARGV[4] .. '\n' .. ARGV[5]
 if ARGV[6] ~= '' then
   redis.call('HSET', rk, 'm', meta, 'h', history, 's', result, 'e', ARGV[6])

@@ -32,7 +32,7 @@ local event = 'reset'
 if to == 'failed' then event = 'force-failed' end
 redis.call('HSET', rk, 'm', packMeta(to, token, attempts, created, fmt(now), '0', expires, status, provider, endpoint,
                                      fp),
-           'h', appendHistory(redis.call('HGET', rk, 'h'), historyEntry(now, event, token, detail)))
+           'h', appendHistory(redis.call('HGET', rk, 'h'), historyEntry(fmt(now), event, token, detail)))
 if to == 'failed' then
   redis.call('HSET', rk, 'e', detail)
 end

@@ -356,6 +356,36 @@ private Q_SLOTS:
         QCOMPARE((*m_store->key(key))->attempts, 3);
     }
 
+    // A key failed and reprocessed again and again keeps its first history entry (how it
+    // started) and the newest ones, kHistoryCap in all, on every store alike.
+    void historyIsCappedKeepingTheFirstEntry()
+    {
+        const QString ep = endpoint();
+        const QString key = ep + u":a"_qs;
+        const ClaimResult first = claim(request(ep, u"a"_qs));
+        qint64 token = first.record.token;
+        for (int i = 0; i < kHistoryCap / 2 + 8; ++i) { // 1 + 2 entries a round: past the cap
+            QCOMPARE(name(finish(key, token, KeyState::Failed, 502, "down")),
+                     name(FinishVerdict::Accept));
+            const ClaimResult again = claim(request(ep, u"a"_qs));
+            QCOMPARE(name(again.decision.outcome), name(Outcome::Reprocessed));
+            token = again.record.token;
+            const QList<HistoryEntry> history = (*m_store->key(key))->history;
+            QCOMPARE(history.size(), std::min(kHistoryCap, 3 + 2 * i));
+        }
+        QCOMPARE(name(finish(key, token, KeyState::Completed)), name(FinishVerdict::Accept));
+        const QList<HistoryEntry> history = (*m_store->key(key))->history;
+        QCOMPARE(history.size(), kHistoryCap);
+        QCOMPARE(history.first().event, u"claimed"_qs);
+        QCOMPARE(history.first().token, first.record.token);
+        QCOMPARE(history.last().event, u"completed"_qs);
+        QCOMPARE(history.last().token, token);
+        QCOMPARE(history.at(history.size() - 2).event, u"reprocessed"_qs);
+        QCOMPARE(history.at(1).event, u"failed"_qs); // the oldest kept after the first
+        for (qsizetype i = 2; i < history.size(); ++i)
+            QVERIFY(history.at(i).token >= history.at(i - 1).token);
+    }
+
     void mismatchLeavesTheRecordUntouched()
     {
         const QString ep = endpoint();
