@@ -5,6 +5,8 @@
 
 #include <cstdio>
 
+#include <sys/resource.h>
+
 namespace {
 
 const char kUsage[] =
@@ -33,6 +35,12 @@ const char kUsage[] =
 int main(int argc, char **argv)
 {
     QCoreApplication::setApplicationName(QStringLiteral("idemdesk"));
+    // The open-file limit's soft value up to its hard one, as systemd services and Go programs
+    // do: a shell's 1024 would cap the receiver near 450 connections (receiver.h).
+    if (rlimit files{}; getrlimit(RLIMIT_NOFILE, &files) == 0 && files.rlim_cur < files.rlim_max) {
+        files.rlim_cur = files.rlim_max;
+        setrlimit(RLIMIT_NOFILE, &files);
+    }
     QStringList arguments;
     for (int i = 0; i < argc; ++i)
         arguments << QString::fromLocal8Bit(argv[i]);

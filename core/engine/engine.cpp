@@ -442,6 +442,8 @@ void IdempotencyEngine::send(const DeliveryPtr &d, const HttpResponse &response)
 void IdempotencyEngine::onProcessed(const DeliveryPtr &d, qint64 token, Outcome outcome,
                                     ProcessResult processed)
 {
+    if (processed.outcomeUnknown) // not finished: left to its lease (ProcessResult)
+        return respond(d, fromStored(processed.response), outcome, token, processed.error);
     FinishRequest finish;
     finish.key = d->key;
     finish.token = token;
@@ -587,6 +589,8 @@ void IdempotencyEngine::handleBatch(const DeliveryPtr &d, const Provider *provid
             }
             run(d, job(d, forwardKeys.join(u","_qs), tokens.join(','), headers, body),
                 [this, d, claims, results = *results, claimedIndexes](ProcessResult processed) {
+                    if (processed.outcomeUnknown) // not finished: left to their leases
+                        return finishBatch(d, claims, results, processed, {});
                     QList<FinishRequest> finishes;
                     for (qsizetype i : claimedIndexes) {
                         FinishRequest f;
@@ -632,8 +636,14 @@ void IdempotencyEngine::finishBatch(const DeliveryPtr &d, const QList<ClaimReque
     qsizetype v = 0;
     for (const ClaimResult &r : results) {
         if (r.claimed()) {
-            const bool stored = v < verdicts.size() && finishStored(verdicts.at(v++));
             ++processedNow;
+            // Not finished (ProcessResult::outcomeUnknown): it answers like a failure.
+            if (processed.outcomeUnknown) {
+                if (!failure)
+                    failure = processed.response;
+                continue;
+            }
+            const bool stored = v < verdicts.size() && finishStored(verdicts.at(v++));
             if (!stored)
                 ++superseded; // a newer claim took it over: this run's answer is not the record's
             else if (processed.success)
@@ -758,6 +768,12 @@ void IdempotencyEngine::retryKey(const QString &key, bool force,
                 job(d, record.key, QByteArray::number(record.token), record.request.headers,
                     record.request.body),
                 [this, d, record, done](ProcessResult processed) {
+                    if (processed.outcomeUnknown) { // not finished: left to its lease
+                        respond(d, fromStored(processed.response), Outcome::Reprocessed,
+                                record.token, u"operator retry"_qs);
+                        return done(RetryOutcome{record.key, Outcome::Reprocessed, false,
+                                                 processed.response, processed.error});
+                    }
                     FinishRequest finish;
                     finish.key = record.key;
                     finish.token = record.token;

@@ -17,7 +17,9 @@ namespace idem {
 namespace {
 
 // The status line and header section of an answer; past it the answer is refused as broken.
-constexpr qint64 kMaxHeaderBytes = 64 * 1024;
+constexpr qint64 kMaxHeaderBytes = 64 * 1024; // status lines and fields, interim answers' too
+constexpr int kMaxHeaderFields = 256; // distinct or not: each is looked up among those before it
+constexpr int kMaxInterimAnswers = 8; // 100 Continue, 103 Early Hints: one or two in practice
 
 // One request on one connection. Deletes itself once `done` has been called.
 class ForwardCall final : public QObject
@@ -37,13 +39,15 @@ private:
 
     static const llhttp_settings_t &settings();
     static int onMessageBegin(llhttp_t *p);
+    static int onStatus(llhttp_t *p, const char *at, size_t len);
     static int onHeaderField(llhttp_t *p, const char *at, size_t len);
     static int onHeaderValue(llhttp_t *p, const char *at, size_t len);
     static int onHeadersComplete(llhttp_t *p);
     static int onBody(llhttp_t *p, const char *at, size_t len);
     static int onMessageComplete(llhttp_t *p);
     bool countHeaderBytes(size_t len);
-    void addHeader();
+    bool addHeader();
+    int refuse(Kind kind, const QString &why);
 
     ForwardRequest m_request;
     std::function<void(ForwardOutcome)> m_done;
@@ -55,6 +59,8 @@ private:
     QByteArray m_value;
     bool m_inValue = false;
     qint64 m_headerBytes = 0;
+    int m_fields = 0;                // of the answer being read
+    int m_interim = 0;               // 1xx answers read
     bool m_connected = false;        // the connection (and TLS handshake) stood
     bool m_complete = false;         // a whole final answer was read
     bool m_finished = false;         // `done` was called
@@ -211,6 +217,7 @@ void ForwardCall::finish(Kind kind, const QString &error)
     }
     ForwardOutcome outcome = std::move(m_outcome);
     outcome.kind = kind;
+    outcome.connected = m_connected;
     if (kind != Kind::Answered) {
         outcome.error = error;
         outcome.body.clear();
@@ -228,6 +235,7 @@ const llhttp_settings_t &ForwardCall::settings()
         llhttp_settings_t s;
         llhttp_settings_init(&s);
         s.on_message_begin = &ForwardCall::onMessageBegin;
+        s.on_status = &ForwardCall::onStatus;
         s.on_header_field = &ForwardCall::onHeaderField;
         s.on_header_value = &ForwardCall::onHeaderValue;
         s.on_headers_complete = &ForwardCall::onHeadersComplete;
@@ -246,7 +254,22 @@ int ForwardCall::onMessageBegin(llhttp_t *p)
     c->m_field.clear();
     c->m_value.clear();
     c->m_inValue = false;
+    c->m_fields = 0;
     return 0;
+}
+
+// The status line's text counts with the header section (an endless one is cut there too).
+int ForwardCall::onStatus(llhttp_t *p, const char *, size_t len)
+{
+    return static_cast<ForwardCall *>(p->data)->countHeaderBytes(len) ? 0 : -1;
+}
+
+// Stops the parser: the answer is refused as `kind`, for `why`.
+int ForwardCall::refuse(Kind kind, const QString &why)
+{
+    m_refusal = kind;
+    m_refusalText = why;
+    return -1;
 }
 
 bool ForwardCall::countHeaderBytes(size_t len)
@@ -254,18 +277,30 @@ bool ForwardCall::countHeaderBytes(size_t len)
     m_headerBytes += qint64(len);
     if (m_headerBytes <= kMaxHeaderBytes)
         return true;
-    m_refusal = Kind::BrokenAnswer;
-    m_refusalText = u"the answer's header section is over %1 bytes"_qs.arg(kMaxHeaderBytes);
+    refuse(Kind::BrokenAnswer,
+           u"the answer's header section is over %1 bytes"_qs.arg(kMaxHeaderBytes));
     return false;
 }
 
 // Each field once, as the receiver keeps a request's: a repeated field's values are joined.
-void ForwardCall::addHeader()
+// False (the answer refused) for a field with no name, which would be stored and replayed as
+// an invalid line, and past kMaxHeaderFields.
+bool ForwardCall::addHeader()
 {
+    if (m_field.isEmpty()) {
+        refuse(Kind::BrokenAnswer, u"a header field has no name"_qs);
+        return false;
+    }
+    if (++m_fields > kMaxHeaderFields) {
+        refuse(Kind::BrokenAnswer,
+               u"the answer has more than %1 header fields"_qs.arg(kMaxHeaderFields));
+        return false;
+    }
     addField(m_outcome.headers, m_field, m_value.trimmed());
     m_field.clear();
     m_value.clear();
     m_inValue = false;
+    return true;
 }
 
 int ForwardCall::onHeaderField(llhttp_t *p, const char *at, size_t len)
@@ -275,8 +310,8 @@ int ForwardCall::onHeaderField(llhttp_t *p, const char *at, size_t len)
         return -1;
     if (p->flags & F_TRAILING)
         return 0; // a trailer of a chunked body: dropped, never a header
-    if (c->m_inValue)
-        c->addHeader();
+    if (c->m_inValue && !c->addHeader())
+        return -1;
     c->m_field.append(at, qsizetype(len));
     return 0;
 }
@@ -296,28 +331,37 @@ int ForwardCall::onHeaderValue(llhttp_t *p, const char *at, size_t len)
 int ForwardCall::onHeadersComplete(llhttp_t *p)
 {
     auto *c = static_cast<ForwardCall *>(p->data);
-    if (c->m_inValue || !c->m_field.isEmpty())
-        c->addHeader();
-    c->m_outcome.status = p->status_code;
-    // A declared length past the bound is refused before any of the body is read.
-    if ((p->flags & F_CONTENT_LENGTH) &&
-        p->content_length > quint64(c->m_request.maxResponseBytes)) {
-        c->m_refusal = Kind::TooLarge;
-        c->m_refusalText = u"the answer's Content-Length is %1 bytes"_qs.arg(p->content_length);
+    if ((c->m_inValue || !c->m_field.isEmpty()) && !c->addHeader())
         return -1;
-    }
+    c->m_outcome.status = p->status_code;
+    if (p->status_code < 200 && ++c->m_interim > kMaxInterimAnswers)
+        return c->refuse(Kind::BrokenAnswer,
+                         u"more than %1 interim (1xx) answers"_qs.arg(kMaxInterimAnswers));
+    // A transfer coding other than chunked (gzip, …) would be stored still coded, its header gone.
+    for (const QByteArray &coding :
+         headerValue(c->m_outcome.headers, "Transfer-Encoding").split(','))
+        if (const QByteArray name = coding.trimmed();
+            !name.isEmpty() && name.compare("chunked", Qt::CaseInsensitive) != 0)
+            return c->refuse(Kind::BrokenAnswer,
+                             u"the answer's transfer coding '%1' is not supported"_qs.arg(
+                                 QString::fromLatin1(name)));
+    // 204 and 304 end at their header section whatever Content-Length says (RFC 9112 §6.3): 1
+    // tells llhttp there is no body.
+    if (p->status_code == 204 || p->status_code == 304)
+        return 1;
+    // A declared length past the bound is refused before any of the body is read.
+    if ((p->flags & F_CONTENT_LENGTH) && p->content_length > quint64(c->m_request.maxResponseBytes))
+        return c->refuse(Kind::TooLarge,
+                         u"the answer's Content-Length is %1 bytes"_qs.arg(p->content_length));
     return 0;
 }
 
 int ForwardCall::onBody(llhttp_t *p, const char *at, size_t len)
 {
     auto *c = static_cast<ForwardCall *>(p->data);
-    if (c->m_outcome.body.size() + qint64(len) > c->m_request.maxResponseBytes) {
-        c->m_refusal = Kind::TooLarge;
-        c->m_refusalText =
-            u"the answer's body is over %1 bytes"_qs.arg(c->m_request.maxResponseBytes);
-        return -1;
-    }
+    if (c->m_outcome.body.size() + qint64(len) > c->m_request.maxResponseBytes)
+        return c->refuse(Kind::TooLarge, u"the answer's body is over %1 bytes"_qs.arg(
+                                             c->m_request.maxResponseBytes));
     c->m_outcome.body.append(at, qsizetype(len));
     return 0;
 }
@@ -328,11 +372,9 @@ int ForwardCall::onMessageComplete(llhttp_t *p)
     // 100 Continue, 103 Early Hints: interim, the final answer follows on the same connection.
     if (p->status_code >= 100 && p->status_code < 200 && p->status_code != 101)
         return 0;
-    if (p->status_code == 101) {
-        c->m_refusal = Kind::BrokenAnswer;
-        c->m_refusalText = u"the answer switches protocols, which was not asked for"_qs;
-        return -1;
-    }
+    if (p->status_code == 101)
+        return c->refuse(Kind::BrokenAnswer,
+                         u"the answer switches protocols, which was not asked for"_qs);
     c->m_complete = true;
     return HPE_PAUSED;
 }

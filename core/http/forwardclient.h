@@ -35,6 +35,9 @@ struct ForwardOutcome
         headers;     // as received, each field once (repeated fields joined with ", "), no trailers
     QByteArray body; // the chunked framing removed; content codings untouched
     QString error;   // for every kind but Answered: what went wrong, without the URL
+    // The connection stood (and its TLS handshake), so the request went out: the app may have it.
+    // False for a TimedOut that never connected: nothing reached the app.
+    bool connected = false;
 };
 
 // A one-shot asynchronous HTTP/1.1 POST for the forwarder, on QTcpSocket (http) or QSslSocket

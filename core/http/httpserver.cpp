@@ -81,6 +81,12 @@ QByteArray reasonPhrase(int status)
     case 201: return "Created";
     case 202: return "Accepted";
     case 204: return "No Content";
+    case 301: return "Moved Permanently";
+    case 302: return "Found";
+    case 303: return "See Other";
+    case 304: return "Not Modified";
+    case 307: return "Temporary Redirect";
+    case 308: return "Permanent Redirect";
     case 400: return "Bad Request";
     case 401: return "Unauthorized";
     case 403: return "Forbidden";
@@ -99,7 +105,11 @@ QByteArray reasonPhrase(int status)
     case 502: return "Bad Gateway";
     case 503: return "Service Unavailable";
     case 504: return "Gateway Timeout";
-    default: return status < 300 ? "OK" : status < 500 ? "Client Error" : "Server Error";
+    default:
+        return status < 300   ? "OK"
+               : status < 400 ? "Redirection"
+               : status < 500 ? "Client Error"
+                              : "Server Error";
     }
 }
 
@@ -156,9 +166,13 @@ void HttpServer::acceptPending()
             QByteArray out = "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/problem+json\r\n"
                              "Retry-After: 1\r\nConnection: close\r\nContent-Length: "
                              + QByteArray::number(busy.body.size()) + "\r\n\r\n" + busy.body;
+            // Written into the kernel and closed now, not when the loop next runs: a burst of
+            // refused connections would otherwise hold a descriptor each, past the open-file
+            // limit (receiver.h, connectionsTheFileLimitAllows).
             socket->write(out);
-            socket->disconnectFromHost();
-            connect(socket, &QTcpSocket::disconnected, socket, &QObject::deleteLater);
+            socket->flush();
+            socket->close();
+            socket->deleteLater();
             continue;
         }
         new HttpConnection(socket, this);
@@ -290,6 +304,7 @@ int HttpConnection::onMessageBegin(llhttp_t *p)
     c->m_headerBytes = 0;
     c->m_headerLines = 0;
     c->m_hostLines = 0;
+    c->m_unnamedField = false;
     c->m_messageDone = false;
     c->m_phase = Phase::Reading;
     c->m_timer.start(c->m_server->m_limits.requestTimeoutMs);
@@ -325,6 +340,9 @@ void HttpConnection::addHeader()
     ++m_headerLines;
     if (m_field.compare("Host", Qt::CaseInsensitive) == 0)
         ++m_hostLines;
+    // Refused with the header section: stored, it would be replayed as an invalid line.
+    if (m_field.isEmpty())
+        m_unnamedField = true;
     addField(m_request.headers, m_field, m_value.trimmed());
     m_field.clear();
     m_value.clear();
@@ -379,6 +397,8 @@ int HttpConnection::onHeadersComplete(llhttp_t *p)
     if (c->m_obsFold)
         return c->refuseEarly(400, u"a header line begins with whitespace (obsolete line folding): "
                                    "send each field on one line"_qs);
+    if (c->m_unnamedField)
+        return c->refuseEarly(400, u"a header field has no name"_qs);
     if (const int refused = c->checkFraming(p))
         return refused;
     r.method = llhttp_method_name(llhttp_method_t(p->method));
@@ -551,12 +571,15 @@ void HttpConnection::writeResponse(const HttpResponse &response, bool closeAfter
         out += name + ": " + value + "\r\n";
     }
     // An answer to HEAD is a GET's without its content: the same Content-Length (RFC 9110 9.3.2,
-    // 8.6), and no body, whatever the handler put there.
-    out += "Content-Length: " + QByteArray::number(response.body.size()) + "\r\n";
+    // 8.6), and no body, whatever the handler put there. A 204 or 304 has neither (RFC 9110
+    // §8.6, §15.3.5, §15.4.5: a stored one is replayed the same way).
+    const bool noContent = response.status == 204 || response.status == 304;
+    if (!noContent)
+        out += "Content-Length: " + QByteArray::number(response.body.size()) + "\r\n";
     if (closeAfter)
         out += "Connection: close\r\n";
     out += "\r\n";
-    if (!head)
+    if (!head && !noContent)
         out += response.body;
     m_socket->write(out);
     // Written now, not when the loop next sees the socket writable: the write notifier QTcpSocket

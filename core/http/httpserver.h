@@ -139,6 +139,7 @@ private:
     bool m_scanSawLine = false; // a non-empty line (the request line) was seen
     bool m_scanLineEmpty = true;
     bool m_obsFold = false;
+    bool m_unnamedField = false; // a header line with no field name (": value")
     int m_earlyStatus = 0; // decided inside a parser callback (400 / 413 / 417 / 431 / 501)
     QString m_earlyDetail;
     bool m_keepAlive = true;

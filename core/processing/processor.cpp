@@ -21,10 +21,23 @@ StoredResult problemResult(int status, const QString &title, const QString &deta
     return {p.status, p.headers, p.body};
 }
 
-ProcessResult timedOut(const QString &what, qint64 deadlineMs)
+// What the sender and the log are told when the app got the request but no usable answer
+// came back (ProcessResult::outcomeUnknown).
+QString leftToItsLease(const QString &error)
+{
+    return error +
+           u"; the app may have acted on it (or still be acting): the key stays in progress "
+           u"until its lease ends, then the next delivery runs it again"_qs;
+}
+
+// `reached`: the request went out (the connection stood), so the app may be at work on it.
+ProcessResult timedOut(const QString &what, qint64 deadlineMs, bool reached)
 {
     ProcessResult result;
     result.error = u"%1 did not answer within %2 ms (forward_timeout_seconds)"_qs.arg(what).arg(deadlineMs);
+    result.outcomeUnknown = reached;
+    if (reached)
+        result.error = leftToItsLease(result.error);
     result.response = problemResult(504, u"Downstream timeout"_qs, result.error);
     return result;
 }
@@ -125,16 +138,21 @@ void ForwardProcessor::run(const ProcessJob &job, Done done)
         case Kind::Answered:
             if (outcome.status < 200 || outcome.status > 599) {
                 // No final status a sender can read ("HTTP/1.1 099"): neither passed on nor stored.
-                result.error =
+                result.outcomeUnknown = true;
+                result.error = leftToItsLease(
                     u"the downstream %1 answered the invalid status %2"_qs.arg(target).arg(
-                        outcome.status);
+                        outcome.status));
                 result.response = problemResult(502, u"Bad downstream answer"_qs, result.error);
                 break;
             }
             result.response.status = outcome.status;
+            // Not the desk's own answer headers either: an app's Idempotent-Replayed: true would
+            // tell the sender of a first answer that it was a replay.
             for (const auto &[name, value] : outcome.headers)
-                if (!isHopByHopHeader(name) && name.compare("Date", Qt::CaseInsensitive) != 0
-                    && name.compare("Set-Cookie", Qt::CaseInsensitive) != 0)
+                if (!isHopByHopHeader(name) && name.compare("Date", Qt::CaseInsensitive) != 0 &&
+                    name.compare("Set-Cookie", Qt::CaseInsensitive) != 0 &&
+                    name.compare("Idempotent-Replayed", Qt::CaseInsensitive) != 0 &&
+                    name.compare("Idempotency-Outcome", Qt::CaseInsensitive) != 0)
                     result.response.headers.append({name, value});
             result.response.body = std::move(outcome.body);
             result.success = result.response.status >= 200 && result.response.status < 300;
@@ -142,10 +160,13 @@ void ForwardProcessor::run(const ProcessJob &job, Done done)
                 result.error = u"the downstream answered %1"_qs.arg(result.response.status);
             break;
         case Kind::TimedOut:
-            result = timedOut(u"the downstream %1"_qs.arg(target), deadlineMs);
+            result = timedOut(u"the downstream %1"_qs.arg(target), deadlineMs, outcome.connected);
             break;
         case Kind::TooLarge:
-            result.error = u"the downstream %1 answered more than %2 bytes (max_response_bytes)"_qs.arg(target).arg(maxBytes);
+            result.outcomeUnknown = true;
+            result.error = leftToItsLease(
+                u"the downstream %1 answered more than %2 bytes (max_response_bytes)"_qs.arg(target)
+                    .arg(maxBytes));
             result.response = problemResult(502, u"Downstream answer too large"_qs, result.error);
             break;
         case Kind::Unreachable:
@@ -153,7 +174,9 @@ void ForwardProcessor::run(const ProcessJob &job, Done done)
             result.response = problemResult(502, u"Downstream unreachable"_qs, result.error);
             break;
         case Kind::BrokenAnswer:
-            result.error = u"the downstream %1 gave no whole answer: %2"_qs.arg(target, outcome.error);
+            result.outcomeUnknown = true;
+            result.error = leftToItsLease(
+                u"the downstream %1 gave no whole answer: %2"_qs.arg(target, outcome.error));
             result.response = problemResult(502, u"Bad downstream answer"_qs, result.error);
             break;
         }
@@ -184,7 +207,7 @@ void SimulatedProcessor::run(const ProcessJob &job, Done done)
     };
     if (m_spec.delayMs > job.deadlineMs) {
         QTimer::singleShot(job.deadlineMs, this, [done, deadlineMs = job.deadlineMs] {
-            done(timedOut(u"the simulated processor"_qs, deadlineMs));
+            done(timedOut(u"the simulated processor"_qs, deadlineMs, true));
         });
     } else if (m_spec.delayMs <= 0) {
         finish();

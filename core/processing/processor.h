@@ -21,6 +21,12 @@ struct ProcessResult
     // it was replayed for good under on_failed: reject; left leased, a duplicate was told
     // "in progress", a 2xx with in_progress_status 202, for an event nothing was running).
     bool started = true;
+    // True: the request reached the app but no whole, storable answer came back (no answer by the
+    // deadline, one broken off or unreadable, one over max_response_bytes): the app may have
+    // acted, and may still be acting. The key is not finished: it stays `processing` until its
+    // lease ends (duplicates meanwhile are told "in progress"), then the next delivery recovers
+    // it. Finished as failed, a sender's retry ran it again at once, beside the first run.
+    bool outcomeUnknown = false;
 };
 
 // One run of the real work of a claimed delivery.
@@ -51,7 +57,8 @@ public:
 // sender sent no Authorization). 2xx: completed with the downstream's answer; other statuses
 // (3xx included: no redirects followed): failed with it; unreachable, TLS refused, an answer
 // broken off or malformed: 502; no whole answer by the deadline: 504; an answer over
-// max_response_bytes: 502. No cookies, no cache.
+// max_response_bytes: 502 — all but unreachable with ProcessResult::outcomeUnknown (the request
+// went out). No cookies, no cache.
 class ForwardProcessor final : public Processor
 {
     Q_OBJECT

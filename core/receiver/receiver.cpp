@@ -8,7 +8,22 @@
 #include <QHostInfo>
 #include <QTimer>
 
+#include <sys/resource.h>
+
+#include <algorithm>
+#include <limits>
+
 namespace idem {
+
+int connectionsTheFileLimitAllows()
+{
+    rlimit limit{};
+    if (getrlimit(RLIMIT_NOFILE, &limit) != 0 || limit.rlim_cur == RLIM_INFINITY)
+        return std::numeric_limits<int>::max();
+    const qint64 files = qint64(limit.rlim_cur);
+    const qint64 reserve = std::min<qint64>(128, files / 4); // stores, files, the log, a 503
+    return int(std::clamp<qint64>((files - reserve) / 2, 1, std::numeric_limits<int>::max()));
+}
 
 HttpLimits limitsFor(const Config &config, HttpLimits base)
 {
@@ -17,7 +32,7 @@ HttpLimits limitsFor(const Config &config, HttpLimits base)
         perPath.insert("/hooks/" + e.name.toUtf8(), e.settings.maxBodyBytes);
     const qint64 fallback = config.defaults.maxBodyBytes;
     base.defaultMaxBody = fallback;
-    base.maxConnections = config.maxConnections;
+    base.maxConnections = std::min(config.maxConnections, connectionsTheFileLimitAllows());
     base.maxBodyFor = [perPath, fallback](const QByteArray &path) {
         return perPath.value(path, fallback);
     };
@@ -33,6 +48,9 @@ Receiver::Receiver(Config config, std::shared_ptr<StorePool> pool, HttpLimits li
     const QString instance = QHostInfo::localHostName() + u"/"_qs
                              + QString::number(QCoreApplication::applicationPid());
     limits = limitsFor(config, std::move(limits));
+    if (limits.maxConnections < config.maxConnections)
+        qWarning("max_connections %d lowered to %d: the open-file limit (ulimit -n) allows no more",
+                 config.maxConnections, limits.maxConnections);
     m_engine = new IdempotencyEngine(std::move(config), m_pool, instance);
     IdempotencyEngine *engine = m_engine;
     m_server = new HttpServer(std::move(limits), [engine](HttpRequest request, Responder responder) {

@@ -45,7 +45,15 @@ private:
     ListenAddress m_address;
 };
 
-// Body limit per path, from the endpoints' max_body_bytes.
+// Body limit per path, from the endpoints' max_body_bytes; max_connections, no more than the
+// open-file limit allows (connectionsTheFileLimitAllows).
 HttpLimits limitsFor(const Config &config, HttpLimits base = {});
+
+// Each connection may hold two descriptors (its own and, while it forwards, the downstream's).
+// Past the process's open-file limit accept() fails with EMFILE, which QTcpServer takes for a
+// passing error and retries at once — the listening socket stays readable: a busy loop, and no
+// answer to anyone. So no more connections than the limit allows, less a reserve for stores,
+// files and the log; the rest get 503 like any connection past max_connections.
+int connectionsTheFileLimitAllows();
 
 } // namespace idem

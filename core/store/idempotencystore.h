@@ -171,6 +171,10 @@ public:
     // for all of them. Their callers hear back only after endBatch() succeeded (a failed commit
     // fails every call of the batch), so an answer never tells of a write that was not kept.
     virtual bool batches() const { return false; }
+    // True when the connection is known to be gone before anything is sent on it (the server
+    // closed it while it sat idle: idle_session_timeout, pg_terminate_backend, a restart): the
+    // pool connects again before the call instead of failing it (a delivery's 503).
+    virtual bool connectionDropped() { return false; }
     virtual bool beginBatch() { return false; }
     virtual Result<void> endBatch() { return {}; }
 };

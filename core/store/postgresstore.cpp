@@ -8,6 +8,8 @@
 #include <algorithm>
 #include <numeric>
 
+#include <poll.h>
+
 namespace idem {
 
 // The schema's versioned steps, applied in order at connect (the version is how many were).
@@ -90,6 +92,17 @@ PostgresStore::PostgresStore(std::unique_ptr<Connection> connection, StoreUrl ur
 {}
 
 PostgresStore::~PostgresStore() = default;
+
+// Between calls nothing is due from the server (no LISTEN, every answer read): anything readable
+// on the socket is its goodbye — a FATAL notice, or the close itself.
+bool PostgresStore::connectionDropped()
+{
+    const int fd = m_conn->c.sock();
+    if (fd < 0)
+        return true;
+    pollfd p{fd, POLLIN | POLLRDHUP, 0};
+    return ::poll(&p, 1, 0) != 0;
+}
 
 template<typename F>
 auto PostgresStore::guarded(const char *what, bool writes, F &&body) -> decltype(body())
@@ -228,9 +241,17 @@ Result<std::unique_ptr<PostgresStore>> PostgresStore::connect(const StoreUrl &ur
                            " AND ($1 = '' OR endpoint = $1) GROUP BY state");
         c.prepare("log", "INSERT INTO idem_deliveries (at_ms, endpoint, key, outcome, status, latency_us,"
                          " token, instance, detail, payload) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)");
-        c.prepare("deliveries", "SELECT at_ms, endpoint, key, outcome, status, latency_us, token, instance,"
-                                " detail, payload FROM idem_deliveries WHERE at_ms >= $1 AND ($2 = '' OR key = $2)"
-                                " AND ($3 = '' OR endpoint = $3) ORDER BY at_ms DESC, id DESC LIMIT $4");
+        // One key's through idem_deliveries_key: with `$2 = '' OR key = $2` a generic plan walks
+        // the whole log by time (PostgreSQL picks one after five runs of a statement).
+        c.prepare("deliveries",
+                  "SELECT at_ms, endpoint, key, outcome, status, latency_us, token, instance,"
+                  " detail, payload FROM idem_deliveries WHERE at_ms >= $1"
+                  " AND ($2 = '' OR endpoint = $2) ORDER BY at_ms DESC, id DESC LIMIT $3");
+        c.prepare("deliveries_of_key",
+                  "SELECT at_ms, endpoint, key, outcome, status, latency_us, token,"
+                  " instance, detail, payload FROM idem_deliveries WHERE key = $1"
+                  " AND at_ms >= $2 AND ($3 = '' OR endpoint = $3)"
+                  " ORDER BY at_ms DESC, id DESC LIMIT $4");
         return {};
     });
     if (!ready)
@@ -595,7 +616,11 @@ Result<QList<DeliveryEvent>> PostgresStore::deliveries(const DeliveryQuery &q)
     return guarded("deliveries", false, [&]() -> Result<QList<DeliveryEvent>> {
         pqxx::nontransaction n(m_conn->c);
         QList<DeliveryEvent> events;
-        for (const auto &row : n.exec_prepared("deliveries", q.sinceMs, s(q.key), s(q.endpoint), q.limit)) {
+        const pqxx::result rows =
+            q.key.isEmpty()
+                ? n.exec_prepared("deliveries", q.sinceMs, s(q.endpoint), q.limit)
+                : n.exec_prepared("deliveries_of_key", s(q.key), q.sinceMs, s(q.endpoint), q.limit);
+        for (const auto &row : rows) {
             DeliveryEvent e;
             e.atMs = row[0].as<qint64>();
             e.endpoint = text(row[1]);

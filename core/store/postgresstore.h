@@ -34,6 +34,7 @@ public:
     ~PostgresStore() override;
 
     Result<ClaimResult> claim(const ClaimRequest &request) override;
+    bool connectionDropped() override;
     Result<FinishVerdict> finish(const FinishRequest &request) override;
     Result<QList<ClaimResult>> claimBatch(const QList<ClaimRequest> &requests) override;
     Result<QList<FinishVerdict>> finishBatch(const QList<FinishRequest> &requests) override;

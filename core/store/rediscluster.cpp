@@ -2,9 +2,43 @@
 
 #include <hiredis.h>
 
+#include <algorithm>
 #include <array>
+#include <mutex>
 
 namespace idem::redis {
+
+namespace {
+
+// Every node the latest slot map of this process named (masters and replicas), by cluster (its
+// seeds, as the store URL gives them). A ClusterLinks made anew — a pool worker's, after any
+// failed call — asks them too: with the seeds alone it stayed unavailable for good once every
+// seed was gone (failed over and killed, or a plain redis:// URL's one node) on a healthy cluster.
+std::mutex g_knownMutex;
+QHash<QByteArray, QList<ClusterNode>> g_known;
+
+QByteArray clusterId(const QList<ClusterNode> &seeds)
+{
+    QByteArrayList addresses;
+    for (const ClusterNode &seed : seeds)
+        addresses.append(seed.address());
+    std::sort(addresses.begin(), addresses.end());
+    return addresses.join(',');
+}
+
+} // namespace
+
+QList<ClusterNode> knownNodes(const QList<ClusterNode> &seeds)
+{
+    std::lock_guard lock(g_knownMutex);
+    return g_known.value(clusterId(seeds));
+}
+
+void learnNodes(const QList<ClusterNode> &seeds, const QList<ClusterNode> &nodes)
+{
+    std::lock_guard lock(g_knownMutex);
+    g_known.insert(clusterId(seeds), nodes);
+}
 
 namespace {
 
@@ -121,6 +155,15 @@ Result<SlotMap> SlotMap::fromClusterSlots(const redisReply *reply)
             continue;
         for (long long slot = start; slot <= end; ++slot)
             map.setMaster(int(slot), node);
+        for (size_t r = 3; r < range->elements; ++r) {
+            const redisReply *replica = range->element[r];
+            if (replica->type != REDIS_REPLY_ARRAY || replica->elements < 2 ||
+                replica->element[1]->type != REDIS_REPLY_INTEGER)
+                continue;
+            const ClusterNode n{textOf(replica->element[0]), int(replica->element[1]->integer)};
+            if (!n.host.isEmpty() && n.port > 0 && !map.m_replicas.contains(n))
+                map.m_replicas.append(n);
+        }
     }
     return map;
 }
@@ -221,11 +264,13 @@ void ClusterLinks::broken(redisContext *context)
 
 Result<void> ClusterLinks::refresh()
 {
-    // The nodes we know (the last map's masters) and the seeds: any one that answers will do.
+    // The nodes we know (the last map's masters, every node a map of this process named for
+    // these seeds) and the seeds: any one that answers will do.
     QList<ClusterNode> candidates = m_map.masters();
-    for (const ClusterNode &seed : std::as_const(m_seeds))
-        if (!candidates.contains(seed))
-            candidates.append(seed);
+    for (const QList<ClusterNode> &more : {knownNodes(m_seeds), m_seeds})
+        for (const ClusterNode &node : more)
+            if (!candidates.contains(node))
+                candidates.append(node);
     QStringList failures;
     for (const ClusterNode &node : std::as_const(candidates)) {
         auto c = connectTo(node);
@@ -253,6 +298,7 @@ Result<void> ClusterLinks::refresh()
         }
         m_map = std::move(*map);
         m_stale = false;
+        learnNodes(m_seeds, m_map.masters() + m_map.replicas());
         return {};
     }
     return unavailable(u"no cluster node told the slot map (%1)"_qs.arg(failures.join(u"; "_qs)));

@@ -62,13 +62,21 @@ public:
     static Result<SlotMap> fromClusterSlots(const redisReply *reply);
     std::optional<ClusterNode> master(int slot) const;
     QList<ClusterNode> masters() const;
+    QList<ClusterNode> replicas() const { return m_replicas; } // as CLUSTER SLOTS named them
     void setMaster(int slot, const ClusterNode &node); // a MOVED answer
     int uncovered() const;                             // slots without a master
 
 private:
     std::vector<qint16> m_owner = std::vector<qint16>(kSlots, -1); // index into m_nodes
     QList<ClusterNode> m_nodes;
+    QList<ClusterNode> m_replicas;
 };
+
+// The nodes (masters and replicas) the latest slot map read in this process for the cluster
+// these seeds name, and the setter refresh() calls: a new ClusterLinks falls back on them when
+// no seed answers. Thread-safe.
+QList<ClusterNode> knownNodes(const QList<ClusterNode> &seeds);
+void learnNodes(const QList<ClusterNode> &seeds, const QList<ClusterNode> &nodes);
 
 // Blocking connections to a cluster's masters, for one RedisStore (one thread; NOT
 // thread-safe). Connects lazily to the master of each slot asked for; re-reads the slot map

@@ -49,6 +49,7 @@ public:
     Result<void> ping() override;
     Result<void> ready() override;
     bool batches() const override { return true; }
+    bool connectionDropped() override;
     bool beginBatch() override;
     Result<void> endBatch() override;
     // The connection itself, for tests that play SQLite's own faults (a rollback it made itself).

@@ -134,6 +134,8 @@ void StorePool::workerLoop()
             } while (grouping && next() && next()->front().second == Batch::Grouped && jobs.size() < kMaxBatch);
         }
         std::optional<Error> connectError;
+        if (store && store->connectionDropped())
+            store.reset();
         if (!store) {
             auto created = m_factory();
             if (created)

@@ -162,6 +162,18 @@ private:
                          .arg(previous.token));
             const Cause cause = causeOf(previous);
             m_secondRuns[cause] += 1;
+            // Its claim came at most the forward timeout before it started, and its lease ran
+            // from the claim: a run the desk cut leaves its key to that lease.
+            const qint64 leaseEndedMs =
+                previous.startMs - m_history.forwardTimeoutMs + m_history.leaseMs;
+            if (cause == Cause::TimedOut && next.startMs < leaseEndedMs)
+                fail(QStringLiteral("run %1 started at %2, inside the lease of run %3, which the "
+                                    "desk cut at its forward timeout (the app may still be at it; "
+                                    "its lease lasted until %4 at the earliest)")
+                         .arg(i + 1)
+                         .arg(at(next.startMs))
+                         .arg(i)
+                         .arg(at(leaseEndedMs)));
             if (cause == Cause::Unexplained)
                 fail(QStringLiteral("run %1 (%2) is unexplained: run %3 (%4) answered %5 at %6 and "
                                     "%4 was not killed before it answered that delivery")

@@ -34,6 +34,8 @@ struct FaultHistory
     QString store;
     QString endpoint;
     qint64 originMs = 0; // the driver's start: times print relative to it
+    qint64 leaseMs = 0;  // the endpoint's lease_seconds, in ms
+    qint64 forwardTimeoutMs = 0; // its forward_timeout_seconds: at most this from claim to run
     int keys = 0;
     int deliveries = 0;
     QList<SenderLog> senders;
@@ -60,6 +62,7 @@ struct CheckOutcome
 //  - no two runs of a key overlap, and each run after a key's first is explained by the run
 //    before it: it failed (the downstream answered 5xx, or the desk cut it at its forward
 //    timeout: on_failed reprocesses), or its desk was killed (SIGKILL) while it held the lease;
+//    a run the desk cut is not run again before its lease ended (the app may still be at it);
 //    fencing tokens grow from run to run;
 //  - every key a sender got a 2xx for is `completed` in the store with that status and body;
 //  - a 503 is only answered to a delivery that ran nothing;

@@ -303,6 +303,8 @@ private Q_SLOTS:
         history.endpoint = kEndpoint;
         history.keys = kKeys;
         history.originMs = nowMs();
+        history.leaseMs = kLeaseSeconds * 1000;
+        history.forwardTimeoutMs = kForwardTimeoutSeconds * 1000;
         history.faults.append({QStringLiteral("clock skew"),
                                QStringLiteral("b +%1 s").arg(kSkewSeconds), history.originMs, 0});
 

@@ -263,8 +263,69 @@ private Q_SLOTS:
         QCOMPARE(copies, 1);
     }
 
+    // The app got the request but no usable answer came back (none by the deadline, one broken
+    // off): it may have acted, and may still be at it. The key is not failed — a sender's retry
+    // ran it again at once, beside the first run — but left processing until its lease ends:
+    // duplicates meanwhile are told "in progress", the next after it recovers the key. A
+    // downstream that never got the request (nothing listening) still fails the key at once.
+    void anUnknownOutcomeIsLeftToItsLease_data() { stores(); }
+    void anUnknownOutcomeIsLeftToItsLease()
+    {
+        QFETCH(QString, backend);
+        GatedDownstream slow;
+        slow.close(); // holds every request unanswered: the app still at work
+        ScriptedDownstream broken("HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nabc", true);
+        const QByteArray lease = ", \"forward_timeout_seconds\": 1, \"lease_seconds\": 3";
+        Desk desk = start(backend, "[{\"name\": \"slow" + g_run + "\", \"forward_to\": \"" +
+                                       slow.url() + "\"" + lease + "}, {\"name\": \"broken" +
+                                       g_run + "\", \"forward_to\": \"" + broken.url() + "\"" +
+                                       lease + "}, {\"name\": \"gone" + g_run +
+                                       "\", \"forward_to\": \"http://127.0.0.1:" +
+                                       QByteArray::number(closedPort()) + "/x\"" + lease + "}]");
+        auto storeNowMs = [&desk] {
+            return *desk.pool->run<qint64>([](IdempotencyStore &s) { return s.clockMs(); });
+        };
+        const QString slowKey = u"slow%1:k1"_qs.arg(QString::fromLatin1(g_run));
+        const QString brokenKey = u"broken%1:k1"_qs.arg(QString::fromLatin1(g_run));
+
+        const ClientResponse timedOut = deliver(desk.port, "slow" + g_run, "k1");
+        QCOMPARE(timedOut.status, 504);
+        QVERIFY2(timedOut.body.contains("stays in progress until its lease ends"),
+                 timedOut.body.constData());
+        const ClientResponse cut = deliver(desk.port, "broken" + g_run, "k1");
+        QCOMPARE(cut.status, 502);
+        QVERIFY2(cut.body.contains("stays in progress"), cut.body.constData());
+        for (const QString &key : {slowKey, brokenKey})
+            QCOMPARE(name(record(desk, key)->state), name(KeyState::Processing));
+        const ClientResponse during = deliver(desk.port, "slow" + g_run, "k1");
+        QCOMPARE(during.status, 409);
+        QCOMPARE(during.header("Idempotency-Outcome"), QByteArray("in-progress"));
+        QCOMPARE(deliver(desk.port, "broken" + g_run, "k1").header("Idempotency-Outcome"),
+                 QByteArray("in-progress"));
+        QCOMPARE(slow.count(), 1);
+        QCOMPARE(broken.requests().size(), 1);
+
+        const ClientResponse unreachable = deliver(desk.port, "gone" + g_run, "k1");
+        QCOMPARE(unreachable.status, 502);
+        QCOMPARE(name(record(desk, u"gone%1:k1"_qs.arg(QString::fromLatin1(g_run)))->state),
+                 name(KeyState::Failed));
+        QCOMPARE(deliver(desk.port, "gone" + g_run, "k1").header("Idempotency-Outcome"),
+                 QByteArray("reprocessed"));
+
+        // The lease ends (on the store's clock): the next delivery recovers the key, once.
+        const qint64 leaseUntil = record(desk, slowKey)->leaseUntilMs;
+        QVERIFY(QTest::qWaitFor([&] { return storeNowMs() > leaseUntil; }, 10'000));
+        slow.open();
+        const ClientResponse after = deliver(desk.port, "slow" + g_run, "k1");
+        QCOMPARE(after.status, 200);
+        QCOMPARE(after.header("Idempotency-Outcome"), QByteArray("recovered"));
+        QCOMPARE(slow.count(), 2);
+        QCOMPARE(name(record(desk, slowKey)->state), name(KeyState::Completed));
+    }
+
     // forward_timeout_seconds bounds the whole answer: a downstream trickling a byte at a time
-    // is cut at the deadline (504, failed), never answered after the lease.
+    // is cut at the deadline (504), never answered after the lease; the key is left to its lease
+    // (anUnknownOutcomeIsLeftToItsLease).
     void forwardTimeoutIsAHardDeadline()
     {
         TrickleServer slow;
@@ -274,7 +335,7 @@ private Q_SLOTS:
         const qint64 tookMs = (monotonicUs() - t0) / 1000;
         QCOMPARE(r.status, 504);
         QVERIFY2(tookMs < 2900, qPrintable(u"answered after %1 ms, the lease is 3000 ms"_qs.arg(tookMs)));
-        QCOMPARE(name(record(desk, u"slow:k1"_qs)->state), name(KeyState::Failed));
+        QCOMPARE(name(record(desk, u"slow:k1"_qs)->state), name(KeyState::Processing));
     }
 
     // A store slow to grant the claim (not failing: a lock held 1.5 s, under the 5 s busy
@@ -348,11 +409,12 @@ private Q_SLOTS:
         Desk desk = start(u"sqlite"_qs, "[{\"name\": \"sim\", \"simulate\": {\"delay_ms\": 60000}, \"forward_timeout_seconds\": 1, \"lease_seconds\": 3}]");
         const ClientResponse r = deliver(desk.port, "sim", "k1");
         QCOMPARE(r.status, 504);
-        QCOMPARE(name(record(desk, u"sim:k1"_qs)->state), name(KeyState::Failed));
+        QCOMPARE(name(record(desk, u"sim:k1"_qs)->state), name(KeyState::Processing));
     }
 
-    // An answer over max_response_bytes is not stored as the result (nor replayed).
-    void oversizedAnswerIsFailed()
+    // An answer over max_response_bytes is not stored as the result (nor replayed): the app ran,
+    // so the key is left to its lease like any answer that cannot be kept.
+    void oversizedAnswerIsNotStored()
     {
         GatedDownstream down;
         down.setAnswer(200, QByteArray(300'000, 'x'));
@@ -361,8 +423,8 @@ private Q_SLOTS:
         QCOMPARE(r.status, 502);
         QVERIFY2(r.body.contains("max_response_bytes"), r.body.constData());
         const auto stored = record(desk, u"big:k1"_qs);
-        QCOMPARE(name(stored->state), name(KeyState::Failed));
-        QVERIFY(stored->result.body.size() < 10'000);
+        QCOMPARE(name(stored->state), name(KeyState::Processing));
+        QVERIFY(stored->result.body.isEmpty());
     }
 
     // Nothing of one delivery reaches another: no cookie jar, the desk's own User-Agent; nothing
@@ -462,6 +524,41 @@ private Q_SLOTS:
         // Never closed: only the bound ends it before the deadline (a 504 would mean it waited).
         QTest::newRow("until close, over max_response_bytes") << QByteArray(ok + "\r\n" + QByteArray(3000, 'c')) << false << 502
                                                               << QByteArray();
+        // A field with no name would be stored and replayed as an invalid line (": ab").
+        QTest::newRow("header without a name")
+            << QByteArray(ok + ": ab\r\nContent-Length: 2\r\n\r\nok") << false << 502
+            << QByteArray();
+        // Each field is looked up among the ones before it: 21 000 names took a second each.
+        QByteArray many = ok;
+        for (int i = 0; i < 300; ++i)
+            many += "X-H" + QByteArray::number(i) + ": v\r\n";
+        QTest::newRow("too many header fields")
+            << QByteArray(many + "Content-Length: 2\r\n\r\nok") << false << 502 << QByteArray();
+        // An endless run of interim answers kept the receiver's thread busy until the deadline.
+        QByteArray interim;
+        for (int i = 0; i < 9; ++i)
+            interim += "HTTP/1.1 100 Continue\r\n\r\n";
+        QTest::newRow("interim answers without end")
+            << QByteArray(interim + ok + "Content-Length: 2\r\n\r\nok") << false << 502
+            << QByteArray();
+        QTest::newRow("status line over the header bound")
+            << QByteArray("HTTP/1.1 200 " + QByteArray(70'000, 'K') +
+                          "\r\nContent-Length: 2\r\n\r\nok")
+            << false << 502 << QByteArray();
+        // A 204 ends at its header section whatever its Content-Length says (RFC 9112 §6.3).
+        QTest::newRow("204 with a Content-Length")
+            << QByteArray("HTTP/1.1 204 No Content\r\nContent-Length: 12\r\n\r\n") << false << 204
+            << QByteArray();
+        // A transfer coding the desk cannot undo would be stored still coded, its header gone.
+        QTest::newRow("gzip transfer coding")
+            << QByteArray(ok + "Transfer-Encoding: gzip\r\n\r\n\x1f\x8b") << true << 502
+            << QByteArray();
+        // The desk's own answer headers are its to set: an app's would call a first answer a
+        // replay.
+        QTest::newRow("app's Idempotent-Replayed dropped")
+            << QByteArray(ok + "Idempotent-Replayed: true\r\nIdempotency-Outcome: "
+                               "replayed\r\nContent-Length: 2\r\n\r\nok")
+            << false << 200 << QByteArray("ok");
     }
     void downstreamAnswerFraming()
     {
@@ -477,12 +574,22 @@ private Q_SLOTS:
         QCOMPARE(down.requests().size(), 1);
         const auto stored = record(desk, u"framing:k1"_qs);
         QVERIFY(stored);
-        QCOMPARE(name(stored->state), name(status == 200 ? KeyState::Completed : KeyState::Failed));
+        // A 502 here: the app got the request, its answer is unusable: left to the key's lease.
+        QCOMPARE(name(stored->state), name(status / 100 == 2 ? KeyState::Completed
+                                           : status == 502   ? KeyState::Processing
+                                                             : KeyState::Failed));
         if (status == 502) {
             QVERIFY2(r.header("Content-Type").startsWith("application/problem+json"), r.body.constData());
             return;
         }
         QCOMPARE(r.body, body);
+        QCOMPARE(r.header("Idempotency-Outcome"), QByteArray("processed"));
+        QVERIFY(r.header("Idempotent-Replayed").isEmpty());
+        if (status == 204) // no Content-Length in a 204 (RFC 9110 §8.6), first answer and replay
+            for (const ClientResponse &answer : {r, deliver(desk.port, "framing", "k1")})
+                QVERIFY2(!answer.headers.contains({"Content-Length", "0"}) &&
+                             answer.header("Content-Length").isEmpty(),
+                         answer.header("Content-Length").constData());
         QCOMPARE(stored->result.body, body);
         QVERIFY(!r.header("Transfer-Encoding").contains("chunked"));
         QVERIFY(headerValue(stored->result.headers, "Transfer-Encoding").isEmpty());

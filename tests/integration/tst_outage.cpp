@@ -260,6 +260,72 @@ private Q_SLOTS:
         stormThroughOutage(pg.url(), [&] { QVERIFY2(pg.stop(), qPrintable(pg.lastError())); },
                            [&] { QVERIFY2(pg.start(), qPrintable(pg.lastError())); });
     }
+
+    // The SQLite file deleted under a running desk: its connections wrote on into the deleted
+    // file (gone at the next start, unseen by a second desk on the path, which claimed the same
+    // keys from token 1). Now the pool opens the path again before its next call.
+    void sqliteFileDeletedWhileOpenIsOpenedAgain()
+    {
+        CountingDownstream down;
+        auto config = Config::parse("{\"endpoints\": [{\"name\": \"orders\", \"forward_to\": \"" +
+                                        down.url().toString().toUtf8() + "\"}]}",
+                                    u"test"_qs);
+        QVERIFY2(config.ok(), config.ok() ? "" : qPrintable(config.error().message));
+        const QString path = m_dir.filePath(u"deleted.db"_qs);
+        auto pool = openStorePool(u"sqlite:"_qs + path);
+        QVERIFY2(pool.ok(), pool.ok() ? "" : qPrintable(pool.error().message));
+        Receiver receiver(*config, *pool);
+        ListenAddress any;
+        any.port = 0;
+        const quint16 port = receiver.start(any)->port;
+        QCOMPARE(post(port, "/hooks/orders", "{}", {{"Idempotency-Key", "before"}}).status, 200);
+        for (const char *suffix : {"", "-wal", "-shm"})
+            QVERIFY(QFile::remove(path + QLatin1String(suffix)));
+        QCOMPARE(post(port, "/hooks/orders", "{}", {{"Idempotency-Key", "after"}}).status, 200);
+        QVERIFY(QFile::exists(path));
+        // What a second desk (or this one, restarted) finds at the path: the delivery after.
+        auto other = openStorePool(u"sqlite:"_qs + path, 1);
+        QVERIFY2(other.ok(), other.ok() ? "" : qPrintable(other.error().message));
+        auto key = [&](const QString &k) {
+            return (*other)->run<std::optional<KeyRecord>>(
+                [&](IdempotencyStore &s) { return s.key(k); });
+        };
+        QVERIFY(key(u"orders:after"_qs).ok() && key(u"orders:after"_qs)->has_value());
+        QVERIFY(key(u"orders:before"_qs).ok() && !key(u"orders:before"_qs)->has_value());
+        QCOMPARE(post(port, "/hooks/orders", "{}", {{"Idempotency-Key", "after"}})
+                     .header("Idempotency-Outcome"),
+                 QByteArray("replayed"));
+    }
+
+    // Connections the server closed while they sat in the pool (idle_session_timeout,
+    // pg_terminate_backend) are replaced before the next call, not found dead by it: that call
+    // was a delivery answered 503 ("not connected"), one per pooled connection.
+    void postgresConnectionsClosedWhileIdleAreReplaced()
+    {
+        PgCluster pg(m_dir.filePath(u"pg-idle"_qs));
+        QVERIFY2(pg.init(), qPrintable(pg.lastError()));
+        QVERIFY2(pg.start(), qPrintable(pg.lastError()));
+        auto pool = openStorePool(pg.url());
+        QVERIFY2(pool.ok(), pool.ok() ? "" : qPrintable(pool.error().message));
+        auto clock = [&] {
+            return (*pool)->run<qint64>([](IdempotencyStore &s) { return s.clockMs(); });
+        };
+        const QString desks = u"FROM pg_stat_activity WHERE application_name = 'idemdesk'"_qs;
+        for (int i = 0; i < 20; ++i) // every worker's connection open
+            QVERIFY(clock().ok());
+        const int open = pg.sql(u"SELECT count(*) "_qs + desks).toInt();
+        QVERIFY2(open >= 2, qPrintable(pg.lastError()));
+        QCOMPARE(pg.sql(u"SELECT count(*) FROM (SELECT pg_terminate_backend(pid) "_qs + desks +
+                        u") t"_qs)
+                     .toInt(),
+                 open);
+        QTRY_COMPARE(pg.sql(u"SELECT count(*) "_qs + desks), u"0"_qs);
+        for (int i = 0; i < 20; ++i) {
+            const Result<qint64> now = clock();
+            QVERIFY2(now.ok(), now.ok() ? "" : qPrintable(now.error().message));
+        }
+        QVERIFY((*pool)->health().healthy);
+    }
 };
 
 QTEST_GUILESS_MAIN(TestOutage)

@@ -8,6 +8,7 @@
 #include "store/storeurl.h"
 #include "support/desk.h"
 #include "support/downstream.h"
+#include "support/faultproxy.h"
 #include "util/clock.h"
 
 #include <QDateTime>
@@ -539,6 +540,27 @@ private Q_SLOTS:
     }
 
     // No node reachable: an error naming what was tried, no hang.
+    // The only seed (behind a proxy here) goes, the cluster stays well: links made anew — a
+    // pool worker's after any failed call — ask the nodes an earlier slot map named. With the
+    // seeds alone such a desk answered 503 until restarted.
+    void linksOutliveTheirSeeds()
+    {
+        idem::test::FaultProxy seed(quint16(m_ports.first()));
+        const QList<ClusterNode> seeds{{"127.0.0.1", seed.port()}};
+        {
+            ClusterLinks first(seeds, 2000, 3000, {});
+            auto r = first.command({"SET", "outlive", "v"}, true);
+            QVERIFY2(r.ok(), r.ok() ? "" : qPrintable(r.error().message));
+        }
+        seed.setMode(idem::test::FaultProxy::Mode::Reset); // every connection to the seed is reset
+        ClusterLinks again(seeds, 2000, 3000, {});
+        auto r = again.command({"GET", "outlive"}, false);
+        QVERIFY2(r.ok(), r.ok() ? "" : qPrintable(r.error().message));
+        QCOMPARE(QByteArray((*r)->str, qsizetype((*r)->len)), QByteArray("v"));
+        QVERIFY(!knownNodes(seeds).contains(seeds.first()));
+        QCOMPARE(knownNodes(seeds).size(), 6); // 3 masters, 3 replicas
+    }
+
     void unreachableSeedsAreUnavailable()
     {
         ClusterLinks l({{"127.0.0.1", 1}}, 500, 500, {});

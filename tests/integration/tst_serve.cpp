@@ -286,6 +286,39 @@ private Q_SLOTS:
         QVERIFY2(err.contains("idemdesk: "), err.constData());
     }
 
+    // Past the open-file limit accept() failed with EMFILE, which Qt retries at once: the
+    // receiver spun on it and answered no one. It now takes no more connections than the limit
+    // allows (two descriptors each, a reserve kept) and answers the rest 503 at once.
+    void connectionsStayWithinTheOpenFileLimit()
+    {
+        Served s;
+        s.process = startServe(QStringLiteral(IDEMDESK_BIN),
+                               {u"--store"_qs, u"sqlite:"_qs + m_dir.filePath(u"files.db"_qs)},
+                               s.port, &s.stderrText, true, {}, 64);
+        QVERIFY2(s.port, s.stderrText.constData());
+        QVERIFY2(s.stderrText.contains("max_connections 4096 lowered to 24"),
+                 s.stderrText.constData());
+        std::vector<std::unique_ptr<RawConnection>> idle;
+        for (int i = 0; i < 60; ++i) {
+            idle.push_back(std::make_unique<RawConnection>(s.port, 5000));
+            QVERIFY(idle.back()->isOpen());
+        }
+        const ClientResponse refused =
+            post(s.port, "/hooks/generic", "{}", {{"Idempotency-Key", "f1"}});
+        QCOMPARE(refused.status, 503);
+        QVERIFY2(refused.body.contains("connection limit"), refused.body.constData());
+        idle.clear();
+        ClientResponse after; // the connections closed: served again
+        QVERIFY(QTest::qWaitFor(
+            [&] {
+                after = post(s.port, "/hooks/generic", "{}", {{"Idempotency-Key", "f1"}});
+                return after.status != 503;
+            },
+            5000));
+        QCOMPARE(after.status, 200);
+        QCOMPARE(stop(s), 0);
+    }
+
     void completedRecordsSurviveARestart()
     {
         const QString store = u"sqlite:"_qs + m_dir.filePath(u"restart.db"_qs);

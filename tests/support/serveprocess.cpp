@@ -13,14 +13,21 @@
 
 #include <hiredis.h>
 #include <sqlite3.h>
+#include <sys/resource.h>
 
 namespace idem::test {
 
 std::unique_ptr<QProcess> startServe(const QString &binary, const QStringList &args, quint16 &port,
-                                     QByteArray *stderrText, bool keepStdout, const QProcessEnvironment &environment)
+                                     QByteArray *stderrText, bool keepStdout,
+                                     const QProcessEnvironment &environment, int openFiles)
 {
     port = 0;
     auto process = std::make_unique<QProcess>();
+    if (openFiles > 0)
+        process->setChildProcessModifier([openFiles] {
+            const rlimit files{rlim_t(openFiles), rlim_t(openFiles)};
+            setrlimit(RLIMIT_NOFILE, &files);
+        });
     if (!environment.isEmpty())
         process->setProcessEnvironment(environment);
     if (!keepStdout)

@@ -81,7 +81,7 @@ PgCluster::~PgCluster()
         stop();
 }
 
-bool PgCluster::run(const QString &tool, const QStringList &args)
+bool PgCluster::run(const QString &tool, const QStringList &args, QString *output)
 {
     QProcess p;
     p.setProcessChannelMode(QProcess::MergedChannels);
@@ -94,7 +94,21 @@ bool PgCluster::run(const QString &tool, const QStringList &args)
         m_error = QString::fromLocal8Bit(p.readAll());
         return false;
     }
+    if (output)
+        *output = QString::fromLocal8Bit(p.readAll()).trimmed();
     return true;
+}
+
+QString PgCluster::sql(const QString &statement)
+{
+    QString out;
+    if (!run(QStringLiteral("psql"),
+             {QStringLiteral("-h"), QStringLiteral("127.0.0.1"), QStringLiteral("-p"),
+              QString::number(m_port), QStringLiteral("-U"), QStringLiteral("idem"),
+              QStringLiteral("-d"), QStringLiteral("postgres"), QStringLiteral("-Atqc"), statement},
+             &out))
+        return {};
+    return out;
 }
 
 bool PgCluster::init()

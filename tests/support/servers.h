@@ -39,9 +39,11 @@ public:
     bool stop();
     QString url() const;
     QString lastError() const { return m_error; }
+    // One statement through psql; its output, unaligned, without headers (empty on an error).
+    QString sql(const QString &statement);
 
 private:
-    bool run(const QString &tool, const QStringList &args);
+    bool run(const QString &tool, const QStringList &args, QString *output = nullptr);
     QString m_dir;
     QString m_bin;
     quint16 m_port;
