@@ -57,9 +57,14 @@ end
 
 if action == 'replay' or action == 'in-progress' or action == 'mismatch' then
   if action ~= 'mismatch' then
-    attempts, updated = fmt(tonumber(attempts) + 1), nowText
-    redis.call('HSET', rk, 'm', packMeta(state, token, attempts, created, updated, leaseUntil, expires, status,
-                                         provider, endpoint, curFp))
+    -- Counted where Redis lets it: a Redis out of memory (maxmemory, noeviction) refuses the
+    -- write, and the duplicate still gets its answer (nothing is decided on the count).
+    local counted = redis.pcall('HSET', rk, 'm', packMeta(state, token, fmt(tonumber(attempts) + 1), created,
+                                                          nowText, leaseUntil, expires, status, provider, endpoint,
+                                                          curFp))
+    if type(counted) ~= 'table' or not counted.err then
+      attempts, updated = fmt(tonumber(attempts) + 1), nowText
+    end
   end
   return {action, outcome, endpoint, provider, state, curFp, token, attempts, created, updated, leaseUntil, expires,
           cur[2] or '', cur[3] or '', nowText}

@@ -147,6 +147,33 @@ private Q_SLOTS:
         QCOMPARE((*(*store)->key(u"flush:a"_qs))->attempts, 2);
     }
 
+    // Redis out of memory (maxmemory reached, noeviction) refuses writes: a new key is refused
+    // (503), but a duplicate of a completed one still gets its stored answer — the claim
+    // script's count of deliveries seen is a write Redis may refuse, not a decision.
+    void duplicatesAreReplayedWhenRedisIsOutOfMemory()
+    {
+        auto store = RedisStore::connect(*StoreUrl::parse(m_redis->url()));
+        QVERIFY(store.ok());
+        const ClaimResult first = *(*store)->claim(claimOf(u"oom:a"_qs));
+        QVERIFY(first.claimed());
+        FinishRequest f;
+        f.key = u"oom:a"_qs;
+        f.token = first.record.token;
+        f.state = KeyState::Completed;
+        f.result = {201, {{"X-R", "r"}}, "stored"};
+        QCOMPARE(name(*(*store)->finish(f)), name(FinishVerdict::Accept));
+        QVERIFY(redisCli(m_redis->port(), {u"CONFIG"_qs, u"SET"_qs, u"maxmemory"_qs, u"1"_qs}));
+        auto restore = qScopeGuard([&] { redisCli(m_redis->port(), {u"CONFIG"_qs, u"SET"_qs, u"maxmemory"_qs, u"0"_qs}); });
+        const auto replay = (*store)->claim(claimOf(u"oom:a"_qs));
+        QVERIFY2(replay.ok(), replay.ok() ? "" : qPrintable(replay.error().message));
+        QCOMPARE(name(replay->decision.action), name(ClaimAction::Replay));
+        QCOMPARE(replay->record.result.status, 201);
+        QCOMPARE(replay->record.result.body, QByteArray("stored"));
+        const auto refused = (*store)->claim(claimOf(u"oom:b"_qs));
+        QVERIFY(!refused.ok());
+        QVERIFY2(refused.error().message.contains(u"OOM"_qs), qPrintable(refused.error().message));
+    }
+
     void prefixesKeepDesksApart()
     {
         auto one = RedisStore::connect(*StoreUrl::parse(m_redis->url() + u"?prefix=desk1:"_qs));
