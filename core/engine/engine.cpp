@@ -359,12 +359,22 @@ void IdempotencyEngine::onClaimed(const DeliveryPtr &d, Result<ClaimResult> resu
     case ClaimAction::InProgress: {
         // Measured on the store's clock, like the lease itself.
         const qint64 leftMs = std::max<qint64>(0, claim.record.leaseUntilMs - claim.storeNowMs);
-        // The lease bounds the wait; the answer is usually ready much sooner.
-        const qint64 retryAfter = std::clamp<qint64>((leftMs + 999) / 1000, 1, 10);
+        // Past the run's deadline (its claim + forward_timeout_seconds) no run is going: its
+        // outcome is unknown (ProcessResult::outcomeUnknown) or its result is being recorded, and
+        // the key waits for its lease — told as it is, not "retry in 10 s" again and again.
+        const qint64 runEndsMs = claim.record.leaseUntilMs - settings.leaseSeconds * 1000 +
+                                 settings.forwardTimeoutSeconds * 1000;
+        const bool runOver = claim.storeNowMs >= runEndsMs;
+        // Else the lease bounds the wait; the answer is usually ready much sooner.
+        const qint64 retryAfter =
+            std::clamp<qint64>((leftMs + 999) / 1000, 1, runOver ? leftMs / 1000 + 1 : 10);
         HttpResponse r = HttpResponse::problem(
             settings.inProgressStatus, u"Delivery in progress"_qs,
-            u"this event is being processed by an earlier delivery; retry in %1 s to get its result"_qs
-                .arg(retryAfter));
+            runOver
+                ? u"an earlier delivery of this event has no recorded outcome yet (the app may "
+                  u"have acted on it); its lease ends in %1 s: retry then"_qs.arg(retryAfter)
+                : u"this event is being processed by an earlier delivery; retry in %1 s to get its result"_qs
+                      .arg(retryAfter));
         r.setHeader("Retry-After", QByteArray::number(retryAfter));
         return respond(d, r, Outcome::InProgress, claim.record.token);
     }

@@ -73,6 +73,13 @@ QStringList configWarnings(const Config &config)
                             .arg(e.name)
                             .arg(e.settings.ttlSeconds)
                             .arg(e.provider, formatDuration(window * 1000));
+        if (e.settings.inProgressStatus / 100 == 2)
+            warnings
+                << u"%1: in_progress_status %2 is a 2xx: a sender takes \"in progress\" for "
+                   u"delivered and stops retrying, so a key whose run left no outcome waits for an "
+                   u"operator"_qs
+                       .arg(e.name)
+                       .arg(e.settings.inProgressStatus);
     }
     return warnings;
 }

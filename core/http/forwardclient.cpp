@@ -40,6 +40,7 @@ private:
     static const llhttp_settings_t &settings();
     static int onMessageBegin(llhttp_t *p);
     static int onStatus(llhttp_t *p, const char *at, size_t len);
+    static int onStatusComplete(llhttp_t *p);
     static int onHeaderField(llhttp_t *p, const char *at, size_t len);
     static int onHeaderValue(llhttp_t *p, const char *at, size_t len);
     static int onHeadersComplete(llhttp_t *p);
@@ -62,6 +63,7 @@ private:
     int m_fields = 0;                // of the answer being read
     int m_interim = 0;               // 1xx answers read
     bool m_connected = false;        // the connection (and TLS handshake) stood
+    bool m_finalStatus = false;      // a final answer's status line was read
     bool m_complete = false;         // a whole final answer was read
     bool m_finished = false;         // `done` was called
     Kind m_refusal = Kind::Answered; // set by a callback that stops the parser
@@ -218,6 +220,7 @@ void ForwardCall::finish(Kind kind, const QString &error)
     ForwardOutcome outcome = std::move(m_outcome);
     outcome.kind = kind;
     outcome.connected = m_connected;
+    outcome.finalStatusRead = m_finalStatus;
     if (kind != Kind::Answered) {
         outcome.error = error;
         outcome.body.clear();
@@ -236,6 +239,7 @@ const llhttp_settings_t &ForwardCall::settings()
         llhttp_settings_init(&s);
         s.on_message_begin = &ForwardCall::onMessageBegin;
         s.on_status = &ForwardCall::onStatus;
+        s.on_status_complete = &ForwardCall::onStatusComplete;
         s.on_header_field = &ForwardCall::onHeaderField;
         s.on_header_value = &ForwardCall::onHeaderValue;
         s.on_headers_complete = &ForwardCall::onHeadersComplete;
@@ -262,6 +266,13 @@ int ForwardCall::onMessageBegin(llhttp_t *p)
 int ForwardCall::onStatus(llhttp_t *p, const char *, size_t len)
 {
     return static_cast<ForwardCall *>(p->data)->countHeaderBytes(len) ? 0 : -1;
+}
+
+int ForwardCall::onStatusComplete(llhttp_t *p)
+{
+    if (p->status_code >= 200 || p->status_code < 100)
+        static_cast<ForwardCall *>(p->data)->m_finalStatus = true;
+    return 0;
 }
 
 // Stops the parser: the answer is refused as `kind`, for `why`.

@@ -38,6 +38,9 @@ struct ForwardOutcome
     // The connection stood (and its TLS handshake), so the request went out: the app may have it.
     // False for a TimedOut that never connected: nothing reached the app.
     bool connected = false;
+    // A final (non-1xx) status line was read: the app has done its work and answered, whatever
+    // became of the rest of the answer.
+    bool finalStatusRead = false;
 };
 
 // A one-shot asynchronous HTTP/1.1 POST for the forwarder, on QTcpSocket (http) or QSslSocket

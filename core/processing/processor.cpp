@@ -30,7 +30,8 @@ QString leftToItsLease(const QString &error)
            u"until its lease ends, then the next delivery runs it again"_qs;
 }
 
-// `reached`: the request went out (the connection stood), so the app may be at work on it.
+// `reached`: the request went out (the connection stood) and no final status came back, so the
+// app may be at work on it.
 ProcessResult timedOut(const QString &what, qint64 deadlineMs, bool reached)
 {
     ProcessResult result;
@@ -138,10 +139,9 @@ void ForwardProcessor::run(const ProcessJob &job, Done done)
         case Kind::Answered:
             if (outcome.status < 200 || outcome.status > 599) {
                 // No final status a sender can read ("HTTP/1.1 099"): neither passed on nor stored.
-                result.outcomeUnknown = true;
-                result.error = leftToItsLease(
+                result.error =
                     u"the downstream %1 answered the invalid status %2"_qs.arg(target).arg(
-                        outcome.status));
+                        outcome.status);
                 result.response = problemResult(502, u"Bad downstream answer"_qs, result.error);
                 break;
             }
@@ -160,13 +160,13 @@ void ForwardProcessor::run(const ProcessJob &job, Done done)
                 result.error = u"the downstream answered %1"_qs.arg(result.response.status);
             break;
         case Kind::TimedOut:
-            result = timedOut(u"the downstream %1"_qs.arg(target), deadlineMs, outcome.connected);
+            result = timedOut(u"the downstream %1"_qs.arg(target), deadlineMs,
+                              outcome.connected && !outcome.finalStatusRead);
             break;
-        case Kind::TooLarge:
-            result.outcomeUnknown = true;
-            result.error = leftToItsLease(
+        case Kind::TooLarge: // its status line read: the app is done
+            result.error =
                 u"the downstream %1 answered more than %2 bytes (max_response_bytes)"_qs.arg(target)
-                    .arg(maxBytes));
+                    .arg(maxBytes);
             result.response = problemResult(502, u"Downstream answer too large"_qs, result.error);
             break;
         case Kind::Unreachable:
@@ -174,9 +174,12 @@ void ForwardProcessor::run(const ProcessJob &job, Done done)
             result.response = problemResult(502, u"Downstream unreachable"_qs, result.error);
             break;
         case Kind::BrokenAnswer:
-            result.outcomeUnknown = true;
-            result.error = leftToItsLease(
-                u"the downstream %1 gave no whole answer: %2"_qs.arg(target, outcome.error));
+            result.error =
+                u"the downstream %1 gave no whole answer: %2"_qs.arg(target, outcome.error);
+            // Broken before a final status line: the app may be at work on it still.
+            result.outcomeUnknown = !outcome.finalStatusRead;
+            if (result.outcomeUnknown)
+                result.error = leftToItsLease(result.error);
             result.response = problemResult(502, u"Bad downstream answer"_qs, result.error);
             break;
         }

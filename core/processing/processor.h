@@ -21,11 +21,12 @@ struct ProcessResult
     // it was replayed for good under on_failed: reject; left leased, a duplicate was told
     // "in progress", a 2xx with in_progress_status 202, for an event nothing was running).
     bool started = true;
-    // True: the request reached the app but no whole, storable answer came back (no answer by the
-    // deadline, one broken off or unreadable, one over max_response_bytes): the app may have
+    // True: the request reached the app but no final status line came back (none by the
+    // deadline, the connection broken or the bytes unreadable before it): the app may have
     // acted, and may still be acting. The key is not finished: it stays `processing` until its
     // lease ends (duplicates meanwhile are told "in progress"), then the next delivery recovers
-    // it. Finished as failed, a sender's retry ran it again at once, beside the first run.
+    // it. Finished as failed, a sender's retry ran it again at once, beside the first run. Once a
+    // final status is read the app is done: an answer unusable after it fails the key as before.
     bool outcomeUnknown = false;
 };
 
@@ -57,8 +58,8 @@ public:
 // sender sent no Authorization). 2xx: completed with the downstream's answer; other statuses
 // (3xx included: no redirects followed): failed with it; unreachable, TLS refused, an answer
 // broken off or malformed: 502; no whole answer by the deadline: 504; an answer over
-// max_response_bytes: 502 — all but unreachable with ProcessResult::outcomeUnknown (the request
-// went out). No cookies, no cache.
+// max_response_bytes: 502 — with ProcessResult::outcomeUnknown when the request went out and
+// no final status line came back. No cookies, no cache.
 class ForwardProcessor final : public Processor
 {
     Q_OBJECT

@@ -14,8 +14,17 @@ namespace {
 // seeds, as the store URL gives them). A ClusterLinks made anew — a pool worker's, after any
 // failed call — asks them too: with the seeds alone it stayed unavailable for good once every
 // seed was gone (failed over and killed, or a plain redis:// URL's one node) on a healthy cluster.
-std::mutex g_knownMutex;
-QHash<QByteArray, QList<ClusterNode>> g_known;
+struct KnownNodes
+{
+    std::mutex mutex;
+    QHash<QByteArray, QList<ClusterNode>> byCluster;
+};
+// Never destroyed: a pool thread may still refresh while the process exits.
+KnownNodes &known()
+{
+    static auto *nodes = new KnownNodes;
+    return *nodes;
+}
 
 QByteArray clusterId(const QList<ClusterNode> &seeds)
 {
@@ -30,14 +39,16 @@ QByteArray clusterId(const QList<ClusterNode> &seeds)
 
 QList<ClusterNode> knownNodes(const QList<ClusterNode> &seeds)
 {
-    std::lock_guard lock(g_knownMutex);
-    return g_known.value(clusterId(seeds));
+    std::lock_guard lock(known().mutex);
+    return known().byCluster.value(clusterId(seeds));
 }
 
 void learnNodes(const QList<ClusterNode> &seeds, const QList<ClusterNode> &nodes)
 {
-    std::lock_guard lock(g_knownMutex);
-    g_known.insert(clusterId(seeds), nodes);
+    if (nodes.isEmpty()) // a node reset or not in a cluster: it names none, which says nothing
+        return;
+    std::lock_guard lock(known().mutex);
+    known().byCluster.insert(clusterId(seeds), nodes);
 }
 
 namespace {

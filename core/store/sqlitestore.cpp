@@ -128,8 +128,12 @@ Result<std::unique_ptr<SqliteStore>> SqliteStore::open(const QString &path,
                          u"cannot create the folder of the store %1"_qs.arg(path));
     // The file holds request bodies: readable by its owner only. SQLite gives the -wal and -shm
     // files the mode of the database file.
+    // Only a file that is not there yet is opened (and closed) here: closing any descriptor of
+    // an existing database file drops every POSIX lock this process holds on it — another pool
+    // worker's connection included (SQLite, "How To Corrupt", 2.2).
     const QByteArray native = QFile::encodeName(path);
-    if (const int fd = ::open(native.constData(), O_CREAT | O_RDWR | O_CLOEXEC, 0600); fd >= 0)
+    if (const int fd = ::open(native.constData(), O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
+        fd >= 0)
         ::close(fd);
     for (const char *suffix : {"", "-wal", "-shm"})
         (void)::chmod((native + suffix).constData(), 0600);
@@ -299,6 +303,8 @@ Error SqliteStore::beginError(const char *what) const
 
 Result<ClaimResult> SqliteStore::claim(const ClaimRequest &req)
 {
+    if (auto inPlace = fileInPlace(); !inPlace)
+        return inPlace.error();
     const qint64 nowMs = wallMs();
     Transaction tx(m_db, m_inBatch);
     if (!tx.begin())
@@ -692,22 +698,28 @@ Result<QList<DeliveryEvent>> SqliteStore::deliveries(const DeliveryQuery &q)
     return events;
 }
 
-// The file deleted or replaced under the open connection (SQLITE_FCNTL_HAS_MOVED compares the
-// open file with the path): every write would go to a file no one else sees and that is gone at
-// the next start — another desk on the path would claim the same keys. The pool opens the path
-// again before its next call.
-bool SqliteStore::connectionDropped()
+// The file the connection opened is no longer at its path (SQLITE_FCNTL_HAS_MOVED: deleted,
+// renamed, replaced — or a stat that failed): a claim would be decided on a file another desk
+// (or this one, restarted) does not see, which claims the same keys again. Refused, and checked
+// again on every call, so putting the file back ends it; opening the path anew is left to a
+// restart (a renamed store opened anew would be an empty one; a backup moved in beside the old
+// -wal file is damaged by it).
+Result<void> SqliteStore::fileInPlace() const
 {
     int moved = 0;
     if (sqlite3_file_control(m_db, "main", SQLITE_FCNTL_HAS_MOVED, &moved) != SQLITE_OK || !moved)
-        return false;
-    qWarning("the SQLite file %s was deleted or replaced while open: opening the path again",
-             sqlite3_db_filename(m_db, "main"));
-    return true;
+        return {};
+    return makeError(
+        ErrorCode::Internal,
+        u"the SQLite file %1 is no longer at its path (deleted, renamed or replaced while the desk "
+        u"had it open): nothing is claimed until it is put back or the desk is restarted"_qs.arg(
+            QString::fromUtf8(sqlite3_db_filename(m_db, "main"))));
 }
 
 Result<void> SqliteStore::ping()
 {
+    if (auto inPlace = fileInPlace(); !inPlace)
+        return inPlace.error();
     IDEM_PREPARE(ping, "SELECT 1");
     if (ping.step() != SQLITE_ROW)
         return lastError("ping");
@@ -720,6 +732,8 @@ namespace idem {
 
 Result<void> SqliteStore::ready()
 {
+    if (auto inPlace = fileInPlace(); !inPlace)
+        return inPlace.error();
     IDEM_PREPARE(version, "PRAGMA user_version");
     if (version.step() != SQLITE_ROW)
         return lastError("ready");

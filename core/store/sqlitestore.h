@@ -49,7 +49,6 @@ public:
     Result<void> ping() override;
     Result<void> ready() override;
     bool batches() const override { return true; }
-    bool connectionDropped() override;
     bool beginBatch() override;
     Result<void> endBatch() override;
     // The connection itself, for tests that play SQLite's own faults (a rollback it made itself).
@@ -62,6 +61,7 @@ private:
     Result<void> exec(const char *sql);
     Result<std::optional<KeyRecord>> readKey(const QString &key);
     Error lastError(const char *what) const;
+    Result<void> fileInPlace() const;
     Error beginError(const char *what) const;
     Result<qint64> nextToken(qint64 currentToken);
     template<typename T, typename Request, typename Step>

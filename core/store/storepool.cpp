@@ -27,8 +27,10 @@ struct StoreWatch final : IdempotencyStore
             failed = true;
             failure = r.error().message;
         }
-        // Health is known before the caller sees the result.
-        report(!storeFailed, storeFailed ? r.error().message : QString());
+        // Health is known before the caller sees the result. An internal error (a SQLite file no
+        // longer at its path) is unhealthy too, but connecting again would not mend it.
+        const bool unhealthy = storeFailed || (!r && r.error().code == ErrorCode::Internal);
+        report(!unhealthy, unhealthy ? r.error().message : QString());
         return r;
     }
     Result<ClaimResult> claim(const ClaimRequest &q) override { return seen(inner.claim(q)); }

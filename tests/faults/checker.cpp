@@ -166,7 +166,9 @@ private:
             // from the claim: a run the desk cut leaves its key to that lease.
             const qint64 leaseEndedMs =
                 previous.startMs - m_history.forwardTimeoutMs + m_history.leaseMs;
-            if (cause == Cause::TimedOut && next.startMs < leaseEndedMs)
+            // (An answer held back whole: a trickled one sent its status line, the app was done.)
+            if (cause == Cause::TimedOut && previous.plan.kind == RunPlan::Kind::Answer &&
+                next.startMs < leaseEndedMs)
                 fail(QStringLiteral("run %1 started at %2, inside the lease of run %3, which the "
                                     "desk cut at its forward timeout (the app may still be at it; "
                                     "its lease lasted until %4 at the earliest)")

@@ -274,7 +274,7 @@ private Q_SLOTS:
         QFETCH(QString, backend);
         GatedDownstream slow;
         slow.close(); // holds every request unanswered: the app still at work
-        ScriptedDownstream broken("HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nabc", true);
+        ScriptedDownstream broken(QByteArray(), true); // closes without a word
         const QByteArray lease = ", \"forward_timeout_seconds\": 1, \"lease_seconds\": 3";
         Desk desk = start(backend, "[{\"name\": \"slow" + g_run + "\", \"forward_to\": \"" +
                                        slow.url() + "\"" + lease + "}, {\"name\": \"broken" +
@@ -300,6 +300,9 @@ private Q_SLOTS:
         const ClientResponse during = deliver(desk.port, "slow" + g_run, "k1");
         QCOMPARE(during.status, 409);
         QCOMPARE(during.header("Idempotency-Outcome"), QByteArray("in-progress"));
+        // Nothing runs any more: told when the lease ends, not "retry in 10 s" over and over.
+        QVERIFY2(during.body.contains("no recorded outcome yet"), during.body.constData());
+        QVERIFY(during.header("Retry-After").toInt() <= 3);
         QCOMPARE(deliver(desk.port, "broken" + g_run, "k1").header("Idempotency-Outcome"),
                  QByteArray("in-progress"));
         QCOMPARE(slow.count(), 1);
@@ -324,8 +327,8 @@ private Q_SLOTS:
     }
 
     // forward_timeout_seconds bounds the whole answer: a downstream trickling a byte at a time
-    // is cut at the deadline (504), never answered after the lease; the key is left to its lease
-    // (anUnknownOutcomeIsLeftToItsLease).
+    // is cut at the deadline (504, failed: its status line came, the app was done), never
+    // answered after the lease.
     void forwardTimeoutIsAHardDeadline()
     {
         TrickleServer slow;
@@ -335,7 +338,7 @@ private Q_SLOTS:
         const qint64 tookMs = (monotonicUs() - t0) / 1000;
         QCOMPARE(r.status, 504);
         QVERIFY2(tookMs < 2900, qPrintable(u"answered after %1 ms, the lease is 3000 ms"_qs.arg(tookMs)));
-        QCOMPARE(name(record(desk, u"slow:k1"_qs)->state), name(KeyState::Processing));
+        QCOMPARE(name(record(desk, u"slow:k1"_qs)->state), name(KeyState::Failed));
     }
 
     // A store slow to grant the claim (not failing: a lock held 1.5 s, under the 5 s busy
@@ -412,9 +415,9 @@ private Q_SLOTS:
         QCOMPARE(name(record(desk, u"sim:k1"_qs)->state), name(KeyState::Processing));
     }
 
-    // An answer over max_response_bytes is not stored as the result (nor replayed): the app ran,
-    // so the key is left to its lease like any answer that cannot be kept.
-    void oversizedAnswerIsNotStored()
+    // An answer over max_response_bytes is not stored as the result (nor replayed): failed, its
+    // status line read (the app was done).
+    void oversizedAnswerIsFailed()
     {
         GatedDownstream down;
         down.setAnswer(200, QByteArray(300'000, 'x'));
@@ -423,8 +426,8 @@ private Q_SLOTS:
         QCOMPARE(r.status, 502);
         QVERIFY2(r.body.contains("max_response_bytes"), r.body.constData());
         const auto stored = record(desk, u"big:k1"_qs);
-        QCOMPARE(name(stored->state), name(KeyState::Processing));
-        QVERIFY(stored->result.body.isEmpty());
+        QCOMPARE(name(stored->state), name(KeyState::Failed));
+        QVERIFY(stored->result.body.size() < 10'000);
     }
 
     // Nothing of one delivery reaches another: no cookie jar, the desk's own User-Agent; nothing
@@ -496,69 +499,84 @@ private Q_SLOTS:
         QTest::addColumn<bool>("closeAfter");
         QTest::addColumn<int>("status");
         QTest::addColumn<QByteArray>("body");
+        // Failed when a final status line came back (the app was done), left processing when
+        // none did (ProcessResult::outcomeUnknown).
+        QTest::addColumn<QString>("state");
         const QByteArray ok = "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\n";
-        QTest::newRow("content-length") << QByteArray(ok + "Content-Length: 5\r\n\r\nhello") << false << 200 << QByteArray("hello");
+        QTest::newRow("content-length") << QByteArray(ok + "Content-Length: 5\r\n\r\nhello")
+                                        << false << 200 << QByteArray("hello") << u"completed"_qs;
         QTest::newRow("chunked, trailer dropped")
-            << QByteArray(ok + "Transfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n6\r\n world\r\n0\r\nX-Trailer: t\r\n\r\n")
-            << false << 200 << QByteArray("hello world");
-        QTest::newRow("read until close") << QByteArray(ok + "\r\nup to the close") << true << 200 << QByteArray("up to the close");
+            << QByteArray(ok + "Transfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n6\r\n "
+                               "world\r\n0\r\nX-Trailer: t\r\n\r\n")
+            << false << 200 << QByteArray("hello world") << u"completed"_qs;
+        QTest::newRow("read until close") << QByteArray(ok + "\r\nup to the close") << true << 200
+                                          << QByteArray("up to the close") << u"completed"_qs;
         QTest::newRow("interim answer skipped")
-            << QByteArray("HTTP/1.1 103 Early Hints\r\nLink: </a>\r\n\r\n" + ok + "Content-Length: 2\r\n\r\nok") << false << 200
-            << QByteArray("ok");
-        QTest::newRow("error status kept") << QByteArray("HTTP/1.1 422 Unprocessable\r\nContent-Length: 3\r\n\r\nbad") << false << 422
-                                           << QByteArray("bad");
-        QTest::newRow("closed mid-body") << QByteArray(ok + "Content-Length: 100\r\n\r\nonly part") << true << 502 << QByteArray();
-        QTest::newRow("closed mid-chunk") << QByteArray(ok + "Transfer-Encoding: chunked\r\n\r\n10\r\nonly") << true << 502
-                                          << QByteArray();
-        QTest::newRow("closed mid-headers") << QByteArray("HTTP/1.1 200 OK\r\nContent-Le") << true << 502 << QByteArray();
-        QTest::newRow("closed without an answer") << QByteArray() << true << 502 << QByteArray();
-        QTest::newRow("not HTTP") << QByteArray("SSH-2.0-OpenSSH_9.2\r\n") << false << 502 << QByteArray();
+            << QByteArray("HTTP/1.1 103 Early Hints\r\nLink: </a>\r\n\r\n" + ok +
+                          "Content-Length: 2\r\n\r\nok")
+            << false << 200 << QByteArray("ok") << u"completed"_qs;
+        QTest::newRow("error status kept")
+            << QByteArray("HTTP/1.1 422 Unprocessable\r\nContent-Length: 3\r\n\r\nbad") << false
+            << 422 << QByteArray("bad") << u"failed"_qs;
+        QTest::newRow("closed mid-body") << QByteArray(ok + "Content-Length: 100\r\n\r\nonly part")
+                                         << true << 502 << QByteArray() << u"failed"_qs;
+        QTest::newRow("closed mid-chunk")
+            << QByteArray(ok + "Transfer-Encoding: chunked\r\n\r\n10\r\nonly") << true << 502
+            << QByteArray() << u"failed"_qs;
+        QTest::newRow("closed mid-headers") << QByteArray("HTTP/1.1 200 OK\r\nContent-Le") << true
+                                            << 502 << QByteArray() << u"failed"_qs;
+        QTest::newRow("closed without an answer")
+            << QByteArray() << true << 502 << QByteArray() << u"processing"_qs;
+        QTest::newRow("not HTTP") << QByteArray("SSH-2.0-OpenSSH_9.2\r\n") << false << 502
+                                  << QByteArray() << u"processing"_qs;
         // A final status no sender can read (it was passed on and stored: "HTTP/1.1 99 OK").
         QTest::newRow("status 099") << QByteArray("HTTP/1.1 099 Odd\r\nContent-Length: 2\r\n\r\nno")
-                                    << false << 502 << QByteArray();
+                                    << false << 502 << QByteArray() << u"failed"_qs;
         QTest::newRow("status 600") << QByteArray("HTTP/1.1 600 Odd\r\nContent-Length: 2\r\n\r\nno")
-                                    << false << 502 << QByteArray();
+                                    << false << 502 << QByteArray() << u"failed"_qs;
         QTest::newRow("chunked over max_response_bytes")
-            << QByteArray(ok + "Transfer-Encoding: chunked\r\n\r\n400\r\n" + QByteArray(1024, 'a') + "\r\n400\r\n" + QByteArray(1024, 'b') + "\r\n")
-            << false << 502 << QByteArray();
+            << QByteArray(ok + "Transfer-Encoding: chunked\r\n\r\n400\r\n" + QByteArray(1024, 'a') +
+                          "\r\n400\r\n" + QByteArray(1024, 'b') + "\r\n")
+            << false << 502 << QByteArray() << u"failed"_qs;
         // Never closed: only the bound ends it before the deadline (a 504 would mean it waited).
-        QTest::newRow("until close, over max_response_bytes") << QByteArray(ok + "\r\n" + QByteArray(3000, 'c')) << false << 502
-                                                              << QByteArray();
+        QTest::newRow("until close, over max_response_bytes")
+            << QByteArray(ok + "\r\n" + QByteArray(3000, 'c')) << false << 502 << QByteArray()
+            << u"failed"_qs;
         // A field with no name would be stored and replayed as an invalid line (": ab").
         QTest::newRow("header without a name")
             << QByteArray(ok + ": ab\r\nContent-Length: 2\r\n\r\nok") << false << 502
-            << QByteArray();
+            << QByteArray() << u"failed"_qs;
         // Each field is looked up among the ones before it: 21 000 names took a second each.
         QByteArray many = ok;
         for (int i = 0; i < 300; ++i)
             many += "X-H" + QByteArray::number(i) + ": v\r\n";
-        QTest::newRow("too many header fields")
-            << QByteArray(many + "Content-Length: 2\r\n\r\nok") << false << 502 << QByteArray();
+        QTest::newRow("too many header fields") << QByteArray(many + "Content-Length: 2\r\n\r\nok")
+                                                << false << 502 << QByteArray() << u"failed"_qs;
         // An endless run of interim answers kept the receiver's thread busy until the deadline.
         QByteArray interim;
         for (int i = 0; i < 9; ++i)
             interim += "HTTP/1.1 100 Continue\r\n\r\n";
         QTest::newRow("interim answers without end")
             << QByteArray(interim + ok + "Content-Length: 2\r\n\r\nok") << false << 502
-            << QByteArray();
+            << QByteArray() << u"processing"_qs;
         QTest::newRow("status line over the header bound")
             << QByteArray("HTTP/1.1 200 " + QByteArray(70'000, 'K') +
                           "\r\nContent-Length: 2\r\n\r\nok")
-            << false << 502 << QByteArray();
+            << false << 502 << QByteArray() << u"processing"_qs;
         // A 204 ends at its header section whatever its Content-Length says (RFC 9112 §6.3).
         QTest::newRow("204 with a Content-Length")
             << QByteArray("HTTP/1.1 204 No Content\r\nContent-Length: 12\r\n\r\n") << false << 204
-            << QByteArray();
+            << QByteArray() << u"completed"_qs;
         // A transfer coding the desk cannot undo would be stored still coded, its header gone.
         QTest::newRow("gzip transfer coding")
             << QByteArray(ok + "Transfer-Encoding: gzip\r\n\r\n\x1f\x8b") << true << 502
-            << QByteArray();
+            << QByteArray() << u"failed"_qs;
         // The desk's own answer headers are its to set: an app's would call a first answer a
         // replay.
         QTest::newRow("app's Idempotent-Replayed dropped")
             << QByteArray(ok + "Idempotent-Replayed: true\r\nIdempotency-Outcome: "
                                "replayed\r\nContent-Length: 2\r\n\r\nok")
-            << false << 200 << QByteArray("ok");
+            << false << 200 << QByteArray("ok") << u"completed"_qs;
     }
     void downstreamAnswerFraming()
     {
@@ -566,6 +584,7 @@ private Q_SLOTS:
         QFETCH(bool, closeAfter);
         QFETCH(int, status);
         QFETCH(QByteArray, body);
+        QFETCH(QString, state);
         ScriptedDownstream down(answer, closeAfter);
         Desk desk = start(u"sqlite"_qs, endpoint("framing", down.url(),
                                                  ", \"max_response_bytes\": 2000, \"forward_timeout_seconds\": 20, \"lease_seconds\": 30"));
@@ -574,10 +593,7 @@ private Q_SLOTS:
         QCOMPARE(down.requests().size(), 1);
         const auto stored = record(desk, u"framing:k1"_qs);
         QVERIFY(stored);
-        // A 502 here: the app got the request, its answer is unusable: left to the key's lease.
-        QCOMPARE(name(stored->state), name(status / 100 == 2 ? KeyState::Completed
-                                           : status == 502   ? KeyState::Processing
-                                                             : KeyState::Failed));
+        QCOMPARE(name(stored->state), state);
         if (status == 502) {
             QVERIFY2(r.header("Content-Type").startsWith("application/problem+json"), r.body.constData());
             return;

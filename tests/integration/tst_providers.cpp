@@ -399,6 +399,14 @@ private Q_SLOTS:
         QCOMPARE(warnings.size(), 1);
         QVERIFY2(warnings.first().contains(u"shorter than stripe's retry window"), qPrintable(warnings.first()));
         QVERIFY(configWarnings(builtin).first().contains(u"signatures are not verified"));
+        auto accepted = Config::parse(
+            "{\"endpoints\": [{\"name\": \"s\", \"provider\": \"stripe\", \"secret\": \"whsec_x\", "
+            "\"in_progress_status\": 202}]}",
+            u"c"_qs);
+        QVERIFY(accepted.ok());
+        QCOMPARE(configWarnings(*accepted).size(), 1);
+        QVERIFY2(configWarnings(*accepted).first().contains(u"in_progress_status 202 is a 2xx"),
+                 qPrintable(configWarnings(*accepted).first()));
         // SendGrid verifies with a public key, not a secret: that is verified too.
         const QStringList ours = configWarnings(m_receiver->engine()->config());
         QVERIFY2(!ours.join(u'\n').contains(u"sendgrid: no secret"), qPrintable(ours.join(u'\n')));
