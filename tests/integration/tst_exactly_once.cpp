@@ -28,7 +28,9 @@
 #include <QThread>
 #include <QTimer>
 
+#include <functional>
 #include <future>
+#include <memory>
 #include <mutex>
 
 #include <sqlite3.h>
@@ -169,6 +171,30 @@ private:
     mutable std::mutex m_mutex;
     QList<QByteArray> m_requests;
 };
+
+// The SQLite store's write lock, taken by a connection of its own as another process would, on a
+// thread that holds it while `whileHeld` runs; returns once the lock is taken (`taken`) or could
+// not be. It waits for the lock like SQLite's own callers: the desk holds it for moments (the
+// delivery log), and an unchecked BEGIN that found it busy held nothing — the test then saw its
+// claim granted at once (a flake, about 1 run in 10).
+std::thread holdWriteLock(const QByteArray &path, std::function<void()> whileHeld, bool &taken)
+{
+    auto locked = std::make_shared<std::promise<bool>>();
+    std::thread holder([path, locked, whileHeld = std::move(whileHeld)] {
+        sqlite3 *db = nullptr;
+        const bool ok = sqlite3_open(path.constData(), &db) == SQLITE_OK &&
+                        sqlite3_busy_timeout(db, 10'000) == SQLITE_OK &&
+                        sqlite3_exec(db, "BEGIN EXCLUSIVE", nullptr, nullptr, nullptr) == SQLITE_OK;
+        locked->set_value(ok);
+        if (ok) {
+            whileHeld();
+            sqlite3_exec(db, "COMMIT", nullptr, nullptr, nullptr);
+        }
+        sqlite3_close(db);
+    });
+    taken = locked->get_future().get();
+    return holder;
+}
 
 // A loopback port nothing listens on (taken, then given back).
 quint16 closedPort()
@@ -355,21 +381,10 @@ private Q_SLOTS:
                                          "\"on_failed\": \"reject\", \"in_progress_status\": 202"));
         const QByteArray path = QFile::encodeName(m_dir.filePath(u"e%1.db"_qs.arg(m_seq)));
         // The store's write lock, held 1.5 s by another process's connection.
-        auto holdLock = [path] {
-            std::promise<void> locked;
-            std::thread holder([path, &locked] {
-                sqlite3 *db = nullptr;
-                sqlite3_open(path.constData(), &db);
-                sqlite3_exec(db, "BEGIN EXCLUSIVE", nullptr, nullptr, nullptr);
-                locked.set_value();
-                std::this_thread::sleep_for(std::chrono::milliseconds(1500));
-                sqlite3_exec(db, "COMMIT", nullptr, nullptr, nullptr);
-                sqlite3_close(db);
-            });
-            locked.get_future().wait();
-            return holder;
-        };
-        std::thread holder = holdLock();
+        const auto forAWhile = [] { std::this_thread::sleep_for(std::chrono::milliseconds(1500)); };
+        bool taken = false;
+        std::thread holder = holdWriteLock(path, forAWhile, taken);
+        QVERIFY(taken);
         const ClientResponse late = deliver(desk.port, "late", "k1");
         holder.join();
         QCOMPARE(late.status, 503);
@@ -388,7 +403,8 @@ private Q_SLOTS:
         QCOMPARE(deliver(desk.port, "late", "k2").status, 500);
         QCOMPARE(name(record(desk, u"late:k2"_qs)->state), name(KeyState::Failed));
         down.setStatus(200);
-        holder = holdLock();
+        holder = holdWriteLock(path, forAWhile, taken);
+        QVERIFY(taken);
         std::promise<Result<RetryOutcome>> retried;
         IdempotencyEngine *engine = desk.receiver->engine();
         QMetaObject::invokeMethod(engine, [engine, &retried] {
@@ -728,17 +744,10 @@ private Q_SLOTS:
         } else {
             // Another process holds the write lock past the desk's 5 s busy timeout.
             const QByteArray path = QFile::encodeName(m_dir.filePath(u"e%1.db"_qs.arg(m_seq)));
-            std::promise<void> locked;
-            holder = std::thread([path, &locked, released] {
-                sqlite3 *db = nullptr;
-                sqlite3_open(path.constData(), &db);
-                sqlite3_exec(db, "BEGIN EXCLUSIVE", nullptr, nullptr, nullptr);
-                locked.set_value();
-                released.wait_for(std::chrono::seconds(60));
-                sqlite3_exec(db, "COMMIT", nullptr, nullptr, nullptr);
-                sqlite3_close(db);
-            });
-            locked.get_future().wait();
+            bool taken = false;
+            holder = holdWriteLock(
+                path, [released] { released.wait_for(std::chrono::seconds(60)); }, taken);
+            QVERIFY(taken);
         }
         bool lifted = false;
         auto liftFault = [&] {
