@@ -128,8 +128,13 @@ Result<std::unique_ptr<SqliteStore>> SqliteStore::open(const QString &path,
                          u"cannot create the folder of the store %1"_qs.arg(path));
     // The file holds request bodies: readable by its owner only. SQLite gives the -wal and -shm
     // files the mode of the database file.
+    // Only a file that is not there yet is opened (and closed) here: closing any descriptor of
+    // an existing database file drops every POSIX lock this process holds on it — another pool
+    // worker's connection included, which another process could then overrun (SQLite, "How To
+    // Corrupt An SQLite Database File", 2.2).
     const QByteArray native = QFile::encodeName(path);
-    if (const int fd = ::open(native.constData(), O_CREAT | O_RDWR | O_CLOEXEC, 0600); fd >= 0)
+    if (const int fd = ::open(native.constData(), O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
+        fd >= 0)
         ::close(fd);
     for (const char *suffix : {"", "-wal", "-shm"})
         (void)::chmod((native + suffix).constData(), 0600);
