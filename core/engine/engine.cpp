@@ -80,6 +80,18 @@ KeyState finishedState(const ProcessResult &processed)
     return processed.success ? KeyState::Completed : KeyState::Failed;
 }
 
+// What a run's finish asks the store to record for the key holding `token`.
+FinishRequest finishOf(const QString &key, qint64 token, const ProcessResult &processed)
+{
+    FinishRequest finish;
+    finish.key = key;
+    finish.token = token;
+    finish.state = finishedState(processed);
+    finish.result = processed.response;
+    finish.error = processed.error;
+    return finish;
+}
+
 // What a duplicate of a finished key gets: its stored answer; a key failed with none (force-
 // failed by an operator) gets a 500 that says so, never a status 0.
 StoredResult answerOf(const KeyRecord &record)
@@ -366,8 +378,8 @@ void IdempotencyEngine::onClaimed(const DeliveryPtr &d, Result<ClaimResult> resu
                                  settings.forwardTimeoutSeconds * 1000;
         const bool runOver = claim.storeNowMs >= runEndsMs;
         // Else the lease bounds the wait; the answer is usually ready much sooner.
-        const qint64 retryAfter =
-            std::clamp<qint64>((leftMs + 999) / 1000, 1, runOver ? leftMs / 1000 + 1 : 10);
+        const qint64 untilLeaseEnds = std::max<qint64>((leftMs + 999) / 1000, 1);
+        const qint64 retryAfter = runOver ? untilLeaseEnds : std::min<qint64>(untilLeaseEnds, 10);
         HttpResponse r = HttpResponse::problem(
             settings.inProgressStatus, u"Delivery in progress"_qs,
             runOver
@@ -454,12 +466,7 @@ void IdempotencyEngine::onProcessed(const DeliveryPtr &d, qint64 token, Outcome 
 {
     if (processed.outcomeUnknown) // not finished: left to its lease (ProcessResult)
         return respond(d, fromStored(processed.response), outcome, token, processed.error);
-    FinishRequest finish;
-    finish.key = d->key;
-    finish.token = token;
-    finish.state = finishedState(processed);
-    finish.result = processed.response;
-    finish.error = processed.error;
+    const FinishRequest finish = finishOf(d->key, token, processed);
     untilStored<FinishVerdict>(
         [this, finish](std::function<void(Result<FinishVerdict>)> done) {
             lane().finish(finish, std::move(done));
@@ -602,15 +609,9 @@ void IdempotencyEngine::handleBatch(const DeliveryPtr &d, const Provider *provid
                     if (processed.outcomeUnknown) // not finished: left to their leases
                         return finishBatch(d, claims, results, processed, {});
                     QList<FinishRequest> finishes;
-                    for (qsizetype i : claimedIndexes) {
-                        FinishRequest f;
-                        f.key = claims.at(i).key;
-                        f.token = results.at(i).record.token;
-                        f.state = finishedState(processed);
-                        f.result = processed.response;
-                        f.error = processed.error;
-                        finishes.append(f);
-                    }
+                    for (qsizetype i : claimedIndexes)
+                        finishes.append(
+                            finishOf(claims.at(i).key, results.at(i).record.token, processed));
                     untilStored<QList<FinishVerdict>>(
                         [this, finishes](std::function<void(Result<QList<FinishVerdict>>)> done) {
                             m_pool->submit<QList<FinishVerdict>>(
@@ -784,12 +785,7 @@ void IdempotencyEngine::retryKey(const QString &key, bool force,
                         return done(RetryOutcome{record.key, Outcome::Reprocessed, false,
                                                  processed.response, processed.error});
                     }
-                    FinishRequest finish;
-                    finish.key = record.key;
-                    finish.token = record.token;
-                    finish.state = finishedState(processed);
-                    finish.result = processed.response;
-                    finish.error = processed.error;
+                    const FinishRequest finish = finishOf(record.key, record.token, processed);
                     untilStored<FinishVerdict>(
                         [this, finish](std::function<void(Result<FinishVerdict>)> stored) {
                             m_pool->submit<FinishVerdict>(

@@ -59,11 +59,11 @@ if action == 'replay' or action == 'in-progress' or action == 'mismatch' then
   if action ~= 'mismatch' then
     -- Counted where Redis lets it: a Redis out of memory (maxmemory, noeviction) refuses the
     -- write, and the duplicate still gets its answer (nothing is decided on the count).
-    local counted = redis.pcall('HSET', rk, 'm', packMeta(state, token, fmt(tonumber(attempts) + 1), created,
-                                                          nowText, leaseUntil, expires, status, provider, endpoint,
-                                                          curFp))
+    local seen = fmt(tonumber(attempts) + 1)
+    local counted = redis.pcall('HSET', rk, 'm', packMeta(state, token, seen, created, nowText, leaseUntil, expires,
+                                                          status, provider, endpoint, curFp))
     if type(counted) ~= 'table' or not counted.err then
-      attempts, updated = fmt(tonumber(attempts) + 1), nowText
+      attempts, updated = seen, nowText
     end
   end
   return {action, outcome, endpoint, provider, state, curFp, token, attempts, created, updated, leaseUntil, expires,

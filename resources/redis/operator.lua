@@ -5,6 +5,7 @@
 -- moves the key in the indexes), or the verdict: wrong-state | missing.
 local rk, action, force, detail = KEYS[1], ARGV[1], ARGV[2] == '1', ARGV[3]
 local now = clock()
+local nowText = fmt(now)
 local m = readMeta(rk)
 if not m then
   return 'missing'
@@ -18,7 +19,7 @@ if action == 'delete' then
   redis.call('DEL', rk)
   redis.call('HSET', rk, 'm', tombstoneMeta(state, token, attempts, created, provider, endpoint, fp))
   redis.call('PEXPIREAT', rk, keyExpiry(now))
-  return {'accept', fmt(now), endpoint, state, ''}
+  return {'accept', nowText, endpoint, state, ''}
 end
 local to
 if action == 'force-fail' then
@@ -30,10 +31,10 @@ else
 end
 local event = 'reset'
 if to == 'failed' then event = 'force-failed' end
-redis.call('HSET', rk, 'm', packMeta(to, token, attempts, created, fmt(now), '0', expires, status, provider, endpoint,
+redis.call('HSET', rk, 'm', packMeta(to, token, attempts, created, nowText, '0', expires, status, provider, endpoint,
                                      fp),
-           'h', appendHistory(redis.call('HGET', rk, 'h'), historyEntry(fmt(now), event, token, detail)))
+           'h', appendHistory(redis.call('HGET', rk, 'h'), historyEntry(nowText, event, token, detail)))
 if to == 'failed' then
   redis.call('HSET', rk, 'e', detail)
 end
-return {'accept', fmt(now), endpoint, state, to}
+return {'accept', nowText, endpoint, state, to}
