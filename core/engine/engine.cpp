@@ -122,6 +122,27 @@ bool isBatchSignatureHeader(const QByteArray &name)
 
 } // namespace
 
+// How long a duplicate of a key in progress is told to wait (Retry-After, in seconds), on the
+// store's clock like the lease. Past the run's deadline (its claim + forward_timeout_seconds) no
+// run is going: its outcome is unknown (ProcessResult::outcomeUnknown) or its result is being
+// recorded, and the key waits for its lease — told as it is, not "retry in 10 s" again and
+// again. Else the lease bounds the wait, at most 10 s: the answer is usually ready much sooner.
+struct InProgressWait
+{
+    qint64 seconds = 1;
+    bool runOver = false;
+};
+
+InProgressWait inProgressWait(const ClaimResult &claim, const EndpointSettings &settings)
+{
+    const qint64 leftMs = std::max<qint64>(0, claim.record.leaseUntilMs - claim.storeNowMs);
+    const qint64 runEndsMs = claim.record.leaseUntilMs - settings.leaseSeconds * 1000 +
+                             settings.forwardTimeoutSeconds * 1000;
+    const bool runOver = claim.storeNowMs >= runEndsMs;
+    const qint64 untilLeaseEnds = std::max<qint64>((leftMs + 999) / 1000, 1);
+    return {runOver ? untilLeaseEnds : std::min<qint64>(untilLeaseEnds, 10), runOver};
+}
+
 struct IdempotencyEngine::Delivery
 {
     HttpRequest request;
@@ -137,7 +158,7 @@ struct IdempotencyEngine::Delivery
 IdempotencyEngine::IdempotencyEngine(Config config, std::shared_ptr<StorePool> pool,
                                      QString instance, QObject *parent)
     : QObject(parent), m_config(std::move(config)), m_pool(std::move(pool)),
-      m_instance(std::move(instance))
+      m_instance(std::move(instance)), m_via(newViaEntry())
 {
     qRegisterMetaType<idem::DeliveryEvent>();
     if ((m_metrics = Metrics::instance())) {
@@ -248,6 +269,11 @@ void IdempotencyEngine::handle(HttpRequest request, Responder responder)
         r.setHeader("Allow", "POST");
         return respond(d, r, Outcome::Rejected);
     }
+    if (passedThrough(d->request.headers, m_via)) // before anything is claimed for it
+        return reject(
+            d, 508, u"Loop detected"_qs,
+            u"this delivery to \"%1\" was forwarded by this desk itself: a forward_to leads "
+            u"back to the desk; nothing was claimed for it"_qs.arg(name));
     const Provider *provider = providerFor(e.provider);
     if (auto verified = provider->verify(d->request, e, nowMs() / 1000); !verified)
         return reject(d, 401, u"Signature check failed"_qs, verified.error().message);
@@ -299,6 +325,7 @@ ProcessJob IdempotencyEngine::job(const DeliveryPtr &d, const QString &key, cons
     job.fencingToken = tokens;
     job.request = {d->request.method, d->request.target, headers, body};
     job.peer = d->request.peer;
+    job.via = m_via;
     // A hard deadline counted from before the claim: the lease began after that, and ends
     // kLeaseMarginSeconds or more after this deadline (the config refuses less).
     const qint64 spentMs = (monotonicUs() - d->claimSentUs) / 1000;
@@ -369,25 +396,15 @@ void IdempotencyEngine::onClaimed(const DeliveryPtr &d, Result<ClaimResult> resu
         return respond(d, r, Outcome::Replayed, claim.record.token);
     }
     case ClaimAction::InProgress: {
-        // Measured on the store's clock, like the lease itself.
-        const qint64 leftMs = std::max<qint64>(0, claim.record.leaseUntilMs - claim.storeNowMs);
-        // Past the run's deadline (its claim + forward_timeout_seconds) no run is going: its
-        // outcome is unknown (ProcessResult::outcomeUnknown) or its result is being recorded, and
-        // the key waits for its lease — told as it is, not "retry in 10 s" again and again.
-        const qint64 runEndsMs = claim.record.leaseUntilMs - settings.leaseSeconds * 1000 +
-                                 settings.forwardTimeoutSeconds * 1000;
-        const bool runOver = claim.storeNowMs >= runEndsMs;
-        // Else the lease bounds the wait; the answer is usually ready much sooner.
-        const qint64 untilLeaseEnds = std::max<qint64>((leftMs + 999) / 1000, 1);
-        const qint64 retryAfter = runOver ? untilLeaseEnds : std::min<qint64>(untilLeaseEnds, 10);
+        const InProgressWait wait = inProgressWait(claim, settings);
         HttpResponse r = HttpResponse::problem(
             settings.inProgressStatus, u"Delivery in progress"_qs,
-            runOver
+            wait.runOver
                 ? u"an earlier delivery of this event has no recorded outcome yet (the app may "
-                  u"have acted on it); its lease ends in %1 s: retry then"_qs.arg(retryAfter)
+                  u"have acted on it); its lease ends in %1 s: retry then"_qs.arg(wait.seconds)
                 : u"this event is being processed by an earlier delivery; retry in %1 s to get its result"_qs
-                      .arg(retryAfter));
-        r.setHeader("Retry-After", QByteArray::number(retryAfter));
+                      .arg(wait.seconds));
+        r.setHeader("Retry-After", QByteArray::number(wait.seconds));
         return respond(d, r, Outcome::InProgress, claim.record.token);
     }
     case ClaimAction::Mismatch: {
@@ -642,7 +659,7 @@ void IdempotencyEngine::finishBatch(const DeliveryPtr &d, const QList<ClaimReque
                                     const QList<FinishVerdict> &verdicts)
 {
     int completed = 0, processedNow = 0, inProgress = 0, mismatched = 0, superseded = 0;
-    qint64 leaseLeftMs = 0;
+    InProgressWait wait{0, true};        // the batch's answer is whole when its last event's is
     std::optional<StoredResult> failure; // the first stored or fresh failure
     qsizetype v = 0;
     for (const ClaimResult &r : results) {
@@ -668,7 +685,8 @@ void IdempotencyEngine::finishBatch(const DeliveryPtr &d, const QList<ClaimReque
                 failure = answerOf(r.record);
         } else if (r.decision.action == ClaimAction::InProgress) {
             ++inProgress;
-            leaseLeftMs = std::max(leaseLeftMs, r.record.leaseUntilMs - r.storeNowMs);
+            const InProgressWait event = inProgressWait(r, d->endpoint->settings);
+            wait = {std::max(wait.seconds, event.seconds), wait.runOver && event.runOver};
         } else {
             ++mismatched;
         }
@@ -692,7 +710,6 @@ void IdempotencyEngine::finishBatch(const DeliveryPtr &d, const QList<ClaimReque
         response = claimSuperseded(FinishVerdict::StaleToken);
         outcome = Outcome::InProgress;
     } else {
-        const qint64 retryAfter = std::clamp<qint64>((leaseLeftMs + 999) / 1000, 1, 10);
         // A batch is 2xx only when every event in it is completed (SPEC §4): an in_progress_status
         // of 2xx (for single events) would let the sender drop events that may still fail.
         const int status = d->endpoint->settings.inProgressStatus / 100 == 2
@@ -700,11 +717,14 @@ void IdempotencyEngine::finishBatch(const DeliveryPtr &d, const QList<ClaimReque
                                : d->endpoint->settings.inProgressStatus;
         response = HttpResponse::problem(
             status, u"Delivery in progress"_qs,
-            u"%1 of the %2 events are being processed by an earlier delivery; retry in %3 s"_qs
+            (wait.runOver
+                 ? u"%1 of the %2 events have no recorded outcome yet from an earlier delivery "
+                   u"(the app may have acted on them); their leases end in %3 s: retry then"_qs
+                 : u"%1 of the %2 events are being processed by an earlier delivery; retry in %3 s"_qs)
                 .arg(inProgress)
                 .arg(total)
-                .arg(retryAfter));
-        response.setHeader("Retry-After", QByteArray::number(retryAfter));
+                .arg(wait.seconds));
+        response.setHeader("Retry-After", QByteArray::number(wait.seconds));
         outcome = Outcome::InProgress;
     }
     QStringList keys;
@@ -779,9 +799,13 @@ void IdempotencyEngine::retryKey(const QString &key, bool force,
                 job(d, record.key, QByteArray::number(record.token), record.request.headers,
                     record.request.body),
                 [this, d, record, done](ProcessResult processed) {
+                    // The delivery log's line says what went wrong, as a delivery's does.
+                    const QString detail = processed.error.isEmpty()
+                                               ? u"operator retry"_qs
+                                               : u"operator retry: "_qs + processed.error;
                     if (processed.outcomeUnknown) { // not finished: left to its lease
                         respond(d, fromStored(processed.response), Outcome::Reprocessed,
-                                record.token, u"operator retry"_qs);
+                                record.token, detail);
                         return done(RetryOutcome{record.key, Outcome::Reprocessed, false,
                                                  processed.response, processed.error});
                     }
@@ -795,7 +819,7 @@ void IdempotencyEngine::retryKey(const QString &key, bool force,
                                 StorePool::Priority::Finish);
                         },
                         leaseEndUs(d),
-                        [this, d, record, processed, done](Result<FinishVerdict> verdict) {
+                        [this, d, record, processed, detail, done](Result<FinishVerdict> verdict) {
                             if (!processed.started) {
                                 respond(d, notStarted(processed), Outcome::Unavailable,
                                         record.token, processed.error);
@@ -808,7 +832,7 @@ void IdempotencyEngine::retryKey(const QString &key, bool force,
                                               .arg(record.key, processed.error)));
                             }
                             respond(d, fromStored(processed.response), Outcome::Reprocessed,
-                                    record.token, u"operator retry"_qs);
+                                    record.token, detail);
                             if (!verdict)
                                 return done(verdict.error());
                             if (!finishStored(*verdict))

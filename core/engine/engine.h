@@ -102,6 +102,7 @@ private:
     std::shared_ptr<StorePool> m_pool;
     std::unique_ptr<StoreLane> m_lane; // claim and finish of single deliveries
     QString m_instance;
+    QByteArray m_via; // this receiver's Via entry: a delivery carrying it came back to it (a loop)
     std::map<QString, Processor *> m_processors; // children of this object
     std::array<std::atomic<qint64>, 8> m_outcomes{};
     std::atomic<qint64> m_processorRuns{0};

@@ -105,6 +105,7 @@ QByteArray reasonPhrase(int status)
     case 502: return "Bad Gateway";
     case 503: return "Service Unavailable";
     case 504: return "Gateway Timeout";
+    case 508: return "Loop Detected";
     default:
         return status < 300   ? "OK"
                : status < 400 ? "Redirection"

@@ -77,6 +77,24 @@ HeaderList forwardedHeaders(const HeaderList &original)
     return kept;
 }
 
+QByteArray newViaEntry()
+{
+    quint64 pseudonym[2];
+    QRandomGenerator::system()->fillRange(pseudonym);
+    return "1.1 idemdesk-" +
+           QByteArray(reinterpret_cast<const char *>(pseudonym), sizeof pseudonym).toHex();
+}
+
+bool passedThrough(const HeaderList &headers, const QByteArray &entry)
+{
+    for (const auto &[name, value] : headers)
+        if (name.compare("Via", Qt::CaseInsensitive) == 0)
+            for (const QByteArray &e : value.split(','))
+                if (e.trimmed() == entry)
+                    return true;
+    return false;
+}
+
 ForwardProcessor::ForwardProcessor(QUrl target, qint64 maxResponseBytes, QObject *parent)
     : Processor(parent), m_target(std::move(target)), m_maxResponseBytes(maxResponseBytes)
 {}
@@ -105,6 +123,8 @@ HeaderList ForwardProcessor::requestHeaders(const ProcessJob &job) const
         const QByteArray peer = job.peer.toString().toLatin1();
         add("X-Forwarded-For", forwardedFor.isEmpty() ? peer : forwardedFor + ", " + peer);
     }
+    if (!job.via.isEmpty())
+        add("Via", job.via); // after the sender's own Via lines, which are kept
     if (!has("Content-Type"))
         add("Content-Type", "application/octet-stream");
     if (!has("User-Agent"))

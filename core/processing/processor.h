@@ -37,6 +37,7 @@ struct ProcessJob
     QByteArray fencingToken; // forwarded as Idempotency-Fencing-Token (empty: none)
     StoredRequest request;
     QHostAddress peer;       // the sender, appended to X-Forwarded-For
+    QByteArray via;          // the receiver's own Via entry, added (empty: none)
     qint64 deadlineMs = 30'000; // the whole answer must be in by then: a hard deadline, not an idle timeout
 };
 
@@ -52,14 +53,14 @@ public:
 };
 
 // POSTs the original headers (less hop-by-hop ones) and body plus Idempotency-Key,
-// Idempotency-Fencing-Token and X-Forwarded-For to forward_to (http/forwardclient.h: no header
-// the sender did not send but these, Host, Content-Length, Connection: close, a default
-// Content-Type and User-Agent, and Basic authentication from forward_to's user info when the
-// sender sent no Authorization). 2xx: completed with the downstream's answer; other statuses
-// (3xx included: no redirects followed): failed with it; unreachable, TLS refused, an answer
-// broken off or malformed: 502; no whole answer by the deadline: 504; an answer over
-// max_response_bytes: 502 — with ProcessResult::outcomeUnknown when the request went out and
-// no final status line came back. No cookies, no cache.
+// Idempotency-Fencing-Token, X-Forwarded-For and the receiver's Via entry to forward_to
+// (http/forwardclient.h: no header the sender did not send but these, Host, Content-Length,
+// Connection: close, a default Content-Type and User-Agent, and Basic authentication from
+// forward_to's user info when the sender sent no Authorization). 2xx: completed with the
+// downstream's answer; other statuses (3xx included: no redirects followed): failed with it;
+// unreachable, TLS refused, an answer broken off or malformed: 502; no whole answer by the
+// deadline: 504; an answer over max_response_bytes: 502 — with ProcessResult::outcomeUnknown when
+// the request went out and no final status line came back. No cookies, no cache.
 class ForwardProcessor final : public Processor
 {
     Q_OBJECT
@@ -94,5 +95,13 @@ bool isHopByHopHeader(QByteArrayView name);
 // The headers a forwarded request carries from the original: no hop-by-hop ones, none that the
 // desk sets itself (Idempotency-Key, Idempotency-Fencing-Token, X-Forwarded-For).
 HeaderList forwardedHeaders(const HeaderList &original);
+
+// A `Via` entry (RFC 9110 §7.6.3) for a receiver to add to what it forwards: "1.1 idemdesk-"
+// and a random pseudonym, so that a delivery coming back to the receiver that forwarded it (a
+// forward_to that leads back to the desk, directly or through other desks and proxies) is told
+// apart from one passed on by another desk.
+QByteArray newViaEntry();
+// True when one of the request's `Via` entries is `entry`.
+bool passedThrough(const HeaderList &headers, const QByteArray &entry);
 
 } // namespace idem

@@ -258,6 +258,17 @@ class TestExactlyOnce : public QObject
         headers.append({"Idempotency-Key", key});
         return post(port, "/hooks/" + endpoint, body, headers);
     }
+    // An operator's retry of `key` (the window's Retry, `keys retry`), on the receiver's thread.
+    static Result<RetryOutcome> retryNow(Desk &desk, const QString &key)
+    {
+        std::promise<Result<RetryOutcome>> retried;
+        IdempotencyEngine *engine = desk.receiver->engine();
+        QMetaObject::invokeMethod(engine, [engine, key, &retried] {
+            engine->retryKey(key, false,
+                             [&retried](Result<RetryOutcome> r) { retried.set_value(r); });
+        });
+        return retried.get_future().get();
+    }
     static void stores()
     {
         QTest::addColumn<QString>("backend");
@@ -352,6 +363,31 @@ private Q_SLOTS:
         QCOMPARE(name(record(desk, slowKey)->state), name(KeyState::Completed));
     }
 
+    // The same for a SendGrid batch: a redelivered batch whose events have no recorded outcome is
+    // told when their leases end, not "retry in 10 s" (the cap of a batch still being processed)
+    // over and over.
+    void aBatchWithUnknownOutcomesWaitsForTheLeases()
+    {
+        GatedDownstream slow;
+        slow.close();
+        Desk desk =
+            start(u"sqlite"_qs,
+                  "[{\"name\": \"sgslow\", \"provider\": \"sendgrid\", \"forward_to\": \"" +
+                      slow.url() + "\", \"forward_timeout_seconds\": 1, \"lease_seconds\": 30}]");
+        const QByteArray batch = "[{\"sg_event_id\": \"u-1\", \"event\": \"open\"}, "
+                                 "{\"sg_event_id\": \"u-2\", \"event\": \"click\"}]";
+        const ClientResponse first =
+            post(desk.port, "/hooks/sgslow", batch, {{"Content-Type", "application/json"}});
+        QCOMPARE(first.status, 504);
+        const ClientResponse again =
+            post(desk.port, "/hooks/sgslow", batch, {{"Content-Type", "application/json"}});
+        QCOMPARE(again.status, 409);
+        QVERIFY2(again.body.contains("no recorded outcome yet"), again.body.constData());
+        const int retryAfter = again.header("Retry-After").toInt();
+        QVERIFY2(retryAfter > 20 && retryAfter <= 30, again.header("Retry-After").constData());
+        QCOMPARE(slow.count(), 1);
+    }
+
     // forward_timeout_seconds bounds the whole answer: a downstream trickling a byte at a time
     // is cut at the deadline (504, failed: its status line came, the app was done), never
     // answered after the lease.
@@ -405,13 +441,7 @@ private Q_SLOTS:
         down.setStatus(200);
         holder = holdWriteLock(path, forAWhile, taken);
         QVERIFY(taken);
-        std::promise<Result<RetryOutcome>> retried;
-        IdempotencyEngine *engine = desk.receiver->engine();
-        QMetaObject::invokeMethod(engine, [engine, &retried] {
-            engine->retryKey(u"late:k2"_qs, false,
-                             [&retried](Result<RetryOutcome> r) { retried.set_value(r); });
-        });
-        const Result<RetryOutcome> operatorRetry = retried.get_future().get();
+        const Result<RetryOutcome> operatorRetry = retryNow(desk, u"late:k2"_qs);
         holder.join();
         QVERIFY(!operatorRetry);
         QVERIFY2(operatorRetry.error().message.contains(u"key is reset"_qs),
@@ -420,6 +450,31 @@ private Q_SLOTS:
         QCOMPARE(deliver(desk.port, "late", "k2").header("Idempotency-Outcome"),
                  QByteArray("reprocessed"));
         QCOMPARE(down.count(), 3);
+    }
+
+    // An operator's retry that fails again says why in the delivery log, as a delivery's line
+    // does (it said "operator retry" and nothing more).
+    void aFailedOperatorRetryIsLoggedWithItsError()
+    {
+        GatedDownstream down;
+        down.setStatus(500);
+        Desk desk = start(u"sqlite"_qs, endpoint("opfail", down.url()));
+        QCOMPARE(deliver(desk.port, "opfail", "k1").status, 500);
+        const Result<RetryOutcome> retry = retryNow(desk, u"opfail:k1"_qs);
+        QVERIFY(retry && !retry->completed);
+        QCOMPARE(down.count(), 2);
+        auto operatorLine = [&desk] {
+            DeliveryQuery query;
+            query.key = u"opfail:k1"_qs;
+            auto lines = desk.pool->run<QList<DeliveryEvent>>(
+                [&](IdempotencyStore &s) { return s.deliveries(query); });
+            if (lines)
+                for (const DeliveryEvent &e : *lines)
+                    if (e.detail.startsWith(u"operator retry"_qs))
+                        return e.detail;
+            return QString();
+        };
+        QTRY_COMPARE(operatorLine(), u"operator retry: the downstream answered 500"_qs);
     }
 
     // The built-in processor keeps the same deadline.
@@ -469,9 +524,10 @@ private Q_SLOTS:
         for (const auto &[name, value] : first.headers)
             names.append(QString::fromLatin1(name).toLower());
         names.sort();
-        QCOMPARE(names, QStringList({u"connection"_qs, u"content-length"_qs, u"content-type"_qs, u"host"_qs,
-                                     u"idempotency-fencing-token"_qs, u"idempotency-key"_qs, u"user-agent"_qs,
-                                     u"x-forwarded-for"_qs}));
+        QCOMPARE(names,
+                 QStringList({u"connection"_qs, u"content-length"_qs, u"content-type"_qs,
+                              u"host"_qs, u"idempotency-fencing-token"_qs, u"idempotency-key"_qs,
+                              u"user-agent"_qs, u"via"_qs, u"x-forwarded-for"_qs}));
         QVERIFY(!first.hasHeader("Accept-Encoding"));
         QVERIFY(!first.hasHeader("Accept-Language"));
         QCOMPARE(first.header("Connection"), QByteArray("close"));
@@ -489,6 +545,67 @@ private Q_SLOTS:
         QCOMPARE(second.header("X-Forwarded-For"), QByteArray("10.9.8.7, 127.0.0.1"));
         // The stored result keeps no cookie for replays either.
         QVERIFY(!record(desk, u"hop:k1"_qs)->result.headers.contains({"Set-Cookie", "session=abc; Path=/"}));
+    }
+
+    // A forward_to that leads back to the desk, directly or through another desk, is refused
+    // where it comes back (508, nothing claimed for it): it used to be claimed under a longer key
+    // each time round ("x:x:x:k", the Idempotency-Key the desk forwards) and forwarded again, some
+    // fifty levels deep, until the key grew too long. A chain of desks that ends at an app is not
+    // a loop: each adds its own Via entry, after the sender's.
+    void aForwardLoopIsRefused()
+    {
+        GatedDownstream down;
+        const quint16 portA = closedPort(), portB = closedPort();
+        auto at = [](quint16 port, const char *endpoint) {
+            return "http://127.0.0.1:" + QByteArray::number(port) + "/hooks/" + endpoint;
+        };
+        Desk a = startDesk("{\"endpoints\": [{\"name\": \"self\", \"forward_to\": \"" +
+                               at(portA, "self") + "\"}, {\"name\": \"round\", \"forward_to\": \"" +
+                               at(portB, "back") + "\"}, {\"name\": \"chain\", \"forward_to\": \"" +
+                               at(portB, "app") + "\"}]}",
+                           storeUrl(u"sqlite"_qs, m_dir, ++m_seq), portA);
+        Desk b = startDesk("{\"endpoints\": [{\"name\": \"back\", \"forward_to\": \"" +
+                               at(portA, "round") + "\"}, {\"name\": \"app\", \"forward_to\": \"" +
+                               down.url() + "\"}]}",
+                           storeUrl(u"sqlite"_qs, m_dir, ++m_seq), portB);
+        auto keysOf = [](Desk &desk) {
+            QStringList keys;
+            auto page = desk.pool->run<QList<KeyRecord>>(
+                [](IdempotencyStore &s) { return s.listKeys(KeyQuery{}); });
+            if (page)
+                for (const KeyRecord &r : *page)
+                    keys.append(r.key + u"="_qs + toString(r.state) + u"/"_qs +
+                                QString::number(r.result.status));
+            keys.sort();
+            return keys;
+        };
+
+        const ClientResponse direct = deliver(a.port, "self", "k1");
+        QCOMPARE(direct.status, 508);
+        QVERIFY2(direct.body.contains("forward_to leads back to the desk"),
+                 direct.body.constData());
+        QCOMPARE(keysOf(a), QStringList{u"self:k1=failed/508"_qs});
+
+        const ClientResponse round = deliver(a.port, "round", "k2");
+        QCOMPARE(round.status, 508);
+        QCOMPARE(keysOf(a), QStringList({u"round:k2=failed/508"_qs, u"self:k1=failed/508"_qs}));
+        QCOMPARE(keysOf(b), QStringList{u"back:round:k2=failed/508"_qs});
+
+        // Through both desks to the app: one Via entry each, after the sender's.
+        const ClientResponse chained =
+            deliver(a.port, "chain", "k3", "{}", {{"Via", "1.1 sender-proxy"}});
+        QCOMPARE(chained.status, 200);
+        QCOMPARE(down.count(), 1);
+        QList<QByteArray> via;
+        for (const auto &[name, value] : down.requests().first().headers)
+            if (name.compare("Via", Qt::CaseInsensitive) == 0)
+                for (const QByteArray &entry : value.split(','))
+                    via.append(entry.trimmed());
+        QCOMPARE(via.size(), 3);
+        QCOMPARE(via.first(), QByteArray("1.1 sender-proxy"));
+        QVERIFY2(via.at(1).startsWith("1.1 idemdesk-") && via.at(2).startsWith("1.1 idemdesk-") &&
+                     via.at(1) != via.at(2),
+                 via.join(" | ").constData());
     }
 
     // User info in forward_to is the app's credential, sent as Basic authentication — unless

@@ -4,7 +4,7 @@
 
 namespace idem::test {
 
-Desk startDesk(const QByteArray &configJson, const QString &storeUrl)
+Desk startDesk(const QByteArray &configJson, const QString &storeUrl, quint16 port)
 {
     auto config = Config::parse(configJson, QStringLiteral("test"));
     if (!config)
@@ -16,7 +16,7 @@ Desk startDesk(const QByteArray &configJson, const QString &storeUrl)
     desk.pool = *pool;
     desk.receiver = std::make_unique<Receiver>(*config, desk.pool);
     ListenAddress any;
-    any.port = 0;
+    any.port = port;
     auto bound = desk.receiver->start(any);
     if (!bound)
         qFatal("listen: %s", qPrintable(bound.error().message));

@@ -16,7 +16,7 @@ struct Desk
 };
 
 // `configJson` is a whole config file's text; a bad config or an unreachable store ends the test
-// process with the reason (qFatal).
-Desk startDesk(const QByteArray &configJson, const QString &storeUrl);
+// process with the reason (qFatal). On `port` when given (0: any free one).
+Desk startDesk(const QByteArray &configJson, const QString &storeUrl, quint16 port = 0);
 
 } // namespace idem::test
