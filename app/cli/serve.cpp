@@ -24,6 +24,7 @@
 #include <csignal>
 #include <cstdio>
 #include <sys/socket.h>
+#include <thread>
 #include <unistd.h>
 #include <utility>
 
@@ -54,6 +55,27 @@ QString logLine(const DeliveryEvent &e, bool json)
     return escapeControls(line);
 }
 
+// A network store not reachable at start (Redis or PostgreSQL still starting at boot, or
+// restarting) is waited for: exiting left it to a supervisor to start serve again, a container
+// runtime after a growing back-off (minutes), long after the store was back. Not listening
+// meanwhile: senders get no connection and retry, as they would a 503. Each try's error is
+// printed (a password refused is waited out too: it may be being provisioned); any other error
+// (a SQLite file, a schema from a newer build) ends serve as before. SIGTERM or Ctrl-C ends the
+// wait.
+Result<std::shared_ptr<StorePool>> openStorePoolWhenReachable(const QString &url)
+{
+    for (int waitSeconds = 1;; waitSeconds = std::min(waitSeconds * 2, 10)) {
+        auto pool = openStorePool(url);
+        if (pool || pool.error().code != ErrorCode::Unavailable ||
+            StoreUrl::parse(url)->kind == StoreUrl::Kind::Sqlite)
+            return pool;
+        printError(u"%1; waiting for the store: next try in %2 s"_qs.arg(pool.error().message)
+                       .arg(waitSeconds));
+        std::fflush(stderr);
+        std::this_thread::sleep_for(std::chrono::seconds(waitSeconds));
+    }
+}
+
 } // namespace
 
 int serve(const QStringList &arguments)
@@ -74,7 +96,7 @@ int serve(const QStringList &arguments)
         printError(options.error().message);
         return 2;
     }
-    auto pool = openStorePool(options->storeUrl);
+    auto pool = openStorePoolWhenReachable(options->storeUrl);
     if (!pool) {
         printError(pool.error().message);
         return 1;
@@ -232,7 +254,7 @@ int gui(int argc, char **argv)
         printError(u"--no-receiver needs --store URL (the shared store to watch)"_qs);
         return ExitUsage;
     }
-    auto pool = openStorePool(options->storeUrl);
+    auto pool = openStorePoolWhenReachable(options->storeUrl);
     if (!pool) {
         printError(pool.error().message);
         QMessageBox::critical(nullptr, u"Idempotency Desk"_qs,

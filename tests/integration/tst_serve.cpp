@@ -1,15 +1,17 @@
 // `idemdesk serve` as a user runs it: a real process, signals, restarts, exit codes.
+#include "http/blockingclient.h"
 #include "store/sqlitestore.h"
 #include "support/downstream.h"
-#include "support/serveprocess.h"
-#include "http/blockingclient.h"
 #include "support/names.h"
+#include "support/serveprocess.h"
+#include "support/servers.h"
 #include "util/clock.h"
 
 #include <QJsonDocument>
 #include <QJsonObject>
 #include <QProcess>
 #include <QRegularExpression>
+#include <QScopeGuard>
 #include <QTemporaryDir>
 #include <QTest>
 
@@ -317,6 +319,52 @@ private Q_SLOTS:
             5000));
         QCOMPARE(after.status, 200);
         QCOMPARE(stop(s), 0);
+    }
+
+    // A network store that is not there yet at start (a boot where Redis comes up after the desk)
+    // is waited for, each try said on stderr, and served once it answers — serve used to exit
+    // and wait for a supervisor to start it again.
+    void serveWaitsForItsStoreAtStart()
+    {
+        RedisServer redis(m_dir.path());
+        QProcess process;
+        process.setStandardOutputFile(QProcess::nullDevice());
+        process.start(QStringLiteral(IDEMDESK_BIN),
+                      {u"serve"_qs, u"--listen"_qs, u"127.0.0.1:0"_qs, u"--store"_qs, redis.url()});
+        QVERIFY(process.waitForStarted(5000));
+        const auto guard = qScopeGuard([&process] {
+            process.kill();
+            process.waitForFinished(5000);
+        });
+        QByteArray err;
+        auto readUntil = [&](const QRegularExpression &re, int ms) {
+            QRegularExpressionMatch m;
+            for (QDeadlineTimer deadline(ms);
+                 !deadline.hasExpired() && process.state() == QProcess::Running;) {
+                process.waitForReadyRead(100);
+                err += process.readAllStandardError();
+                if ((m = re.match(QString::fromUtf8(err))).hasMatch())
+                    break;
+            }
+            return m;
+        };
+        QVERIFY2(
+            readUntil(QRegularExpression(
+                          u"cannot connect to Redis.*waiting for the store: next try in 1 s"_qs),
+                      10'000)
+                .hasMatch(),
+            err.constData());
+        QVERIFY(redis.start());
+        const auto receiving = readUntil(
+            QRegularExpression(u"receiving webhooks at http://127\\.0\\.0\\.1:(\\d+)/"_qs), 30'000);
+        QVERIFY2(receiving.hasMatch(), err.constData());
+        const quint16 port = quint16(receiving.captured(1).toUInt());
+        QCOMPARE(get(port, "/healthz").status, 200);
+        QCOMPARE(post(port, "/hooks/generic", "{}", {{"Idempotency-Key", "late-store"}}).status,
+                 200);
+        ::kill(pid_t(process.processId()), SIGTERM);
+        QVERIFY(process.waitForFinished(20'000));
+        QCOMPARE(process.exitCode(), 0);
     }
 
     void completedRecordsSurviveARestart()
