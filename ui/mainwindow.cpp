@@ -510,20 +510,10 @@ void MainWindow::pollTray()
             auto counts = store.countKeys({});
             if (!counts)
                 return counts.error();
-            auto now = store.clockMs();
-            if (!now)
-                return now.error();
-            KeyQuery processing;
-            processing.state = KeyState::Processing;
-            processing.limit = 1000;
-            auto keys = store.listKeys(processing);
-            if (!keys)
-                return keys.error();
-            Counts c;
-            c.failed = counts->failed;
-            for (const KeyRecord &k : std::as_const(*keys))
-                c.stuck += k.leaseUntilMs <= *now ? 1 : 0;
-            return c;
+            auto stuck = countStuckKeys(store);
+            if (!stuck)
+                return stuck.error();
+            return Counts{counts->failed, *stuck};
         },
         [this](Result<Counts> counts) {
             if (counts)

@@ -6,6 +6,8 @@
 #include <QElapsedTimer>
 #include <QJsonArray>
 
+#include <algorithm>
+
 namespace idem {
 
 namespace {
@@ -84,6 +86,22 @@ QStringList configWarnings(const Config &config)
     return warnings;
 }
 
+Result<qint64> countStuckKeys(IdempotencyStore &store, const QString &endpoint, int limit)
+{
+    auto now = store.clockMs();
+    if (!now)
+        return now.error();
+    KeyQuery processing;
+    processing.state = KeyState::Processing;
+    processing.endpoint = endpoint;
+    processing.limit = limit;
+    auto keys = store.listKeys(processing);
+    if (!keys)
+        return keys.error();
+    return qint64(std::count_if(keys->cbegin(), keys->cend(),
+                                [&](const KeyRecord &k) { return k.leaseUntilMs <= *now; }));
+}
+
 Result<StatsReport> collectStats(IdempotencyStore &store, const Config &config, qint64 sinceMs)
 {
     StatsReport report;
@@ -96,6 +114,10 @@ Result<StatsReport> collectStats(IdempotencyStore &store, const Config &config, 
     if (!counts)
         return counts.error();
     report.keys = *counts;
+    auto stuck = countStuckKeys(store);
+    if (!stuck)
+        return stuck.error();
+    report.stuck = *stuck;
 
     DeliveryQuery query;
     query.sinceMs = sinceMs;
@@ -123,6 +145,11 @@ Result<StatsReport> collectStats(IdempotencyStore &store, const Config &config, 
         report.endpoints.append(*it);
     }
     report.warnings = configWarnings(config);
+    if (report.stuck)
+        report.warnings
+            << u"%1 in processing past the lease: no run is going (a worker stopped, or the "
+               u"app's answer never came); the next delivery of each runs it again, or "
+               u"`idemdesk keys retry KEY --force`"_qs.arg(countOf(report.stuck, u"key", u"keys"));
     auto durability = store.durabilityWarnings();
     if (!durability)
         return durability.error();
@@ -141,8 +168,11 @@ QJsonObject statsToJson(const StatsReport &r)
                                      {u"duplicates"_qs, e.duplicates()},
                                      {u"duplicate_ratio"_qs, e.duplicateRatio()},
                                      {u"outcomes"_qs, outcomesJson(e.outcomes)}});
-    return {{u"store"_qs, QJsonObject{{u"url"_qs, r.store}, {u"healthy"_qs, true}, {u"ping_ms"_qs, r.pingMs}}},
-            {u"keys"_qs, countsJson(r.keys)},
+    QJsonObject keys = countsJson(r.keys);
+    keys.insert(u"stuck"_qs, r.stuck); // of processing: past the lease
+    return {{u"store"_qs,
+             QJsonObject{{u"url"_qs, r.store}, {u"healthy"_qs, true}, {u"ping_ms"_qs, r.pingMs}}},
+            {u"keys"_qs, keys},
             {u"outcomes"_qs, outcomesJson(r.outcomes)},
             {u"endpoints"_qs, endpoints},
             {u"warnings"_qs, QJsonArray::fromStringList(r.warnings)},
@@ -154,7 +184,12 @@ QString formatStats(const StatsReport &r, qint64 sinceSeconds)
     QString out;
     out += u"store        %1  healthy (ping %2 ms)\n"_qs.arg(r.store).arg(r.pingMs, 0, 'f', 2);
     out += u"keys         processing %1 · completed %2 · failed %3 · reset %4 · total %5\n"_qs
-               .arg(r.keys.processing).arg(r.keys.completed).arg(r.keys.failed).arg(r.keys.reset).arg(r.keys.total());
+               .arg(r.stuck ? u"%1 (%2 past the lease)"_qs.arg(r.keys.processing).arg(r.stuck)
+                            : QString::number(r.keys.processing))
+               .arg(r.keys.completed)
+               .arg(r.keys.failed)
+               .arg(r.keys.reset)
+               .arg(r.keys.total());
     QStringList outcomes;
     qint64 total = 0;
     for (size_t i = 0; i < r.outcomes.size(); ++i) {

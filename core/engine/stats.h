@@ -24,6 +24,7 @@ struct StatsReport
     QString store;
     double pingMs = 0;
     StateCounts keys;
+    qint64 stuck = 0; // of keys.processing: past their lease (countStuckKeys)
     std::array<qint64, 8> outcomes{};
     QList<EndpointStats> endpoints;
     QStringList warnings;
@@ -33,6 +34,12 @@ struct StatsReport
 // What `stats` and the status bar show: counts by state, outcomes and duplicate ratios of the
 // delivery log since `sinceMs`, and warnings about the config and the store's durability.
 Result<StatsReport> collectStats(IdempotencyStore &store, const Config &config, qint64 sinceMs);
+// Keys in `processing` whose lease has ended, on the store's clock: nothing runs them (the
+// worker died, or the app's outcome is unknown) until the next delivery of each, or an operator's
+// `keys retry --force`. Counted among the `limit` processing keys updated last, of `endpoint`
+// (empty: all); a count over every one would be a scan.
+Result<qint64> countStuckKeys(IdempotencyStore &store, const QString &endpoint = {},
+                              int limit = 1000);
 // Config warnings: signatures not verified, TTL shorter than the provider's retry window.
 QStringList configWarnings(const Config &config);
 // Whether a delivery to this endpoint must carry a valid signature: a secret, or (SendGrid)

@@ -1,5 +1,6 @@
 // Exactly once under faults (issue 12): every path to a second run or a wrong answer that a
 // review found, each closed and held shut here, against every store where it touches one.
+#include "engine/stats.h"
 #include "http/blockingclient.h"
 #include "http/httpserver.h"
 #include "receiver/receiver.h"
@@ -352,9 +353,24 @@ private Q_SLOTS:
         QCOMPARE(deliver(desk.port, "gone" + g_run, "k1").header("Idempotency-Outcome"),
                  QByteArray("reprocessed"));
 
-        // The lease ends (on the store's clock): the next delivery recovers the key, once.
-        const qint64 leaseUntil = record(desk, slowKey)->leaseUntilMs;
+        // The lease ends (on the store's clock): nothing runs the keys any more, and stats and
+        // the tray say so (they counted them with the keys at work); the next delivery recovers
+        // the key, once.
+        const qint64 leaseUntil =
+            std::max(record(desk, slowKey)->leaseUntilMs, record(desk, brokenKey)->leaseUntilMs);
         QVERIFY(QTest::qWaitFor([&] { return storeNowMs() > leaseUntil; }, 10'000));
+        for (const QByteArray ep : {"slow", "broken"})
+            QCOMPARE(*desk.pool->run<qint64>([&](IdempotencyStore &s) {
+                return countStuckKeys(s, QString::fromLatin1(ep + g_run));
+            }),
+                     1);
+        const auto stats = desk.pool->run<StatsReport>(
+            [](IdempotencyStore &s) { return collectStats(s, Config{}, 0); });
+        QVERIFY(stats);
+        QVERIFY(stats->stuck >= 2); // a shared Redis or PostgreSQL may hold other tests' keys
+        QVERIFY2(formatStats(*stats, 60).contains(u"past the lease"_qs),
+                 qPrintable(formatStats(*stats, 60)));
+        QVERIFY(statsToJson(*stats)[u"keys"_qs][u"stuck"_qs].toInteger() >= 2);
         slow.open();
         const ClientResponse after = deliver(desk.port, "slow" + g_run, "k1");
         QCOMPARE(after.status, 200);
