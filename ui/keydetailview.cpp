@@ -19,6 +19,8 @@
 #include <QTableWidget>
 #include <QVBoxLayout>
 
+#include <algorithm>
+
 namespace idem {
 
 namespace {
@@ -30,6 +32,43 @@ QPlainTextEdit *bodyEditor(QWidget *parent)
     edit->setFont(QFont(u"monospace"_qs));
     new JsonHighlighter(edit->document());
     return edit;
+}
+
+// What a body pane shows of a body: a megabyte of JSON laid out and highlighted held the window
+// for over a second. The whole body is a `keys show` or a Copy as curl away.
+constexpr qsizetype kShownBodyChars = 256 * 1024;
+
+QString shownBody(QString text)
+{
+    if (text.size() <= kShownBodyChars)
+        return text;
+    const qsizetype more = text.size() - kShownBodyChars;
+    text.truncate(kShownBodyChars);
+    return text +
+           QObject::tr("\n… %1 more characters not shown (idemdesk keys show KEY, or Copy as curl, "
+                       "gives the whole body)")
+               .arg(more);
+}
+
+// The parts of a record the tabs draw (not its TTL or lease, which count down in the summary):
+// unchanged, they are left as they are, scrolled and selected as the user left them.
+bool sameTabs(const KeyRecord &a, const KeyRecord &b)
+{
+    return a.key == b.key && a.state == b.state && a.token == b.token &&
+           a.request.method == b.request.method && a.request.path == b.request.path &&
+           a.request.headers == b.request.headers && a.request.body == b.request.body &&
+           a.result.status == b.result.status && a.result.headers == b.result.headers &&
+           a.result.body == b.result.body;
+}
+
+bool sameEvents(const QList<DeliveryEvent> &a, const QList<DeliveryEvent> &b)
+{
+    return std::equal(a.cbegin(), a.cend(), b.cbegin(), b.cend(),
+                      [](const DeliveryEvent &x, const DeliveryEvent &y) {
+                          return x.atMs == y.atMs && x.outcome == y.outcome &&
+                                 x.status == y.status && x.token == y.token &&
+                                 x.instance == y.instance && x.detail == y.detail;
+                      });
 }
 
 QTableWidget *headerTable(QWidget *parent)
@@ -117,6 +156,8 @@ void KeyDetailView::showNothing(const QString &message)
 {
     m_key.clear();
     m_record = {};
+    m_historyText.clear();
+    m_events.clear();
     m_title->setText(message);
     m_summary->clear();
     m_tabs->setEnabled(false);
@@ -141,6 +182,8 @@ void KeyDetailView::showKey(const KeyRecord &r, const QList<DeliveryEvent> &newe
 {
     if (r.key != m_key)
         m_banner->hide();
+    // Shown again every second: only what changed is drawn again.
+    const bool tabsChanged = r.key != m_key || !sameTabs(r, m_record);
     m_key = r.key;
     m_record = r;
     m_tabs->setEnabled(true);
@@ -171,13 +214,16 @@ void KeyDetailView::showKey(const KeyRecord &r, const QList<DeliveryEvent> &newe
         summary += tr("<br><b>last error</b> (before it was %2): %1").arg(r.error.toHtmlEscaped(), toString(r.state));
     m_summary->setText(summary);
 
-    fillHeaders(m_requestHeaders, maskSecrets(r.request.headers));
-    if (r.state == KeyState::Processing || r.result.status == 0) {
-        m_resultStatus->setText(tr("No result stored yet (%1).").arg(toString(r.state)));
-        m_resultHeaders->setRowCount(0);
-    } else {
-        m_resultStatus->setText(tr("<b>%1</b> stored; duplicates get exactly this.").arg(r.result.status));
-        fillHeaders(m_resultHeaders, r.result.headers);
+    if (tabsChanged) {
+        fillHeaders(m_requestHeaders, maskSecrets(r.request.headers));
+        if (r.state == KeyState::Processing || r.result.status == 0) {
+            m_resultStatus->setText(tr("No result stored yet (%1).").arg(toString(r.state)));
+            m_resultHeaders->setRowCount(0);
+        } else {
+            m_resultStatus->setText(
+                tr("<b>%1</b> stored; duplicates get exactly this.").arg(r.result.status));
+            fillHeaders(m_resultHeaders, r.result.headers);
+        }
     }
 
     QString history;
@@ -186,29 +232,40 @@ void KeyDetailView::showKey(const KeyRecord &r, const QList<DeliveryEvent> &newe
                                                     h.event.leftJustified(12))
                        .arg(h.token)
                        .arg(h.detail.isEmpty() ? QString() : u"  "_qs + h.detail);
-    m_history->setPlainText(history);
+    if (history != m_historyText) {
+        m_historyText = history;
+        m_history->setPlainText(history);
+    }
 
-    m_timeline->setEvents(newestFirst);
-    m_timelineView->resizeColumnsToContents();
-    m_mismatchPayload.clear();
+    if (tabsChanged || !sameEvents(newestFirst, m_events)) {
+        m_events = newestFirst;
+        m_timeline->setEvents(newestFirst);
+        m_timelineView->resizeColumnsToContents();
+    }
+    QByteArray mismatch;
     for (const DeliveryEvent &e : newestFirst)
         if (e.outcome == Outcome::Mismatch && !e.payload.isEmpty()) {
-            m_mismatchPayload = e.payload;
+            mismatch = e.payload;
             break;
         }
-    m_tabs->setTabVisible(m_diffTab, !m_mismatchPayload.isEmpty());
-    renderBodies();
+    if (tabsChanged || mismatch != m_mismatchPayload) {
+        m_mismatchPayload = mismatch;
+        m_tabs->setTabVisible(m_diffTab, !m_mismatchPayload.isEmpty());
+        renderBodies();
+    }
 }
 
 void KeyDetailView::renderBodies()
 {
     const bool raw = m_raw->isChecked();
-    m_requestBody->setPlainText(prettyBody(m_record.request.body, raw));
-    m_resultBody->setPlainText(prettyBody(m_record.result.body, raw));
+    m_requestBody->setPlainText(shownBody(prettyBody(m_record.request.body, raw)));
+    m_resultBody->setPlainText(shownBody(prettyBody(m_record.result.body, raw)));
     if (!m_mismatchPayload.isEmpty()) {
         const QStringList diff = lineDiff(prettyBody(m_record.request.body, false).split(u'\n'),
                                           prettyBody(m_mismatchPayload, false).split(u'\n'));
-        m_diff->setPlainText(tr("- stored payload (processed)\n+ refused payload (same key, 422)\n\n") + diff.join(u'\n'));
+        m_diff->setPlainText(
+            shownBody(tr("- stored payload (processed)\n+ refused payload (same key, 422)\n\n") +
+                      diff.join(u'\n')));
     }
 }
 

@@ -36,6 +36,7 @@ public:
     QTabWidget *tabs() const { return m_tabs; }
     QString historyText() const;
     QString diffText() const;
+    QPlainTextEdit *requestBodyView() const { return m_requestBody; }
 
 private:
     void renderBodies();
@@ -44,6 +45,8 @@ private:
     QString m_key;
     KeyRecord m_record;
     QByteArray m_mismatchPayload;
+    QString m_historyText;
+    QList<DeliveryEvent> m_events; // as the timeline shows them
     QLabel *m_title;
     QLabel *m_summary;
     QLabel *m_banner;

@@ -8,6 +8,8 @@
 #include <QColor>
 #include <QDateTime>
 
+#include <algorithm>
+
 namespace idem {
 
 namespace {
@@ -134,7 +136,7 @@ KeyQuery KeysModel::query(int offset, int limit) const
 
 bool KeysModel::canFetchMore(const QModelIndex &parent) const
 {
-    return !parent.isValid() && !m_atEnd && !m_loading;
+    return !parent.isValid() && !m_atEnd && !m_loading && wallMs() - m_pageFailedAtMs >= 1000;
 }
 
 void KeysModel::fetchMore(const QModelIndex &parent)
@@ -150,8 +152,10 @@ void KeysModel::fetchMore(const QModelIndex &parent)
             if (generation != m_generation)
                 return; // the filter changed meanwhile
             if (!page) {
+                // Not the end of the list: the next scroll (or refresh) asks again. Taken for
+                // the end, no page was read again until the filter changed.
                 m_loading = false;
-                m_atEnd = true;
+                m_pageFailedAtMs = wallMs();
                 Q_EMIT storeError(page.error().message);
                 return;
             }
@@ -182,6 +186,7 @@ void KeysModel::setFilter(std::optional<KeyState> state, const QString &endpoint
     m_rows.clear();
     m_atEnd = false;
     m_loading = false;
+    m_pageFailedAtMs = 0;
     m_refreshing = false;
     endResetModel();
     fetchMore({});
@@ -233,13 +238,17 @@ void KeysModel::refresh()
                 Q_EMIT storeError(rows.error().message);
                 return;
             }
-            bool sameKeys = rows->size() == m_rows.size();
-            for (qsizetype i = 0; sameKeys && i < rows->size(); ++i)
+            // Past the rows a refresh reads (5000), the loaded ones stay: only the first are
+            // read again, and compared (all rows were replaced, and the selection lost, every
+            // second once more were loaded).
+            const qsizetype n = rows->size();
+            bool sameKeys = m_rows.size() > q.limit ? n == q.limit : n == m_rows.size();
+            for (qsizetype i = 0; sameKeys && i < n; ++i)
                 sameKeys = rows->at(i).key == m_rows.at(i).key;
             if (sameKeys) {
-                m_rows = *rows;
-                if (!m_rows.isEmpty())
-                    Q_EMIT dataChanged(index(0, 0), index(int(m_rows.size()) - 1, ColumnCount - 1));
+                std::copy(rows->cbegin(), rows->cend(), m_rows.begin());
+                if (n)
+                    Q_EMIT dataChanged(index(0, 0), index(int(n) - 1, ColumnCount - 1));
             } else {
                 beginResetModel();
                 m_rows = *rows;

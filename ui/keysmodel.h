@@ -58,6 +58,7 @@ private:
     QString m_glob;
     bool m_atEnd = false;
     bool m_loading = false;
+    qint64 m_pageFailedAtMs = 0; // a page the store refused is asked for again a second later
     bool m_refreshing = false;
     quint64 m_generation = 0;
     quint64 m_refreshes = 0;

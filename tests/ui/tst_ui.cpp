@@ -43,6 +43,7 @@
 #include <QPushButton>
 #include <QRegularExpression>
 #include <QScopeGuard>
+#include <QScrollBar>
 #include <QSettings>
 #include <QSignalSpy>
 #include <QSpinBox>
@@ -98,9 +99,10 @@ struct StoreCalls
     std::atomic<quint64> heartbeat{0};
     std::atomic<int> watched{0};
     std::atomic<int> guiWaited{0};
+    std::atomic<int> failPages{0}; // this many key pages past the first are refused (Unavailable)
     void reset()
     {
-        onGuiThread = operatorCalls = watched = guiWaited = 0;
+        onGuiThread = operatorCalls = watched = guiWaited = failPages = 0;
         watchGui = false;
     }
 };
@@ -116,7 +118,15 @@ public:
     Result<QList<ClaimResult>> claimBatch(const QList<ClaimRequest> &q) override { return recorded([&] { return m_inner->claimBatch(q); }); }
     Result<QList<FinishVerdict>> finishBatch(const QList<FinishRequest> &q) override { return recorded([&] { return m_inner->finishBatch(q); }); }
     Result<std::optional<KeyRecord>> key(const QString &k) override { return recorded([&] { return m_inner->key(k); }); }
-    Result<QList<KeyRecord>> listKeys(const KeyQuery &q) override { return recorded([&] { return m_inner->listKeys(q); }); }
+    Result<QList<KeyRecord>> listKeys(const KeyQuery &q) override
+    {
+        return recorded([&]() -> Result<QList<KeyRecord>> {
+            if (q.offset > 0 && m_calls->failPages.fetch_sub(1) > 0)
+                return makeError(ErrorCode::Unavailable,
+                                 u"the store refused this page (injected)"_qs);
+            return m_inner->listKeys(q);
+        });
+    }
     Result<QStringList> keyNames(const KeyQuery &q) override
     {
         return recorded([&] { return m_inner->keyNames(q); });
@@ -245,6 +255,28 @@ class TestUi : public QObject
         }
         t.join();
         return response;
+    }
+    // A window (no receiver here) on a SQLite store of `count` keys written straight into its file
+    // (generateSqliteKeys), shown.
+    struct Generated
+    {
+        std::shared_ptr<StorePool> pool;
+        std::unique_ptr<MainWindow> window; // goes first
+    };
+    Generated generated(const QString &name, int count, const QByteArray &body = {})
+    {
+        const QString url = u"sqlite:"_qs + m_dir.filePath(name + u".db"_qs);
+        generateSqliteKeys(url.mid(7), count, body);
+        Generated g;
+        g.pool = recordedPool(url, &m_calls);
+        g.window = std::make_unique<MainWindow>(
+            DeskSession{*Config::parse("{\"endpoints\": [{\"name\": \"big\"}]}", u"c"_qs),
+                        url,
+                        {},
+                        g.pool,
+                        nullptr});
+        g.window->show();
+        return g;
     }
     static void selectAndWait(MainWindow &w, const QString &key)
     {
@@ -1220,6 +1252,76 @@ private Q_SLOTS:
         QVERIFY(!done.last().at(1).toBool());
         QCOMPARE(name((*otherPool->run<std::optional<KeyRecord>>([&](IdempotencyStore &s) { return s.key(failedKey); }))->state),
                  name(KeyState::Failed));
+    }
+
+    // A page the store refused is asked for again (the next scroll, a second later): it was
+    // taken for the end of the list, and no page more was read until the filter changed.
+    void aRefusedPageIsAskedForAgain()
+    {
+        const Generated g = generated(u"pages"_qs, 1000);
+        MainWindow &window = *g.window;
+        KeysModel *keys = window.keys();
+        QTRY_COMPARE(keys->rowCount(), 200);
+        m_calls.failPages = 1;
+        QTRY_VERIFY(keys->canFetchMore({}));
+        keys->fetchMore({});
+        QTRY_VERIFY(m_calls.failPages.load() <= 0); // refused
+        QCOMPARE(keys->rowCount(), 200);
+        QTRY_VERIFY_WITH_TIMEOUT(keys->canFetchMore({}), 5000);
+        keys->fetchMore({});
+        QTRY_COMPARE(keys->rowCount(), 400);
+    }
+
+    // Rows loaded past the 5000 a refresh reads again stay, and so does the selection among
+    // them: the model was reset every second, back to 5000 rows and no selection.
+    void rowsPastTheRefreshStayLoaded()
+    {
+        const Generated g = generated(u"deep"_qs, 5400);
+        MainWindow &window = *g.window;
+        KeysModel *keys = window.keys();
+        QSignalSpy loaded(keys, &KeysModel::loaded);
+        for (int page = 0; page < 60 && keys->rowCount() < 5400; ++page) {
+            if (keys->canFetchMore({}))
+                keys->fetchMore({});
+            loaded.wait(5000);
+        }
+        QCOMPARE(keys->rowCount(), 5400);
+        const QString deep = keys->index(5399, KeysModel::Key).data().toString();
+        selectAndWait(window, deep);
+        QSignalSpy resets(keys, &QAbstractItemModel::modelReset);
+        loaded.clear();
+        QTRY_VERIFY_WITH_TIMEOUT(loaded.count() >= 2, 10000); // two refreshes
+        QCOMPARE(resets.count(), 0);
+        QCOMPARE(keys->rowCount(), 5400);
+        QCOMPARE(window.detail()->currentKey(), deep);
+        QCOMPARE(window.keysTable()->selectionModel()->selectedRows().size(), 1);
+    }
+
+    // The detail is shown again every second, but what did not change is not drawn again: the
+    // body stays scrolled where the user left it (it went back to the top, its selection lost,
+    // and a megabyte body held the window over a second each time). A body is shown up to 256K
+    // characters, saying what is left out.
+    void detailIsNotDrawnAgainUnchanged()
+    {
+        QByteArray body = "{";
+        for (int i = 0; i < 400; ++i)
+            body += (i ? ",\"f" : "\"f") + QByteArray::number(i) + "\": \"" + QByteArray(700, 'x') +
+                    "\"";
+        body += "}";
+        const Generated g = generated(u"bodies"_qs, 3, body);
+        MainWindow &window = *g.window;
+        selectAndWait(window, u"big:evt_1"_qs);
+        QPlainTextEdit *shown = window.detail()->requestBodyView();
+        const QString text = shown->toPlainText();
+        QVERIFY2(text.size() < 270'000 && text.contains(u"more characters not shown"_qs),
+                 qPrintable(text.right(200)));
+        QScrollBar *scroll = shown->verticalScrollBar();
+        QTRY_VERIFY(scroll->maximum() > 100);
+        scroll->setValue(scroll->maximum() - 3);
+        const int at = scroll->value();
+        QSignalSpy shownAgain(&window, &MainWindow::detailLoaded);
+        QTRY_VERIFY_WITH_TIMEOUT(shownAgain.count() >= 2, 10000);
+        QCOMPARE(scroll->value(), at);
     }
 
     void aMillionKeysStayResponsive()
