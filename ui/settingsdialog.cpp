@@ -17,6 +17,7 @@
 #include <QJsonDocument>
 #include <QLabel>
 #include <QLineEdit>
+#include <QMessageBox>
 #include <QPointer>
 #include <QPushButton>
 #include <QSaveFile>
@@ -307,6 +308,37 @@ QString SettingsDialog::storeUrl() const
 QString SettingsDialog::testResult() const
 {
     return m_test->text();
+}
+
+std::shared_ptr<StorePool> openStoreOrAsk(Config &config, QString &storeUrl, QString &configPath)
+{
+    for (;;) {
+        auto pool = openStorePool(storeUrl);
+        if (pool)
+            return *pool;
+        std::fprintf(stderr, "idemdesk: %s\n", qPrintable(pool.error().message));
+        QMessageBox box(
+            QMessageBox::Critical, u"Idempotency Desk"_qs,
+            QObject::tr("The store cannot be reached:\n%1\n\nStart it and try again, or choose "
+                        "another store in the settings.")
+                .arg(pool.error().message));
+        QPushButton *again = box.addButton(QObject::tr("Try Again"), QMessageBox::AcceptRole);
+        QPushButton *settings = box.addButton(QObject::tr("Settings…"), QMessageBox::ActionRole);
+        box.addButton(QObject::tr("Quit"), QMessageBox::RejectRole);
+        box.setDefaultButton(again);
+        box.exec();
+        if (box.clickedButton() == settings) {
+            SettingsDialog dialog(config, storeUrl, configPath);
+            if (dialog.exec() == QDialog::Accepted) // saved
+                if (auto edited = dialog.edited()) {
+                    config = *edited;
+                    storeUrl = edited->store;
+                    configPath = dialog.configPath();
+                }
+        } else if (box.clickedButton() != again) {
+            return nullptr;
+        }
+    }
 }
 
 } // namespace idem

@@ -3,6 +3,7 @@
 #include "engine/stats.h"
 #include "mainwindow.h"
 #include "receiver/receiver.h"
+#include "settingsdialog.h"
 #include "store/storefactory.h"
 #include "store/storeurl.h"
 #include "util/format.h"
@@ -254,15 +255,11 @@ int gui(int argc, char **argv)
         printError(u"--no-receiver needs --store URL (the shared store to watch)"_qs);
         return ExitUsage;
     }
-    auto pool = openStorePoolWhenReachable(options->storeUrl);
-    if (!pool) {
-        printError(pool.error().message);
-        QMessageBox::critical(nullptr, u"Idempotency Desk"_qs,
-                              u"The store cannot be reached:\n%1\n\nStart the store, or choose another with --store (or the settings)."_qs
-                                  .arg(pool.error().message));
+    const std::shared_ptr<StorePool> pool =
+        openStoreOrAsk(options->config, options->storeUrl, configPath);
+    if (!pool)
         return ExitRuntime;
-    }
-    if (auto migrated = migrateLayout(**pool); !migrated) {
+    if (auto migrated = migrateLayout(*pool); !migrated) {
         printError(migrated.error().message);
         QMessageBox::critical(nullptr, u"Idempotency Desk"_qs, migrated.error().message);
         return ExitRuntime;
@@ -276,7 +273,7 @@ int gui(int argc, char **argv)
         return ExitRuntime;
     }
     if (!attach) {
-        receiver = std::make_unique<Receiver>(options->config, *pool);
+        receiver = std::make_unique<Receiver>(options->config, pool);
         auto bound = receiver->start(options->config.listen);
         if (!bound) {
             printError(bound.error().message);
@@ -286,8 +283,9 @@ int gui(int argc, char **argv)
     }
     // The window reads through connections of its own: its queries over many keys never
     // queue in front of the receiver's claims.
-    auto ownPool = attach ? Result<std::shared_ptr<StorePool>>(*pool) : openStorePool(options->storeUrl, 0, PoolUse::Window);
-    auto windowPool = ownPool ? *ownPool : *pool;
+    auto ownPool = attach ? Result<std::shared_ptr<StorePool>>(pool)
+                          : openStorePool(options->storeUrl, 0, PoolUse::Window);
+    auto windowPool = ownPool ? *ownPool : pool;
     DeskSession session{options->config, options->storeUrl, configPath, windowPool, receiver.get()};
     MainWindow window(session);
     window.show();

@@ -1214,6 +1214,53 @@ private Q_SLOTS:
         QCOMPARE(QFile::permissions(path) & (QFileDevice::ReadOther | QFileDevice::ReadGroup), QFileDevice::Permissions());
     }
 
+    // A store that cannot be reached at start: the box says why and offers to try again, the
+    // settings (another store, saved for the next start) or to quit (SPEC §2) — the desk exited.
+    void anUnreachableStoreAtStartOffersTheSettings()
+    {
+        Config config = Config::builtin();
+        QString storeUrl = u"redis://127.0.0.1:1/0"_qs;
+        QString configPath = m_dir.filePath(u"start.json"_qs);
+        const QString other = u"sqlite:"_qs + m_dir.filePath(u"start.db"_qs);
+        QStringList boxes;
+        QStringList clicks{u"Try Again"_qs, u"Settings…"_qs};
+        QTimer driver;
+        driver.setInterval(20);
+        connect(&driver, &QTimer::timeout, this, [&] {
+            QWidget *modal = QApplication::activeModalWidget();
+            if (auto *box = qobject_cast<QMessageBox *>(modal)) {
+                boxes << box->text();
+                const QString click = clicks.isEmpty() ? u"Quit"_qs : clicks.takeFirst();
+                for (QAbstractButton *b : box->buttons())
+                    if (b->text() == click)
+                        return b->click();
+                box->reject();
+            } else if (auto *settings = qobject_cast<SettingsDialog *>(modal)) {
+                settings->storeEdit()->setText(other);
+                settings->findChild<QDialogButtonBox *>(QString(), Qt::FindDirectChildrenOnly)
+                    ->button(QDialogButtonBox::Save)
+                    ->click();
+            }
+        });
+        driver.start();
+        const std::shared_ptr<StorePool> pool = openStoreOrAsk(config, storeUrl, configPath);
+        QVERIFY(pool);
+        QCOMPARE(boxes.size(), 2); // tried again (still unreachable), then the settings
+        QVERIFY2(boxes.first().contains(u"cannot connect to Redis"_qs), qPrintable(boxes.first()));
+        QCOMPARE(storeUrl, other);
+        QCOMPARE(Config::load(configPath)->store, other);
+        QVERIFY(pool->run<Ok>([](IdempotencyStore &s) -> Result<Ok> {
+            if (auto ping = s.ping(); !ping)
+                return ping.error();
+            return Ok{};
+        }));
+
+        storeUrl = u"redis://127.0.0.1:1/0"_qs; // and Quit: nothing opened
+        boxes.clear();
+        QVERIFY(!openStoreOrAsk(config, storeUrl, configPath));
+        QCOMPARE(boxes.size(), 1);
+    }
+
     void attachModeSeesAnotherInstance()
     {
         // Another instance writes to the store; the window has no receiver of its own.
