@@ -234,8 +234,13 @@ Result<std::unique_ptr<PostgresStore>> PostgresStore::connect(const StoreUrl &ur
         c.prepare("token_last", "SELECT last_value FROM idem_tokens");
         c.prepare("token_raise",
                   "SELECT setval('idem_tokens', greatest(last_value, $1)) FROM idem_tokens");
+        // The expiry is asked again of the row deleted, not only in the slice's list: a claim
+        // that re-took an expired row (claimLocked's replace) while the slice was read commits a
+        // live row, and READ COMMITTED checks again only the DELETE's own condition on it — the
+        // fresh claim was purged, and the next delivery ran the key a second time, in its lease.
         c.prepare("purge", "DELETE FROM idem_keys WHERE key IN (SELECT key FROM idem_keys"
-                           " WHERE expires_at_ms <= idem_now_ms() LIMIT 5000)");
+                           " WHERE expires_at_ms <= idem_now_ms() LIMIT 5000)"
+                           " AND expires_at_ms <= idem_now_ms()");
         c.prepare("purge_deliveries", "DELETE FROM idem_deliveries WHERE at_ms <= idem_now_ms() - $1");
         c.prepare("count", "SELECT state, count(*) FROM idem_keys WHERE expires_at_ms > idem_now_ms()"
                            " AND ($1 = '' OR endpoint = $1) GROUP BY state");
