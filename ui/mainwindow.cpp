@@ -817,7 +817,11 @@ void MainWindow::operatorOn(const QStringList &keys, OperatorAction action, bool
                 auto verdict = store.applyOperator(key, action, force, u"operator (dashboard)"_qs);
                 if (!verdict)
                     return verdict.error();
-                results << (*verdict == OperatorVerdict::Accept ? QString() : *verdict == OperatorVerdict::Missing ? u"missing"_qs : u"wrong state"_qs);
+                results << (*verdict == OperatorVerdict::Accept    ? QString()
+                            : *verdict == OperatorVerdict::Missing ? u"missing"_qs
+                            : *verdict == OperatorVerdict::Leased
+                                ? u"its lease has not ended: a run may still be going"_qs
+                                : u"wrong state"_qs);
             }
             return results;
         },

@@ -315,6 +315,9 @@ int transition(const QStringList &arguments, OperatorAction action)
         case OperatorVerdict::Missing:
             printError(u"no key %1 (or it expired)"_qs.arg(key));
             break;
+        case OperatorVerdict::Leased:
+            printError(leasedMessage(key, reset ? u"reset"_qs : u"deleted"_qs));
+            break;
         }
         ++failures;
         return false;

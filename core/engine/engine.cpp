@@ -764,10 +764,13 @@ void IdempotencyEngine::retryKey(const QString &key, bool force,
                 if (!verdict)
                     return verdict.error();
                 if (*verdict == OperatorVerdict::WrongState)
-                    return makeError(ErrorCode::Conflict,
-                                     u"%1 is %2: not retried (--force retries it anyway)"_qs.arg(key, toString(record.state)));
+                    return makeError(
+                        ErrorCode::Conflict,
+                        u"%1 is %2: not retried unless forced"_qs.arg(key, toString(record.state)));
                 if (*verdict == OperatorVerdict::Missing)
                     return makeError(ErrorCode::NotFound, u"no key %1"_qs.arg(key));
+                if (*verdict == OperatorVerdict::Leased)
+                    return makeError(ErrorCode::Conflict, leasedMessage(key, u"retried"_qs));
             }
             ClaimRequest claim;
             claim.key = key;

@@ -56,20 +56,30 @@ OperatorVerdict decideOperator(const KeyRecord *existing, OperatorAction action,
 {
     if (!existing || existing->expiredAt(nowMs))
         return OperatorVerdict::Missing;
+    const OperatorVerdict unlessRunning =
+        existing->state == KeyState::Processing && existing->leaseUntilMs > nowMs
+            ? OperatorVerdict::Leased
+            : OperatorVerdict::Accept;
     switch (action) {
     case OperatorAction::Delete:
-        return OperatorVerdict::Accept;
+        return unlessRunning;
     case OperatorAction::ForceFail:
-        return existing->state == KeyState::Processing ? OperatorVerdict::Accept
+        return existing->state == KeyState::Processing ? unlessRunning
                                                        : OperatorVerdict::WrongState;
     case OperatorAction::Reset:
         if (existing->state == KeyState::Failed)
             return OperatorVerdict::Accept;
         if (force && existing->state != KeyState::Reset)
-            return OperatorVerdict::Accept;
+            return unlessRunning;
         return OperatorVerdict::WrongState;
     }
     return OperatorVerdict::WrongState;
+}
+
+QString leasedMessage(const QString &key, const QString &notDone)
+{
+    return u"%1 is being processed and its lease has not ended (a run may still be going): not %2; "
+           u"once the lease ends it can be"_qs.arg(key, notDone);
 }
 
 QString toString(ClaimAction action)

@@ -56,12 +56,18 @@ inline bool finishStored(FinishVerdict verdict)
 
 // Operator actions (dashboard, CLI).
 enum class OperatorAction { Reset, ForceFail, Delete };
-enum class OperatorVerdict { Accept, WrongState, Missing };
+enum class OperatorVerdict { Accept, WrongState, Missing, Leased };
 
 // Reset accepts failed keys (and, with force, completed ones or stuck processing ones);
-// ForceFail accepts processing keys; Delete accepts any live key.
+// ForceFail accepts stuck processing keys; Delete accepts any live key. Nothing that would let a
+// key run again is done to a processing key whose lease is live: a run may be going, and the
+// guarantee (at most one run per live lease) holds against operators too — Leased. Accepted,
+// the next delivery ran the key beside the run still going.
 OperatorVerdict decideOperator(const KeyRecord *existing, OperatorAction action, bool force,
                                qint64 nowMs);
+
+// Why an operator's action was refused with OperatorVerdict::Leased, naming what was not done.
+QString leasedMessage(const QString &key, const QString &notDone);
 
 QString toString(ClaimAction action);
 QString toString(FinishVerdict verdict);

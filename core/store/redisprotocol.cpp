@@ -435,6 +435,8 @@ Result<OperatorVerdict> operatorVerdict(const redisReply *reply, const QString &
         return OperatorVerdict::WrongState;
     if (verdict == "missing")
         return OperatorVerdict::Missing;
+    if (verdict == "leased")
+        return OperatorVerdict::Leased;
     return unexpected("operator");
 }
 

@@ -2,7 +2,8 @@
 -- KEYS: P{key}:r
 -- ARGV: action force(0|1) detail
 -- Returns {'accept', now, endpoint, state before, state after ('' when deleted)} (the desk
--- moves the key in the indexes), or the verdict: wrong-state | missing.
+-- moves the key in the indexes), or the verdict: wrong-state | missing | leased (a processing key
+-- whose lease is live: a run may be going, and nothing that would let it run again is done).
 local rk, action, force, detail = KEYS[1], ARGV[1], ARGV[2] == '1', ARGV[3]
 local now = clock()
 local nowText = fmt(now)
@@ -10,11 +11,13 @@ local m = readMeta(rk)
 if not m then
   return 'missing'
 end
-local state, token, attempts, created, _, _, expires, status, provider, endpoint, fp = unpackMeta(m, rk)
+local state, token, attempts, created, _, leaseUntil, expires, status, provider, endpoint, fp = unpackMeta(m, rk)
 if tonumber(expires) <= now then
   return 'missing'
 end
+local running = state == 'processing' and tonumber(leaseUntil) > now
 if action == 'delete' then
+  if running then return 'leased' end
   -- A tombstone from now: absent everywhere, its token the floor of the key's next one.
   redis.call('DEL', rk)
   redis.call('HSET', rk, 'm', tombstoneMeta(state, token, attempts, created, provider, endpoint, fp))
@@ -24,9 +27,11 @@ end
 local to
 if action == 'force-fail' then
   if state ~= 'processing' then return 'wrong-state' end
+  if running then return 'leased' end
   to = 'failed'
 else
   if not (state == 'failed' or (force and state ~= 'reset')) then return 'wrong-state' end
+  if running then return 'leased' end
   to = 'reset'
 end
 local event = 'reset'

@@ -537,10 +537,20 @@ private Q_SLOTS:
     {
         const QString ep = endpoint();
         const QString key = ep + u":a"_qs;
-        ClaimRequest reject = request(ep, u"a"_qs);
+        ClaimRequest reject = request(ep, u"a"_qs, "f1", 300);
         reject.policy.onFailed = OnFailed::Reject;
         const ClaimResult c = claim(reject);
         QCOMPARE(name(*m_store->applyOperator(key, OperatorAction::Reset, false, u"op"_qs)), name(OperatorVerdict::WrongState));
+        // While the lease is live a run may be going: nothing that would let the key run again
+        // (the next delivery ran it beside the first run).
+        QCOMPARE(name(*m_store->applyOperator(key, OperatorAction::ForceFail, false, u"stuck"_qs)),
+                 name(OperatorVerdict::Leased));
+        QCOMPARE(name(*m_store->applyOperator(key, OperatorAction::Reset, true, u"op"_qs)),
+                 name(OperatorVerdict::Leased));
+        QCOMPARE(name(*m_store->applyOperator(key, OperatorAction::Delete, false, {})),
+                 name(OperatorVerdict::Leased));
+        QCOMPARE(name((*m_store->key(key))->state), name(KeyState::Processing));
+        QVERIFY(storeClockPasses(c.record.leaseUntilMs));
         QCOMPARE(name(*m_store->applyOperator(key, OperatorAction::ForceFail, false, u"stuck"_qs)), name(OperatorVerdict::Accept));
         const KeyRecord forced = **m_store->key(key);
         QCOMPARE(name(forced.state), name(KeyState::Failed));
@@ -664,6 +674,8 @@ private Q_SLOTS:
         const ClaimResult again = claim(request(ep, u"moved"_qs, "fp-moved"));
         QCOMPARE(name(again.decision.action), name(ClaimAction::Create));
         QCOMPARE_GT(again.record.token, std::max(retried, carried));
+        QCOMPARE(name(finish(key, again.record.token, KeyState::Completed)),
+                 name(FinishVerdict::Accept));
         // Deleted and imported again from the same, older file: above the key's last token.
         QCOMPARE(name(*m_store->applyOperator(key, OperatorAction::Delete, false, {})),
                  name(OperatorVerdict::Accept));
@@ -831,7 +843,9 @@ private Q_SLOTS:
     {
         const QString ep = endpoint();
         const QString key = ep + u":a"_qs;
-        const ClaimResult first = claim(request(ep, u"a"_qs));
+        // A worker whose lease ran out (a key in processing is deleted only then: Leased).
+        const ClaimResult first = claim(request(ep, u"a"_qs, "f1", 200));
+        QVERIFY(storeClockPasses(first.record.leaseUntilMs));
         QCOMPARE(name(*m_store->applyOperator(key, OperatorAction::Delete, false, {})), name(OperatorVerdict::Accept));
         const ClaimResult second = claim(request(ep, u"a"_qs));
         QCOMPARE(name(second.decision.action), name(ClaimAction::Create));

@@ -256,7 +256,9 @@ private Q_SLOTS:
     }
 
     // A key force-failed by an operator has no answer stored: its duplicates (on_failed: reject)
-    // get a 500 that says so. It replayed "HTTP/1.1 0 OK" before, which no client can read.
+    // get a 500 that says so. It replayed "HTTP/1.1 0 OK" before, which no client can read. A
+    // stuck key is force-failed (its run's outcome unknown, its lease over); while the lease is
+    // live the operator is refused: a run may be going.
     void aForceFailedKeyReplaysAnErrorNotStatusZero_data() { everyStore(); }
     void aForceFailedKeyReplaysAnErrorNotStatusZero()
     {
@@ -266,28 +268,40 @@ private Q_SLOTS:
             !url.isEmpty(),
             "IDEM_TEST_REDIS_URL / IDEM_TEST_POSTGRES_URL are not set: run through ./dev test");
         CountingDownstream down;
-        Desk desk = start("[{\"name\": \"strict\", \"on_failed\": \"reject\", \"forward_to\": \"" +
-                              down.url().toString().toUtf8() + "\"}]",
-                          url);
+        Desk desk = start(
+            "[{\"name\": \"strict\", \"on_failed\": \"reject\", \"forward_timeout_seconds\": 1,"
+            " \"lease_seconds\": 3, \"forward_to\": \"" +
+                down.url().toString().toUtf8() + "\"}]",
+            url);
         const QByteArray key = "ff-" + m_run;
         const QString stored = u"strict:"_qs + QString::fromLatin1(key);
         down.closeGate();
-        ClientResponse first;
-        std::jthread sender([&] { first = deliver(desk.port, key, "{}", "strict"); });
-        QTRY_COMPARE(down.count("strict:" + key), 1);
-        const auto verdict = desk.pool->run<OperatorVerdict>([&](IdempotencyStore &s) {
-            return s.applyOperator(stored, OperatorAction::ForceFail, true, u"operator (test)"_qs);
-        });
-        QVERIFY(verdict && *verdict == OperatorVerdict::Accept);
+        const ClientResponse first = deliver(desk.port, key, "{}", "strict");
+        QCOMPARE(first.status, 504); // no answer: left processing until its lease ends
+        auto forceFail = [&] {
+            return *desk.pool->run<OperatorVerdict>([&](IdempotencyStore &s) {
+                return s.applyOperator(stored, OperatorAction::ForceFail, true,
+                                       u"operator (test)"_qs);
+            });
+        };
+        QCOMPARE(name(forceFail()), name(OperatorVerdict::Leased));
+        const qint64 leaseUntil =
+            (*desk.pool->run<std::optional<KeyRecord>>([&](IdempotencyStore &s) {
+                return s.key(stored);
+            }))->leaseUntilMs;
+        QVERIFY(QTest::qWaitFor(
+            [&] {
+                return *desk.pool->run<qint64>([](IdempotencyStore &s) { return s.clockMs(); }) >
+                       leaseUntil;
+            },
+            10'000));
+        QCOMPARE(name(forceFail()), name(OperatorVerdict::Accept));
         const ClientResponse dup = deliver(desk.port, key, "{}", "strict");
         QCOMPARE(dup.status, 500);
         QCOMPARE(dup.header("Idempotency-Outcome"), QByteArray("replayed"));
         QCOMPARE(dup.header("Content-Type"), QByteArray("application/problem+json"));
         QVERIFY2(dup.body.contains("no answer stored"), dup.body.constData());
         down.openGate();
-        sender.join();
-        QCOMPARE(first.status,
-                 409); // its late completion is refused: the operator's failure stands
         QCOMPARE(stateOf(desk, stored), name(KeyState::Failed));
         QCOMPARE(deliver(desk.port, key, "{}", "strict").status, 500);
         QCOMPARE(down.count("strict:" + key), 1);

@@ -631,7 +631,14 @@ private Q_SLOTS:
         QVERIFY(again.record.token > high);
 
         const ClaimRequest doomed = claimOf(u"ep:doomed"_qs);
-        QVERIFY((*store)->claim(doomed)->claimed());
+        const ClaimResult doomedClaim = *(*store)->claim(doomed);
+        QVERIFY(doomedClaim.claimed());
+        FinishRequest done;
+        done.key = doomed.key;
+        done.token = doomedClaim.record.token;
+        done.state = KeyState::Completed;
+        done.result = {200, {}, "ok"};
+        QCOMPARE(name(*(*store)->finish(done)), name(FinishVerdict::Accept));
         QCOMPARE(name(*(*store)->applyOperator(doomed.key, OperatorAction::Delete, true, {})),
                  name(OperatorVerdict::Accept));
         QVERIFY(!(*(*store)->key(doomed.key)).has_value());

@@ -16,6 +16,8 @@ inline QString name(OperatorVerdict v)
     case OperatorVerdict::Accept: return QStringLiteral("accept");
     case OperatorVerdict::WrongState: return QStringLiteral("wrong-state");
     case OperatorVerdict::Missing: return QStringLiteral("missing");
+    case OperatorVerdict::Leased:
+        return QStringLiteral("leased");
     }
     return {};
 }

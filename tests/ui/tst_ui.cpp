@@ -1001,10 +1001,14 @@ private Q_SLOTS:
 
     void forceFailAStuckKeyAndCopyAsCurl()
     {
-        // The delivery is held at the downstream until the test has force-failed it.
+        // The delivery is held at the downstream past its forward timeout: no answer, so the key
+        // stays processing until its lease ends. Force-fail is refused until then (a run may be
+        // going), and taken after.
         idem::test::CountingDownstream down;
         down.closeGate();
-        Desk desk = open("[{\"name\": \"slow\", \"forward_to\": \"" + down.url().toString().toUtf8() + "\"}]");
+        Desk desk = open("[{\"name\": \"slow\", \"forward_timeout_seconds\": 1, \"lease_seconds\": "
+                         "3, \"forward_to\": \"" +
+                         down.url().toString().toUtf8() + "\"}]");
         MainWindow &w = *desk.window;
         ClientResponse slow;
         std::jthread t([&] { slow = post(desk.port, "/hooks/slow", "{\"it's\":1}", {{"Idempotency-Key", "s1"}, {"Authorization", "Bearer hunter2"}}); });
@@ -1016,14 +1020,20 @@ private Q_SLOTS:
         QVERIFY2(curl.contains(u"/hooks/slow"_qs) && curl.contains(u"Idempotency-Key: s1"_qs), qPrintable(curl));
         QVERIFY(!curl.contains(u"hunter2"_qs));
         QVERIFY(curl.contains(u"'{\"it'\\''s\":1}'"_qs)); // shell-quoted body
+        QSignalSpy finished(&w, &MainWindow::actionFinished);
+        answerNextMessageBox(QMessageBox::Yes);
+        w.forceFailAction()->trigger();
+        QTRY_COMPARE(finished.count(), 1);
+        QVERIFY2(finished.first().first().toString().contains(u"its lease has not ended"_qs),
+                 qPrintable(finished.first().first().toString()));
+        QCOMPARE(name(w.detail()->current().state), name(KeyState::Processing));
+        t.join();
+        QCOMPARE(slow.status, 504);
+        QTRY_VERIFY_WITH_TIMEOUT(w.detail()->summaryText().contains(u"stuck"_qs), 10000);
         answerNextMessageBox(QMessageBox::Yes);
         w.forceFailAction()->trigger();
         QTRY_COMPARE(name(w.detail()->current().state), name(KeyState::Failed));
-        QCOMPARE(down.held(), 1); // its worker is still waiting for the downstream
         down.openGate();
-        t.join();
-        QCOMPARE(slow.status, 409); // its worker could not record the result any more
-        QCOMPARE(name(w.detail()->current().state), name(KeyState::Failed));
     }
 
     void copyAsCurlSendsTheBodyAsItIs()

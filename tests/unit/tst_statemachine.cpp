@@ -141,18 +141,30 @@ private Q_SLOTS:
         QTest::addColumn<OperatorAction>("action");
         QTest::addColumn<bool>("force");
         QTest::addColumn<OperatorVerdict>("verdict");
-        const auto A = OperatorVerdict::Accept, W = OperatorVerdict::WrongState, M = OperatorVerdict::Missing;
+        const auto A = OperatorVerdict::Accept, W = OperatorVerdict::WrongState,
+                   M = OperatorVerdict::Missing, L = OperatorVerdict::Leased;
         QTest::newRow("reset failed") << Given::Failed << OperatorAction::Reset << false << A;
         QTest::newRow("reset completed") << Given::Completed << OperatorAction::Reset << false << W;
         QTest::newRow("reset completed, force") << Given::Completed << OperatorAction::Reset << true << A;
         QTest::newRow("reset processing") << Given::ProcessingLive << OperatorAction::Reset << false << W;
-        QTest::newRow("reset processing, force") << Given::ProcessingLive << OperatorAction::Reset << true << A;
+        // A live lease: a run may be going, nothing that would let the key run again.
+        QTest::newRow("reset processing, force")
+            << Given::ProcessingLive << OperatorAction::Reset << true << L;
+        QTest::newRow("reset stuck, force")
+            << Given::ProcessingLeaseOver << OperatorAction::Reset << true << A;
         QTest::newRow("reset reset, force") << Given::Reset << OperatorAction::Reset << true << W;
         QTest::newRow("reset absent") << Given::Absent << OperatorAction::Reset << false << M;
         QTest::newRow("reset expired") << Given::Expired << OperatorAction::Reset << true << M;
-        QTest::newRow("force-fail processing") << Given::ProcessingLive << OperatorAction::ForceFail << false << A;
+        QTest::newRow("force-fail processing")
+            << Given::ProcessingLive << OperatorAction::ForceFail << false << L;
+        QTest::newRow("force-fail stuck")
+            << Given::ProcessingLeaseOver << OperatorAction::ForceFail << false << A;
         QTest::newRow("force-fail completed") << Given::Completed << OperatorAction::ForceFail << true << W;
         QTest::newRow("delete completed") << Given::Completed << OperatorAction::Delete << false << A;
+        QTest::newRow("delete processing")
+            << Given::ProcessingLive << OperatorAction::Delete << true << L;
+        QTest::newRow("delete stuck")
+            << Given::ProcessingLeaseOver << OperatorAction::Delete << false << A;
         QTest::newRow("delete absent") << Given::Absent << OperatorAction::Delete << false << M;
     }
     void operatorAction()
