@@ -27,7 +27,8 @@
 namespace idem {
 
 namespace {
-constexpr int kPollLimit = 50000;
+// Deliveries a read takes at once: a few MB on the worker (a mismatch's payload is the most).
+constexpr int kPage = 20000;
 const std::array kShown{Outcome::Processed,   Outcome::Replayed,   Outcome::InProgress,
                         Outcome::Reprocessed, Outcome::Recovered,  Outcome::Mismatch,
                         Outcome::Rejected,    Outcome::Unavailable};
@@ -83,7 +84,7 @@ TrafficView::TrafficView(std::shared_ptr<StorePool> pool, QWidget *parent)
     : QWidget(parent), m_pool(std::move(pool)), m_chart(new QChart()),
       m_bars(new QStackedBarSeries(this)), m_axisX(new QValueAxis(this)),
       m_axisY(new QValueAxis(this)), m_window(new QComboBox(this)),
-      m_table(new QTableWidget(0, 5, this)), m_note(new QLabel(this))
+      m_table(new QTableWidget(0, 5, this)), m_note(new QLabel(this)), m_partial(new QLabel(this))
 {
     auto *layout = new QVBoxLayout(this);
     for (const Window &w : windows())
@@ -94,6 +95,10 @@ TrafficView::TrafficView(std::shared_ptr<StorePool> pool, QWidget *parent)
     top->addWidget(m_window);
     top->addStretch(1);
     layout->addLayout(top);
+    m_partial->setWordWrap(true);
+    m_partial->setTextFormat(Qt::RichText);
+    m_partial->hide();
+    layout->addWidget(m_partial);
 
     m_axisX->setLabelsVisible(false);
     m_axisX->setGridLineVisible(false);
@@ -148,8 +153,11 @@ TrafficView::TrafficView(std::shared_ptr<StorePool> pool, QWidget *parent)
     layout->addWidget(split);
 
     connect(m_window, &QComboBox::currentIndexChanged, this, [this] {
+        ++*m_generation;  // a read in flight was for the old window: its answer polls again
         m_primed = false; // read the whole new window
+        m_countsFromMs = 0;
         m_buckets.clear();
+        render(); // the new window's buckets, empty until its read answers
         poll();
     });
     m_timer.setInterval(1000);
@@ -234,32 +242,77 @@ QString TrafficView::bucketSummary(int bucket) const
 void TrafficView::poll()
 {
     if (m_polling)
-        return;
+        return; // its answer polls again when the window changed meanwhile
     m_polling = true;
     const qint64 now = wallMs();
     // Log entries reach the store in batches: the last few seconds are read again each time.
-    DeliveryQuery q;
     // Whole seconds: every bucket from `since` on is rebuilt from what the store returns.
     const qint64 windowSeconds = window().seconds + window().bucketSeconds;
-    q.sinceMs = ((m_primed ? now - 5000 : now - windowSeconds * 1000LL) / 1000) * 1000;
-    q.limit = kPollLimit;
-    m_pool->submit<QList<DeliveryEvent>>(
-        this, [q](IdempotencyStore &s) { return s.deliveries(q); },
-        [this, q, now, windowSeconds](Result<QList<DeliveryEvent>> events) {
+    const qint64 sinceMs = ((m_primed ? now - 5000 : now - windowSeconds * 1000LL) / 1000) * 1000;
+    const quint64 generation = *m_generation;
+    m_pool->submit<Read>(
+        this,
+        [sinceMs, cap = m_readCap, current = m_generation, generation](IdempotencyStore &s) {
+            return read(s, sinceMs, cap, *current, generation);
+        },
+        [this, sinceMs, now, windowSeconds, generation](Result<Read> read) {
             m_polling = false;
-            if (!events)
+            if (generation != *m_generation) {
+                poll(); // read for a window no longer shown: the one shown is read whole
+                return;
+            }
+            if (!read)
                 return;
             m_primed = true;
-            const qint64 from = q.sinceMs / 1000;
-            m_buckets.erase(m_buckets.lowerBound(from), m_buckets.end());
+            m_buckets.erase(m_buckets.lowerBound(sinceMs / 1000), m_buckets.end());
             m_buckets.erase(m_buckets.begin(), m_buckets.lowerBound(now / 1000 - windowSeconds));
-            for (const DeliveryEvent &e : *events) {
-                Counts &c = m_buckets[e.atMs / 1000][e.endpoint];
-                c[size_t(e.outcome)] += 1;
-            }
+            m_buckets.insert(read->seconds);
+            if (read->fromMs > sinceMs)
+                m_countsFromMs = std::max(m_countsFromMs, read->fromMs);
             render();
             Q_EMIT updated();
         });
+}
+
+Result<TrafficView::Read> TrafficView::read(IdempotencyStore &store, qint64 sinceMs, qint64 cap,
+                                            const std::atomic<quint64> &generation, quint64 mine)
+{
+    Read read;
+    read.fromMs = sinceMs;
+    DeliveryQuery q;
+    q.sinceMs = sinceMs;
+    q.limit = int(std::min<qint64>(kPage, cap));
+    qint64 counted = 0;
+    while (generation == mine) {
+        auto events = store.deliveries(q);
+        if (!events)
+            return events.error();
+        const bool full = events->size() >= q.limit;
+        // A full page may end inside its oldest millisecond: that one is read whole with the
+        // next page, which ends (untilMs) where this one is counted to.
+        const qint64 cut = full ? events->last().atMs : sinceMs - 1;
+        qint64 page = 0;
+        for (const DeliveryEvent &e : *events) {
+            if (e.atMs <= cut)
+                continue;
+            read.seconds[e.atMs / 1000][e.endpoint][size_t(e.outcome)] += 1;
+            ++page;
+        }
+        counted += page;
+        if (!full)
+            break;
+        if (page == 0 || counted >= cap) { // a page all in one millisecond, or the cap
+            read.fromMs = cut + 1;
+            break;
+        }
+        q.untilMs = cut + 1;
+    }
+    return read;
+}
+
+QString TrafficView::partialNotice() const
+{
+    return m_partial->isHidden() ? QString() : m_partial->text();
 }
 
 qint64 TrafficView::total(Outcome outcome) const
@@ -307,10 +360,23 @@ void TrafficView::render()
     m_axisY->setRange(0, double(peak) * 1.1 + 1);
     m_axisY->applyNiceNumbers();
     const int size = window().bucketSeconds;
-    m_chart->setTitle(
-        tr("Deliveries by outcome, %1 (a bar is %2; now at the right)")
-            .arg(window().label.toLower(), size < 60 ? countOf(size, u"second", u"seconds")
-                                                     : countOf(size / 60, u"minute", u"minutes")));
+    // Counts cut short inside the window shown: said above the chart and in its title.
+    const bool partial = m_countsFromMs > bucketStart(0) * 1000;
+    const QDateTime start = QDateTime::fromMSecsSinceEpoch(m_countsFromMs);
+    const QString from = start.toString(
+        start.date() == QDate::currentDate() ? u"hh:mm:ss"_qs : u"yyyy-MM-dd hh:mm:ss"_qs);
+    m_chart->setTitle(tr("Deliveries by outcome, %1 (a bar is %2; now at the right)%3")
+                          .arg(window().label.toLower(),
+                               size < 60 ? countOf(size, u"second", u"seconds")
+                                         : countOf(size / 60, u"minute", u"minutes"),
+                               partial ? tr(" — counted from %1 on").arg(from) : QString()));
+    m_partial->setVisible(partial);
+    if (partial)
+        m_partial->setText(
+            tr("<b>Counts start at %1.</b> A read stops after %2 deliveries, and this window holds "
+               "more: the bars before %1 and the numbers below leave out the older ones "
+               "(<code>idemdesk stats --since</code> counts them all).")
+                .arg(from, QString::number(m_readCap)));
 
     QMap<QString, Counts> perEndpoint;
     for (const auto &second : m_buckets)

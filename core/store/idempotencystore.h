@@ -8,6 +8,7 @@
 #include <QString>
 
 #include <functional>
+#include <limits>
 #include <optional>
 
 namespace idem {
@@ -89,7 +90,10 @@ struct DeliveryQuery
     QString key;      // empty: all keys
     QString endpoint; // empty: all endpoints
     qint64 sinceMs = 0;
-    int limit = 1000; // newest first
+    qint64 untilMs = 0; // 0: no bound; else only deliveries before it (at < untilMs)
+    int limit = 1000;   // newest first
+    // untilMs as the upper end of a range every store compares with (no bound: the largest).
+    qint64 untilBound() const { return untilMs > 0 ? untilMs : std::numeric_limits<qint64>::max(); }
 };
 
 // One connection to an idempotency store. Every transition is atomic in the store, so any

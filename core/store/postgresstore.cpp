@@ -250,12 +250,12 @@ Result<std::unique_ptr<PostgresStore>> PostgresStore::connect(const StoreUrl &ur
         // the whole log by time (PostgreSQL picks one after five runs of a statement).
         c.prepare("deliveries",
                   "SELECT at_ms, endpoint, key, outcome, status, latency_us, token, instance,"
-                  " detail, payload FROM idem_deliveries WHERE at_ms >= $1"
+                  " detail, payload FROM idem_deliveries WHERE at_ms >= $1 AND at_ms < $4"
                   " AND ($2 = '' OR endpoint = $2) ORDER BY at_ms DESC, id DESC LIMIT $3");
         c.prepare("deliveries_of_key",
                   "SELECT at_ms, endpoint, key, outcome, status, latency_us, token,"
                   " instance, detail, payload FROM idem_deliveries WHERE key = $1"
-                  " AND at_ms >= $2 AND ($3 = '' OR endpoint = $3)"
+                  " AND at_ms >= $2 AND at_ms < $5 AND ($3 = '' OR endpoint = $3)"
                   " ORDER BY at_ms DESC, id DESC LIMIT $4");
         return {};
     });
@@ -623,8 +623,9 @@ Result<QList<DeliveryEvent>> PostgresStore::deliveries(const DeliveryQuery &q)
         QList<DeliveryEvent> events;
         const pqxx::result rows =
             q.key.isEmpty()
-                ? n.exec_prepared("deliveries", q.sinceMs, s(q.endpoint), q.limit)
-                : n.exec_prepared("deliveries_of_key", s(q.key), q.sinceMs, s(q.endpoint), q.limit);
+                ? n.exec_prepared("deliveries", q.sinceMs, s(q.endpoint), q.limit, q.untilBound())
+                : n.exec_prepared("deliveries_of_key", s(q.key), q.sinceMs, s(q.endpoint), q.limit,
+                                  q.untilBound());
         for (const auto &row : rows) {
             DeliveryEvent e;
             e.atMs = row[0].as<qint64>();

@@ -1359,6 +1359,8 @@ Result<QList<DeliveryEvent>> RedisStore::deliveries(const DeliveryQuery &q)
                 older = true;
                 break;
             }
+            if (e.atMs >= q.untilBound())
+                continue; // newer than asked: the stream is read from its newest end
             e.endpoint = QString::fromUtf8(f.value("e"));
             e.key = QString::fromUtf8(f.value("k"));
             if ((!q.key.isEmpty() && e.key != q.key) ||

@@ -670,14 +670,15 @@ Result<QList<DeliveryEvent>> SqliteStore::deliveries(const DeliveryQuery &q)
     // log by time for each key (0.1 s a key at 188k deliveries: an export of many keys for hours).
     static constexpr const char *kAll =
         "SELECT at_ms, endpoint, key, outcome, status, latency_us, token, instance, detail, payload"
-        " FROM idem_deliveries WHERE at_ms >= ?1 AND (?3 = '' OR endpoint = ?3)"
+        " FROM idem_deliveries WHERE at_ms >= ?1 AND at_ms < ?5 AND (?3 = '' OR endpoint = ?3)"
         " ORDER BY at_ms DESC, id DESC LIMIT ?4";
     static constexpr const char *kOfKey =
         "SELECT at_ms, endpoint, key, outcome, status, latency_us, token, instance, detail, payload"
-        " FROM idem_deliveries WHERE key = ?2 AND at_ms >= ?1 AND (?3 = '' OR endpoint = ?3)"
-        " ORDER BY at_ms DESC, id DESC LIMIT ?4";
+        " FROM idem_deliveries WHERE key = ?2 AND at_ms >= ?1 AND at_ms < ?5"
+        " AND (?3 = '' OR endpoint = ?3) ORDER BY at_ms DESC, id DESC LIMIT ?4";
     IDEM_PREPARE(select, q.key.isEmpty() ? kAll : kOfKey);
     select.bind(1, q.sinceMs).bind(2, q.key).bind(3, q.endpoint).bind(4, qint64(q.limit));
+    select.bind(5, q.untilBound()); // a bound of the index's range, not a filter after it
     QList<DeliveryEvent> events;
     int rc;
     while ((rc = select.step()) == SQLITE_ROW) {

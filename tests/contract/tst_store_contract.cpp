@@ -837,6 +837,49 @@ private Q_SLOTS:
         QCOMPARE(mismatch->payload, QByteArray("{\"changed\":true}\0\xff", 18));
     }
 
+    // A window read a page at a time, newest first: each page ends (untilMs, excluded) where
+    // the one before stopped, so the pages together hold every delivery of the window once.
+    void deliveryLogPagesBackwards()
+    {
+        const QString ep = endpoint();
+        const qint64 t0 = wallMs() - 60'000;
+        QList<DeliveryEvent> events;
+        for (int i = 0; i < 6; ++i) {
+            DeliveryEvent e;
+            e.atMs = t0 + i / 2 * 10; // two a millisecond: t0, t0 + 10, t0 + 20
+            e.endpoint = ep;
+            e.key = ep + (i % 2 ? u":odd"_qs : u":even"_qs);
+            e.outcome = Outcome::Processed;
+            e.status = 200;
+            e.token = i + 1;
+            events << e;
+        }
+        QVERIFY(m_store->appendDeliveries(events).ok());
+        DeliveryQuery q;
+        q.endpoint = ep;
+        q.sinceMs = t0;
+        q.untilMs = t0 + 20; // the two at t0 + 20 are left out
+        const auto page = *m_store->deliveries(q);
+        QCOMPARE(page.size(), 4);
+        QCOMPARE(page.first().atMs, t0 + 10);
+        QCOMPARE(page.last().atMs, t0);
+        q.untilMs = t0 + 10;
+        q.limit = 1;
+        const auto older = *m_store->deliveries(q);
+        QCOMPARE(older.size(), 1);
+        QCOMPARE(older.first().atMs, t0);
+        q.untilMs = t0; // before the first: nothing
+        QCOMPARE(m_store->deliveries(q)->size(), 0);
+        // One key's, through its own index.
+        DeliveryQuery ofKey;
+        ofKey.key = ep + u":odd"_qs;
+        ofKey.untilMs = t0 + 11;
+        const auto odd = *m_store->deliveries(ofKey);
+        QCOMPARE(odd.size(), 2);
+        QCOMPARE(odd.first().token, 4); // t0 + 10
+        QCOMPARE(odd.last().token, 2);  // t0
+    }
+
     // Fencing tokens come from one counter per store: a key deleted and claimed again gets a
     // higher token, and the old worker's late finish is refused.
     void tokensAreNeverReusedAfterDelete()

@@ -18,6 +18,7 @@
 #include "support/downstream.h"
 #include "support/names.h"
 #include "support/serveprocess.h"
+#include "support/servers.h"
 #include "textdiff.h"
 #include "timelinemodel.h"
 #include "trafficview.h"
@@ -61,6 +62,7 @@
 #include <QTextLayout>
 #include <QTimer>
 #include <cmath>
+#include <csignal>
 
 #include <atomic>
 #include <thread>
@@ -1410,6 +1412,112 @@ private Q_SLOTS:
         QTRY_VERIFY_WITH_TIMEOUT(window.keys()->rowCount() >= 400, 20000); // the next page, fetched as it scrolls
         QVERIFY2(m_calls.watched.load() >= 4, qPrintable(QString::number(m_calls.watched.load()))); // pages and counts
         QCOMPARE(m_calls.guiWaited.load(), 0);
+    }
+
+    // The reviewer's store: 10,000 processed deliveries 20 to 40 minutes ago, then 60,000
+    // replayed in a 30 s burst (two minutes ago). "Last hour" counts them all (a read of the newest
+    // 50,000 showed processed 0); one read past its cap says where its counts start.
+    void trafficCountsTheWholeWindow()
+    {
+        const QString url = u"sqlite:"_qs + m_dir.filePath(u"traffic-window.db"_qs);
+        auto pool = recordedPool(url, &m_calls);
+        const qint64 now = wallMs();
+        QList<DeliveryEvent> log;
+        for (int i = 0; i < 70'000; ++i) {
+            DeliveryEvent e;
+            const bool old = i < 10'000;
+            e.atMs =
+                old ? now - 40 * 60'000 + qint64(i) * 120 : now - 150'000 + qint64(i - 10'000) / 2;
+            e.endpoint = u"t"_qs;
+            e.key = u"t:%1"_qs.arg(old ? i : i % 100);
+            e.outcome = old ? Outcome::Processed : Outcome::Replayed;
+            e.status = 200;
+            log << e;
+        }
+        QVERIFY(pool->run<void>([&](IdempotencyStore &s) { return s.appendDeliveries(log); }).ok());
+
+        // Every store call waits for two turns of the GUI thread (see aMillionKeysStayResponsive).
+        QTimer heartbeat;
+        connect(&heartbeat, &QTimer::timeout, this, [this] { ++m_calls.heartbeat; });
+        heartbeat.start(5);
+        m_calls.watchGui = true;
+        TrafficView view(pool);
+        const auto unwatch = qScopeGuard([this] { m_calls.watchGui = false; });
+        view.resize(1000, 700);
+        view.show();
+        view.windowChoice()->setCurrentIndex(2); // last hour
+        QTRY_COMPARE_WITH_TIMEOUT(view.total(Outcome::Replayed), 60'000, 30000);
+        QTRY_COMPARE_WITH_TIMEOUT(view.total(Outcome::Processed), 10'000, 30000);
+        QCOMPARE(view.partialNotice(), QString());
+        qint64 inBars = 0;
+        for (int b = 0; b < view.bucketCount(); ++b)
+            inBars +=
+                view.bucketCount(b, Outcome::Processed) + view.bucketCount(b, Outcome::Replayed);
+        QCOMPARE(inBars, 70'000);
+        QTRY_COMPARE(view.ratios()->rowCount(), 1);
+        QCOMPARE(view.ratios()->item(0, 1)->text(), u"70000"_qs);
+        QCOMPARE(view.ratios()->item(0, 4)->data(Qt::UserRole).toDouble(), 60'000.0 / 70'000.0);
+        QCOMPARE(m_calls.guiWaited.load(), 0);
+        QCOMPARE(m_calls.onGuiThread.load(), 0);
+
+        // A read capped below the window's deliveries: the newest are counted, and the view says
+        // from when.
+        view.setReadCap(25'000);
+        view.windowChoice()->setCurrentIndex(3); // last 24 hours
+        QTRY_VERIFY_WITH_TIMEOUT(!view.partialNotice().isEmpty(), 30000);
+        QVERIFY2(view.partialNotice().contains(u"Counts start at"_qs),
+                 qPrintable(view.partialNotice()));
+        QCOMPARE(view.total(Outcome::Processed), 0);
+        QVERIFY2(view.total(Outcome::Replayed) >= 25'000 && view.total(Outcome::Replayed) < 60'000,
+                 qPrintable(QString::number(view.total(Outcome::Replayed))));
+        // Its time is the oldest counted delivery's second.
+        const qint64 counted = view.total(Outcome::Replayed);
+        const qint64 fromMs = now - 120'000 - counted / 2; // the burst has two a millisecond
+        const QString from = QDateTime::fromMSecsSinceEpoch(fromMs).toString(u"hh:mm:ss"_qs);
+        QVERIFY2(view.partialNotice().contains(from),
+                 qPrintable(view.partialNotice() + u" / "_qs + from));
+        // Back under the cap (the last minute holds none of these): no notice.
+        view.setReadCap(TrafficView::kReadCap);
+        view.windowChoice()->setCurrentIndex(0);
+        QTRY_COMPARE_WITH_TIMEOUT(view.total(Outcome::Replayed), 0, 10000);
+        QCOMPARE(view.partialNotice(), QString());
+    }
+
+    // The window changed while a poll was in flight (Redis stopped meanwhile): the old poll's
+    // answer, for the old window's last seconds, is dropped and the new window read whole, not
+    // left empty for good.
+    void trafficWindowChangedDuringAPollIsReadWhole()
+    {
+        QTemporaryDir dir;
+        test::RedisServer redis(dir.path());
+        QVERIFY(redis.start());
+        auto pool = recordedPool(redis.url(), &m_calls);
+        QList<DeliveryEvent> log;
+        for (int i = 0; i < 200; ++i) {
+            DeliveryEvent e;
+            e.atMs = wallMs() - 10 * 60'000 + i; // in the last hour, not the last 5 minutes
+            e.endpoint = u"t"_qs;
+            e.key = u"t:%1"_qs.arg(i);
+            e.outcome = Outcome::Processed;
+            e.status = 200;
+            log << e;
+        }
+        QVERIFY(pool->run<void>([&](IdempotencyStore &s) { return s.appendDeliveries(log); }).ok());
+        TrafficView view(pool);
+        view.show();
+        QSignalSpy updated(&view, &TrafficView::updated);
+        QVERIFY(updated.wait(10000)); // the 5 minutes read: none of them
+        QCOMPARE(view.total(Outcome::Processed), 0);
+
+        ::kill(pid_t(redis.pid()), SIGSTOP);
+        {
+            const auto resume = qScopeGuard([&] { ::kill(pid_t(redis.pid()), SIGCONT); });
+            view.poll(); // a poll in flight (this one, or the timer's), held by the stopped Redis
+            view.windowChoice()->setCurrentIndex(2); // last hour
+            QCOMPARE(view.bucketCount(), 60);        // the GUI thread goes on meanwhile
+        }
+        QTRY_COMPARE_WITH_TIMEOUT(view.total(Outcome::Processed), 200, 10000);
+        QCOMPARE(m_calls.onGuiThread.load(), 0);
     }
 };
 
