@@ -174,7 +174,10 @@ int serve(const QStringList &arguments)
         },
         Qt::DirectConnection);
 
-    // SIGINT / SIGTERM: stop accepting, let in-flight deliveries finish, exit 0.
+    // SIGINT / SIGTERM / SIGHUP: stop accepting, let in-flight deliveries finish, exit 0. A hangup
+    // (the terminal closed, a session ended) killed serve at once: in-flight keys were left
+    // leased to be run again, and the delivery log's last lines were lost. SIGPIPE (a closed
+    // stdout: `serve | head`) is ignored: the log's write fails, the receiver goes on.
     if (::socketpair(AF_UNIX, SOCK_STREAM, 0, g_signalPipe) != 0) {
         printError(u"cannot set up signal handling"_qs);
         return 1;
@@ -185,6 +188,8 @@ int serve(const QStringList &arguments)
     action.sa_flags = SA_RESTART;
     sigaction(SIGINT, &action, nullptr);
     sigaction(SIGTERM, &action, nullptr);
+    sigaction(SIGHUP, &action, nullptr);
+    std::signal(SIGPIPE, SIG_IGN);
     QSocketNotifier notifier(g_signalPipe[0], QSocketNotifier::Read);
     bool stopping = false;
     QObject::connect(&notifier, &QSocketNotifier::activated, &notifier, [&] {

@@ -136,8 +136,6 @@ Result<std::unique_ptr<SqliteStore>> SqliteStore::open(const QString &path,
     if (const int fd = ::open(native.constData(), O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
         fd >= 0)
         ::close(fd);
-    for (const char *suffix : {"", "-wal", "-shm"})
-        (void)::chmod((native + suffix).constData(), 0600);
     sqlite3 *db = nullptr;
     const int rc = sqlite3_open_v2(QFile::encodeName(path).constData(), &db,
                                    SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX,
@@ -155,8 +153,8 @@ Result<std::unique_ptr<SqliteStore>> SqliteStore::open(const QString &path,
     for (const char *pragma :
          {"PRAGMA journal_mode=WAL", "PRAGMA journal_size_limit=67108864",
           options.synchronousFull ? "PRAGMA synchronous=FULL" : "PRAGMA synchronous=NORMAL"}) {
-        if (auto r = store->exec(pragma); !r)
-            return r.error();
+        if (auto r = store->exec(pragma); !r) // the first read of the file: a database?
+            return makeError(r.error().code, u"%1 (store %2)"_qs.arg(r.error().message, path));
     }
 
     // Schema: versioned by PRAGMA user_version, each step applied in the same transaction.
@@ -180,6 +178,10 @@ Result<std::unique_ptr<SqliteStore>> SqliteStore::open(const QString &path,
     }
     if (auto r = store->exec("COMMIT"); !r)
         return r.error();
+    // Only the owner may read it (request bodies), once it is known to be a database: a store path
+    // mistyped onto another file (/etc/passwd, as root) made that file 0600 before it was refused.
+    for (const char *suffix : {"", "-wal", "-shm"})
+        (void)::chmod((native + suffix).constData(), 0600);
     return store;
 }
 

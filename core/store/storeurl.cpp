@@ -125,7 +125,7 @@ Result<StoreUrl> StoreUrl::parse(const QString &text)
 {
     StoreUrl url;
     url.original = text;
-    if (text.isEmpty() || text == u"sqlite:"_qs) {
+    if (text.isEmpty()) {
         url.path = defaultSqlitePath();
         return url;
     }
@@ -160,8 +160,13 @@ Result<StoreUrl> StoreUrl::parse(const QString &text)
                 url.synchronousFull = value == u"full"_qs;
             }
         }
+        // No file named: a templated "sqlite:${DB}" with DB unset ran on the default store (whose
+        // keys are not this desk's: every event it had not seen was processed again).
         if (url.path.isEmpty())
-            url.path = defaultSqlitePath();
+            return makeError(
+                ErrorCode::Invalid,
+                u"store URL %1 names no file: give sqlite:PATH, or leave the store out "
+                u"for the default (%2)"_qs.arg(shownUrl(text), defaultSqlitePath()));
         return url;
     }
     if (text.startsWith(u"redis-cluster://"_qs))

@@ -944,6 +944,21 @@ private Q_SLOTS:
         QVERIFY2(down.err.startsWith("idemdesk: cannot connect to Redis"), down.err.constData());
         QCOMPARE(down.err.count('\n'), 1); // one line
         QCOMPARE(idemdesk({u"stats"_qs, u"--store"_qs, u"postgresql://idem@127.0.0.1:1/x"_qs}).rc, 1);
+        // A store path onto a file that is not a database: refused naming the file, and the
+        // file left as it was (it was made 0600 before the refusal: /etc/passwd, as root).
+        QFile other(m_dir.filePath(u"notes.txt"_qs));
+        QVERIFY(other.open(QIODevice::WriteOnly) && other.write("not a database\n") > 0);
+        other.close();
+        QVERIFY(other.setPermissions(QFileDevice::ReadOwner | QFileDevice::WriteOwner |
+                                     QFileDevice::ReadOther));
+        const Run notADatabase =
+            idemdesk({u"keys"_qs, u"list"_qs, u"--store"_qs, u"sqlite:"_qs + other.fileName()});
+        QCOMPARE(notADatabase.rc, 1);
+        QVERIFY2(notADatabase.err.contains(other.fileName().toUtf8()),
+                 notADatabase.err.constData());
+        QVERIFY(other.permissions() & QFileDevice::ReadOther);
+        QCOMPARE(idemdesk({u"keys"_qs, u"list"_qs, u"--store"_qs, u"sqlite:"_qs}).rc,
+                 2); // no file named
         // A store URL's password is not echoed, whatever is wrong with the URL.
         const Run scheme = idemdesk({u"stats"_qs, u"--store"_qs, u"mysql://root:hunter2@db/x"_qs});
         QCOMPARE(scheme.rc, 2);

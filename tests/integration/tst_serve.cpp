@@ -392,10 +392,17 @@ private Q_SLOTS:
         QCOMPARE(line.value(u"status").toInt(), 200);
     }
 
+    void sigtermFinishesInFlightDeliveries_data()
+    {
+        QTest::addColumn<int>("signal");
+        QTest::newRow("SIGTERM") << SIGTERM;
+        QTest::newRow("SIGHUP") << SIGHUP; // a closed terminal: it killed serve at once
+    }
     void sigtermFinishesInFlightDeliveries()
     {
+        QFETCH(int, signal);
         CountingDownstream down;
-        const QString db = m_dir.filePath(u"graceful.db"_qs);
+        const QString db = m_dir.filePath(u"graceful%1.db"_qs.arg(signal));
         const QString config = write(u"slow.json"_qs, "{\"endpoints\": [{\"name\": \"slow\", \"forward_to\": \""
                                                           + down.url().toString().toUtf8() + "\"}]}");
         Served s = serve({u"--store"_qs, u"sqlite:"_qs + db, u"--config"_qs, config});
@@ -421,7 +428,7 @@ private Q_SLOTS:
             buildPost("/hooks/slow", "{}", {{"Idempotency-Key", "late"}}, false);
         QVERIFY(arriving.send(late.left(late.size() - 2)));
 
-        ::kill(pid_t(s.process->processId()), SIGTERM);
+        ::kill(pid_t(s.process->processId()), signal);
         // Stopping began: no new connection is served, while the delivery is still in flight.
         QTRY_COMPARE_WITH_TIMEOUT(get(s.port, "/healthz").status, 0, 10000);
         QCOMPARE(s.process->state(), QProcess::Running);

@@ -195,6 +195,11 @@ private Q_SLOTS:
         QVERIFY(!StoreUrl::parse(QStringLiteral("mysql://x")).ok());
         QVERIFY(!StoreUrl::parse(QStringLiteral("postgresql://localhost:5432")).ok());
         QVERIFY(StoreUrl::parse(QString()).ok()); // default: the user's data folder
+        // A sqlite: URL naming no file (a template's variable unset) is an error, not the default.
+        for (const char *empty : {"sqlite:", "sqlite://", "sqlite:?synchronous=full"}) {
+            const auto parsed = StoreUrl::parse(QString::fromLatin1(empty));
+            QVERIFY2(!parsed.ok() && parsed.error().message.contains(u"names no file"), empty);
+        }
     }
 
     void postgresTlsSettingsComeFromTheUrl()
