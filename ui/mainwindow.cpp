@@ -1018,11 +1018,19 @@ void MainWindow::importFrom(const QString &path)
                 return finishAction(tr("Import not done: %1").arg(report.error().message), false);
             QString message = tr("Imported %1 from %2.")
                                   .arg(countOf(report->imported.size(), u"key", u"keys"), path);
+            // The first ten of each list, the rest counted: the message is the status bar's and the
+            // detail's banner.
+            auto firstOf = [](const QStringList &items, const QString &separator) {
+                return items.size() <= 10
+                           ? items.join(separator)
+                           : items.mid(0, 10).join(separator) +
+                                 tr("%1and %2 more").arg(separator).arg(items.size() - 10);
+            };
             if (!report->existing.isEmpty())
                 message +=
-                    tr(" Already here, left alone: %1.").arg(report->existing.join(u", "_qs));
+                    tr(" Already here, left alone: %1.").arg(firstOf(report->existing, u", "_qs));
             if (!report->refused.isEmpty())
-                message += tr(" Refused: %1").arg(report->refused.join(u"; "_qs));
+                message += tr(" Refused: %1").arg(firstOf(report->refused, u"; "_qs));
             if (!report->stopped.isEmpty())
                 message += tr(" Stopped: %1").arg(report->stopped);
             finishAction(message, report->refused.isEmpty() && report->stopped.isEmpty());

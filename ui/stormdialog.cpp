@@ -137,6 +137,9 @@ QString StormDialog::resultText() const
                     .arg(stateColour(KeyState::Completed).name())
                     .arg(r.keysProcessedOnce())
                     .arg(countOf(r.keys, u"key", u"keys"));
+    else if (!r.keysProcessedTwice())
+        text += tr("<span style='color:%1'><b>Not all processed</b>: %2.</span>")
+                    .arg(stateColour(KeyState::Failed).name(), r.shortOfOnce().toHtmlEscaped());
     else
         text += tr("<span style='color:%1'><b>Not exactly once</b>: %2 of %3 processed once; %4 "
                    "got no answer.</span>")

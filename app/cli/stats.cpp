@@ -22,8 +22,10 @@ int stats(const QStringList &arguments)
         return rc;
     bool ok = false;
     const qint64 since = parser.value(u"since"_qs).toLongLong(&ok);
-    if (!ok || since <= 0) {
-        printError(u"--since must be a positive number of seconds"_qs);
+    // Ten years at most: beyond, the milliseconds overflowed ("in the last 89887495734d").
+    if (!ok || since <= 0 || since > 10LL * 366 * 86400) {
+        printError(
+            u"--since must be a positive number of seconds, ten years (316224000) at most"_qs);
         return ExitUsage;
     }
     StoreSession session;

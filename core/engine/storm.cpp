@@ -18,6 +18,24 @@ int StormReport::keysProcessedOnce() const
     return int(std::count_if(processorRuns.begin(), processorRuns.end(), [](int n) { return n == 1; }));
 }
 
+int StormReport::keysProcessedTwice() const
+{
+    return int(
+        std::count_if(processorRuns.begin(), processorRuns.end(), [](int n) { return n > 1; }));
+}
+
+QString StormReport::shortOfOnce() const
+{
+    QStringList why;
+    for (auto it = statuses.begin(); it != statuses.end(); ++it)
+        if (it.key() == 0 || it.key() >= 500)
+            why << (it.key() ? u"%1 ×%2"_qs.arg(it.key()).arg(it.value())
+                             : u"no answer ×%1"_qs.arg(it.value()));
+    return u"none processed twice; %1 of %2 never processed%3"_qs.arg(keys - keysProcessedOnce())
+        .arg(keys)
+        .arg(why.isEmpty() ? QString() : u" (%1)"_qs.arg(why.join(u", "_qs)));
+}
+
 StormReport runStorm(const StormPlan &plan, const EndpointConfig &endpoint,
                      const std::function<void(qint64, qint64)> &progress)
 {

@@ -30,7 +30,11 @@ struct StormReport
     qint64 elapsedMs = 0;
     QMap<QString, int> processorRuns; // stored key → processed + reprocessed + recovered answers
     int keysProcessedOnce() const;
+    int keysProcessedTwice() const; // more than once: the guarantee broken
     bool exactlyOnce() const { return keysProcessedOnce() == keys && !statuses.value(0); }
+    // Not exactly once, but none twice: some keys were never processed (the store refused them,
+    // 503, or no answer came), which is the guarantee kept under a fault, not broken.
+    QString shortOfOnce() const;
 };
 
 // Fires `copies` identical deliveries of each of `keys` new events at a running receiver, as

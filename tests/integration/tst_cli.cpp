@@ -288,6 +288,15 @@ private Q_SLOTS:
         QCOMPARE(down.total(), 3 + 2);
         QCOMPARE(down.requests().at(3).header("Idempotency-Key"), down.requests().at(4).header("Idempotency-Key"));
         QVERIFY(!reached.contains(down.requests().at(4).header("Idempotency-Key")));
+        // Nothing processed (no receiver there, as when the store refuses every claim): said as
+        // it is, not as a broken guarantee.
+        r = idemdesk(QStringList{u"storm"_qs, u"--endpoint"_qs, fwd, u"--copies"_qs, u"2"_qs,
+                                 u"--url"_qs, u"http://127.0.0.1:1"_qs} +
+                     common);
+        QCOMPARE(r.rc, 1);
+        QVERIFY2(r.out.contains("none processed twice; 1 of 1 never processed (no answer ×2)") &&
+                     !r.out.contains("NOT exactly once"),
+                 r.out.constData());
 
         // A key that will expire, for purge-expired. From here until that purge nothing lists or
         // counts keys: on Redis a listing drops expired index entries on its way.
@@ -939,6 +948,7 @@ private Q_SLOTS:
         QCOMPARE(idemdesk({u"storm"_qs, u"--copies"_qs, u"3"_qs}).rc, 2);
         QCOMPARE(idemdesk({u"storm"_qs, u"--endpoint"_qs, u"nope"_qs}).rc, 2);
         QCOMPARE(idemdesk({u"stats"_qs, u"--since"_qs, u"-1"_qs}).rc, 2);
+        QCOMPARE(idemdesk({u"stats"_qs, u"--since"_qs, u"99999999999999999"_qs}).rc, 2);
         const Run down = idemdesk({u"keys"_qs, u"list"_qs, u"--store"_qs, u"redis://127.0.0.1:1/0"_qs});
         QCOMPARE(down.rc, 1);
         QVERIFY2(down.err.startsWith("idemdesk: cannot connect to Redis"), down.err.constData());

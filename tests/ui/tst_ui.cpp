@@ -567,6 +567,20 @@ private Q_SLOTS:
         QVERIFY2(
             imported.last().at(0).toString().contains(u"Already here, left alone: e:broken"_qs),
             qPrintable(imported.last().at(0).toString()));
+        // Many lines refused (or keys already here): the first ten named, the rest counted (six
+        // thousand keys made a message of 114,000 characters filling the detail pane).
+        const QString garbage = m_dir.filePath(u"garbage.jsonl"_qs);
+        QFile out(garbage);
+        QVERIFY(out.open(QIODevice::WriteOnly));
+        for (int i = 0; i < 300; ++i)
+            out.write("not json at all\n");
+        out.close();
+        to.importFrom(garbage);
+        QTRY_COMPARE(imported.count(), 3);
+        const QString refused = imported.last().at(0).toString();
+        QVERIFY2(refused.contains(u"line 10:"_qs) && !refused.contains(u"line 11:"_qs) &&
+                     refused.contains(u"and 290 more"_qs) && refused.size() < 2000,
+                 qPrintable(refused));
     }
 
     void stateColoursReadableOnLightAndDark()
