@@ -247,6 +247,12 @@ void IdempotencyEngine::handle(HttpRequest request, Responder responder)
                 return Ok{};
             },
             [this, d](Result<Ok> ready) {
+                // A store that answers but refuses writes (a full disk, Redis out of memory)
+                // refuses every new delivery: not ready while its last write failed, for a while.
+                const StoreHealth health = m_pool->health();
+                if (ready && health.writesFailing(QDateTime::currentMSecsSinceEpoch()))
+                    ready = makeError(ErrorCode::Unavailable,
+                                      u"the store refuses writes: "_qs + health.lastWriteError);
                 // Why not (the store's error, its schema version) is the log's, not the network's.
                 logNotReady(u"/readyz"_qs, ready ? QString() : ready.error().message);
                 sendProbe(

@@ -213,7 +213,7 @@ void RedisLane::answered(Call *call, const redisReply *reply, const char *contex
                                                             : u"connection lost"_qs;
         const Error error =
             makeError(ErrorCode::InDoubt, u"Redis %1: %2"_qs.arg(m_url.display(), why));
-        m_health.reportHealth(false, error.message);
+        m_health.reportHealth(false, error.message, true); // claims and finishes: writes
         return call->answer(nullptr, &error);
     }
     if (reply->type == REDIS_REPLY_ERROR) {
@@ -230,17 +230,17 @@ void RedisLane::answered(Call *call, const redisReply *reply, const char *contex
         const Error error =
             makeError(ErrorCode::Unavailable,
                       u"Redis %1: %2"_qs.arg(m_url.display(), QString::fromUtf8(message)));
-        m_health.reportHealth(false, error.message);
+        m_health.reportHealth(false, error.message, true); // claims and finishes: writes
         return call->answer(nullptr, &error);
     }
-    m_health.reportHealth(true);
+    m_health.reportHealth(true, {}, true);
     call->answer(reply, nullptr);
 }
 
 void RedisLane::fail(Call *call, const Error &error)
 {
     std::unique_ptr<Call> owned(call);
-    m_health.reportHealth(false, error.message);
+    m_health.reportHealth(false, error.message, true); // claims and finishes: writes
     call->answer(nullptr, &error);
 }
 

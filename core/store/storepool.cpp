@@ -15,12 +15,12 @@ struct StoreWatch final : IdempotencyStore
     IdempotencyStore &inner;
     bool &failed;
     QString &failure;
-    std::function<void(bool healthy, const QString &error)> report;
-    StoreWatch(IdempotencyStore &s, bool &f, QString &m, std::function<void(bool, const QString &)> r)
+    std::function<void(bool healthy, const QString &error, bool write)> report;
+    StoreWatch(IdempotencyStore &s, bool &f, QString &m, std::function<void(bool, const QString &, bool)> r)
         : inner(s), failed(f), failure(m), report(std::move(r))
     {}
     template<typename R>
-    R seen(R r)
+    R seen(R r, bool write = false)
     {
         const bool storeFailed = !r && (r.error().code == ErrorCode::Unavailable || r.error().code == ErrorCode::InDoubt);
         if (storeFailed) {
@@ -30,25 +30,25 @@ struct StoreWatch final : IdempotencyStore
         // Health is known before the caller sees the result. An internal error (a SQLite file no
         // longer at its path) is unhealthy too, but connecting again would not mend it.
         const bool unhealthy = storeFailed || (!r && r.error().code == ErrorCode::Internal);
-        report(!unhealthy, unhealthy ? r.error().message : QString());
+        report(!unhealthy, unhealthy ? r.error().message : QString(), write);
         return r;
     }
-    Result<ClaimResult> claim(const ClaimRequest &q) override { return seen(inner.claim(q)); }
-    Result<FinishVerdict> finish(const FinishRequest &q) override { return seen(inner.finish(q)); }
-    Result<QList<ClaimResult>> claimBatch(const QList<ClaimRequest> &q) override { return seen(inner.claimBatch(q)); }
-    Result<QList<FinishVerdict>> finishBatch(const QList<FinishRequest> &q) override { return seen(inner.finishBatch(q)); }
+    Result<ClaimResult> claim(const ClaimRequest &q) override { return seen(inner.claim(q), true); }
+    Result<FinishVerdict> finish(const FinishRequest &q) override { return seen(inner.finish(q), true); }
+    Result<QList<ClaimResult>> claimBatch(const QList<ClaimRequest> &q) override { return seen(inner.claimBatch(q), true); }
+    Result<QList<FinishVerdict>> finishBatch(const QList<FinishRequest> &q) override { return seen(inner.finishBatch(q), true); }
     Result<std::optional<KeyRecord>> key(const QString &k) override { return seen(inner.key(k)); }
     Result<QList<KeyRecord>> listKeys(const KeyQuery &q) override { return seen(inner.listKeys(q)); }
     Result<QStringList> keyNames(const KeyQuery &q) override { return seen(inner.keyNames(q)); }
     Result<StateCounts> countKeys(const QString &e) override { return seen(inner.countKeys(e)); }
     Result<OperatorVerdict> applyOperator(const QString &k, OperatorAction a, bool f, const QString &d) override
     {
-        return seen(inner.applyOperator(k, a, f, d));
+        return seen(inner.applyOperator(k, a, f, d), true);
     }
     Result<qint64> purgeExpired() override { return seen(inner.purgeExpired()); }
     Result<ImportVerdict> importRecord(const KeyRecord &r, qint64 ttl, qint64 lease) override
     {
-        return seen(inner.importRecord(r, ttl, lease));
+        return seen(inner.importRecord(r, ttl, lease), true);
     }
     Result<QString> serverVersion() override { return seen(inner.serverVersion()); }
     Result<qint64> migrateLayout(bool confirmed) override
@@ -57,14 +57,14 @@ struct StoreWatch final : IdempotencyStore
     }
     Result<qint64> clockMs() override { return seen(inner.clockMs()); }
     Result<QStringList> durabilityWarnings() override { return seen(inner.durabilityWarnings()); }
-    Result<void> appendDeliveries(const QList<DeliveryEvent> &e) override { return seen(inner.appendDeliveries(e)); }
+    Result<void> appendDeliveries(const QList<DeliveryEvent> &e) override { return seen(inner.appendDeliveries(e), true); }
     Result<QList<DeliveryEvent>> deliveries(const DeliveryQuery &q) override { return seen(inner.deliveries(q)); }
     Result<void> ping() override { return seen(inner.ping()); }
     Result<void> ready() override { return seen(inner.ready()); }
     bool deliveriesIndexedByKey() const override { return inner.deliveriesIndexedByKey(); }
     bool batches() const override { return inner.batches(); }
     bool beginBatch() override { return inner.beginBatch(); }
-    Result<void> endBatch() override { return seen(inner.endBatch()); }
+    Result<void> endBatch() override { return seen(inner.endBatch(), true); }
 };
 
 constexpr size_t kMaxBatch = 64;
@@ -155,8 +155,8 @@ void StorePool::workerLoop()
         // again for the next job.
         bool failed = false;
         QString failure;
-        StoreWatch watch(*store, failed, failure, [this](bool healthy, const QString &error) {
-            reportHealth(healthy, error);
+        StoreWatch watch(*store, failed, failure, [this](bool healthy, const QString &error, bool write) {
+            reportHealth(healthy, error, write);
         });
         const bool batch = jobs.size() > 1 && watch.beginBatch();
         std::vector<Publish> held;
@@ -177,16 +177,23 @@ void StorePool::workerLoop()
     }
 }
 
-void StorePool::reportHealth(bool healthy, const QString &error)
+void StorePool::reportHealth(bool healthy, const QString &error, bool write)
 {
     if (Metrics *metrics =
             Metrics::instance()) // every call to the store, the lanes' too, reports here
         metrics->storeCall(healthy);
     std::lock_guard lock(m_mutex);
+    const qint64 now = QDateTime::currentMSecsSinceEpoch();
     m_health.healthy = healthy;
     if (!healthy) {
         m_health.lastError = error;
-        m_health.lastErrorAtMs = QDateTime::currentMSecsSinceEpoch();
+        m_health.lastErrorAtMs = now;
+    }
+    if (write && healthy)
+        m_health.lastWriteOkAtMs = now;
+    else if (write) {
+        m_health.lastWriteError = error;
+        m_health.lastWriteFailedAtMs = now;
     }
 }
 

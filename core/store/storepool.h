@@ -26,10 +26,22 @@ using LaneFactory = std::function<std::unique_ptr<StoreLane>(StorePool &pool)>;
 
 struct StoreHealth
 {
-    bool healthy = true;
+    bool healthy = true; // the last call's outcome
     QString lastError;
     qint64 lastErrorAtMs = 0;
     qint64 queued = 0;
+    // Writes (claims, finishes, operator actions, the delivery log) apart: a store that answers
+    // reads but refuses writes (a full disk, Redis out of memory) refuses every new delivery,
+    // while the last call — a read — looks healthy.
+    QString lastWriteError;
+    qint64 lastWriteFailedAtMs = 0;
+    qint64 lastWriteOkAtMs = 0;
+    // The last write failed, within `windowMs`: not ready (/readyz). Bounded, so a desk a load
+    // balancer took out is asked again, and taken back once a write goes through.
+    bool writesFailing(qint64 nowMs, qint64 windowMs = 10'000) const
+    {
+        return lastWriteFailedAtMs > lastWriteOkAtMs && nowMs - lastWriteFailedAtMs < windowMs;
+    }
 };
 
 // A few worker threads, each owning one store connection (a hiredis context, a libpqxx
@@ -97,7 +109,7 @@ public:
     std::unique_ptr<StoreLane> lane(QObject *context);
     void setLaneFactory(LaneFactory factory) { m_laneFactory = std::move(factory); }
     // The outcome of a store call made outside the workers (by a lane).
-    void reportHealth(bool healthy, const QString &error = {});
+    void reportHealth(bool healthy, const QString &error = {}, bool write = false);
 
 private:
     // A job runs on a worker and returns how to publish its result: at once, or after its

@@ -1,9 +1,11 @@
 // What only Redis has: the script cache can be flushed under the desk, prefixes keep desks
 // apart on one server, and a hung server times out (503) instead of hanging the receiver; and
 // the receiver thread's own asynchronous lane (RedisLane) keeps all of that too.
+#include "http/blockingclient.h"
 #include "store/redislane.h"
 #include "store/redisstore.h"
 #include "store/storefactory.h"
+#include "support/desk.h"
 #include "support/names.h"
 #include "support/servers.h"
 #include "util/clock.h"
@@ -172,6 +174,31 @@ private Q_SLOTS:
         const auto refused = (*store)->claim(claimOf(u"oom:b"_qs));
         QVERIFY(!refused.ok());
         QVERIFY2(refused.error().message.contains(u"OOM"_qs), qPrintable(refused.error().message));
+    }
+
+    // A store that answers reads but refuses writes (Redis out of memory): /readyz says not
+    // ready while the last write failed (it said ready, with every new delivery refused), and
+    // ready again once a write goes through.
+    void readinessFollowsWrites()
+    {
+        Desk desk = startDesk("{\"endpoints\": [{\"name\": \"ready\"}]}", m_redis->url());
+        auto readyz = [&desk] {
+            RawConnection c(desk.port, 5000);
+            c.send("GET /readyz HTTP/1.1\r\nHost: x\r\n\r\n");
+            return c.readResponse().status;
+        };
+        auto deliver = [&desk](const QByteArray &key) {
+            return post(desk.port, "/hooks/ready", "{}", {{"Idempotency-Key", key}}).status;
+        };
+        QCOMPARE(deliver("r1"), 200);
+        QCOMPARE(readyz(), 200);
+        QVERIFY(redisCli(m_redis->port(), {u"CONFIG"_qs, u"SET"_qs, u"maxmemory"_qs, u"1"_qs}));
+        auto restore = qScopeGuard([&] { redisCli(m_redis->port(), {u"CONFIG"_qs, u"SET"_qs, u"maxmemory"_qs, u"0"_qs}); });
+        QCOMPARE(deliver("r2"), 503);
+        QCOMPARE(readyz(), 503);
+        QVERIFY(redisCli(m_redis->port(), {u"CONFIG"_qs, u"SET"_qs, u"maxmemory"_qs, u"0"_qs}));
+        QCOMPARE(deliver("r2"), 200);
+        QCOMPARE(readyz(), 200);
     }
 
     void prefixesKeepDesksApart()
