@@ -22,6 +22,7 @@
 #include <QTextStream>
 #include <QTimer>
 
+#include <algorithm>
 #include <csignal>
 #include <cstdio>
 #include <sys/socket.h>
@@ -59,16 +60,37 @@ QString logLine(const DeliveryEvent &e, bool json)
 // A network store not reachable at start (Redis or PostgreSQL still starting at boot, or
 // restarting) is waited for: exiting left it to a supervisor to start serve again, a container
 // runtime after a growing back-off (minutes), long after the store was back. Not listening
-// meanwhile: senders get no connection and retry, as they would a 503. Each try's error is
-// printed (a password refused is waited out too: it may be being provisioned); any other error
-// (a SQLite file, a schema from a newer build) ends serve as before. SIGTERM or Ctrl-C ends the
-// wait.
+// meanwhile: senders get no connection and retry, as they would a 503. Only what passes by
+// itself is waited for (no connection, the server starting or loading its data), each try's
+// error printed; what the server answers about the URL itself (no such database, a DB index out
+// of range, a password refused, TLS not offered) ends serve at once, as any other error does:
+// waited for, a mistyped deployment never failed. SIGTERM or Ctrl-C ends the wait.
+bool passesByItself(const QString &error)
+{
+    static const QStringList transient{u"Connection refused"_qs,
+                                       u"timed out"_qs,
+                                       u"Timeout"_qs,
+                                       u"No route to host"_qs,
+                                       u"Network is unreachable"_qs,
+                                       u"Temporary failure in name resolution"_qs,
+                                       u"the database system is starting up"_qs,
+                                       u"the database system is shutting down"_qs,
+                                       u"the database system is in recovery mode"_qs,
+                                       u"LOADING"_qs,
+                                       u"Connection reset"_qs,
+                                       u"Server closed the connection"_qs,
+                                       u"server closed the connection"_qs};
+    return std::any_of(transient.cbegin(), transient.cend(),
+                       [&error](const QString &t) { return error.contains(t); });
+}
+
 Result<std::shared_ptr<StorePool>> openStorePoolWhenReachable(const QString &url)
 {
     for (int waitSeconds = 1;; waitSeconds = std::min(waitSeconds * 2, 10)) {
         auto pool = openStorePool(url);
         if (pool || pool.error().code != ErrorCode::Unavailable ||
-            StoreUrl::parse(url)->kind == StoreUrl::Kind::Sqlite)
+            StoreUrl::parse(url)->kind == StoreUrl::Kind::Sqlite ||
+            !passesByItself(pool.error().message))
             return pool;
         printError(u"%1; waiting for the store: next try in %2 s"_qs.arg(pool.error().message)
                        .arg(waitSeconds));
@@ -188,7 +210,10 @@ int serve(const QStringList &arguments)
     action.sa_flags = SA_RESTART;
     sigaction(SIGINT, &action, nullptr);
     sigaction(SIGTERM, &action, nullptr);
-    sigaction(SIGHUP, &action, nullptr);
+    // Under nohup a hangup stays ignored, as asked.
+    struct sigaction hangup = {};
+    if (sigaction(SIGHUP, nullptr, &hangup) == 0 && hangup.sa_handler != SIG_IGN)
+        sigaction(SIGHUP, &action, nullptr);
     std::signal(SIGPIPE, SIG_IGN);
     QSocketNotifier notifier(g_signalPipe[0], QSocketNotifier::Read);
     bool stopping = false;

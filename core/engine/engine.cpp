@@ -158,7 +158,7 @@ struct IdempotencyEngine::Delivery
 IdempotencyEngine::IdempotencyEngine(Config config, std::shared_ptr<StorePool> pool,
                                      QString instance, QObject *parent)
     : QObject(parent), m_config(std::move(config)), m_pool(std::move(pool)),
-      m_instance(std::move(instance)), m_via(newViaEntry())
+      m_instance(std::move(instance))
 {
     qRegisterMetaType<idem::DeliveryEvent>();
     if ((m_metrics = Metrics::instance())) {
@@ -167,6 +167,7 @@ IdempotencyEngine::IdempotencyEngine(Config config, std::shared_ptr<StorePool> p
         m_endpointMetrics.push_back(&m_metrics->endpoint({}));
     }
     for (const auto &e : m_config.endpoints) {
+        m_via.insert(e.name, newViaEntry());
         Processor *processor = makeProcessor(e).release();
         processor->setParent(this); // moves with the engine to the receiver thread
         m_processors.emplace(e.name, processor);
@@ -275,11 +276,11 @@ void IdempotencyEngine::handle(HttpRequest request, Responder responder)
         r.setHeader("Allow", "POST");
         return respond(d, r, Outcome::Rejected);
     }
-    if (passedThrough(d->request.headers, m_via)) // before anything is claimed for it
+    if (passedThrough(d->request.headers, m_via.value(e.name))) // before anything is claimed for it
         return reject(
             d, 508, u"Loop detected"_qs,
-            u"this delivery to \"%1\" was forwarded by this desk itself: a forward_to leads "
-            u"back to the desk; nothing was claimed for it"_qs.arg(name));
+            u"this delivery to \"%1\" was forwarded by that endpoint itself: a forward_to leads "
+            u"back to it; nothing was claimed for this delivery"_qs.arg(name));
     const Provider *provider = providerFor(e.provider);
     if (auto verified = provider->verify(d->request, e, nowMs() / 1000); !verified)
         return reject(d, 401, u"Signature check failed"_qs, verified.error().message);
@@ -331,7 +332,7 @@ ProcessJob IdempotencyEngine::job(const DeliveryPtr &d, const QString &key, cons
     job.fencingToken = tokens;
     job.request = {d->request.method, d->request.target, headers, body};
     job.peer = d->request.peer;
-    job.via = m_via;
+    job.via = m_via.value(d->endpoint->name);
     // A hard deadline counted from before the claim: the lease began after that, and ends
     // kLeaseMarginSeconds or more after this deadline (the config refuses less).
     const qint64 spentMs = (monotonicUs() - d->claimSentUs) / 1000;

@@ -102,7 +102,9 @@ private:
     std::shared_ptr<StorePool> m_pool;
     std::unique_ptr<StoreLane> m_lane; // claim and finish of single deliveries
     QString m_instance;
-    QByteArray m_via; // this receiver's Via entry: a delivery carrying it came back to it (a loop)
+    // Each endpoint's Via entry: a delivery to an endpoint carrying its own came back to it (a
+    // loop). Per endpoint, not per receiver: a → b → the app through one desk is no loop.
+    QHash<QString, QByteArray> m_via;
     std::map<QString, Processor *> m_processors; // children of this object
     std::array<std::atomic<qint64>, 8> m_outcomes{};
     std::atomic<qint64> m_processorRuns{0};

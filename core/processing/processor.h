@@ -96,10 +96,10 @@ bool isHopByHopHeader(QByteArrayView name);
 // desk sets itself (Idempotency-Key, Idempotency-Fencing-Token, X-Forwarded-For).
 HeaderList forwardedHeaders(const HeaderList &original);
 
-// A `Via` entry (RFC 9110 §7.6.3) for a receiver to add to what it forwards: "1.1 idemdesk-"
-// and a random pseudonym, so that a delivery coming back to the receiver that forwarded it (a
-// forward_to that leads back to the desk, directly or through other desks and proxies) is told
-// apart from one passed on by another desk.
+// A `Via` entry (RFC 9110 §7.6.3) for an endpoint of a receiver to add to what it forwards:
+// "1.1 idemdesk-" and a random pseudonym, so that a delivery coming back to the endpoint that
+// forwarded it (a forward_to that leads back to it, directly or through other endpoints, desks
+// and proxies) is told apart from one passed on by another.
 QByteArray newViaEntry();
 // True when one of the request's `Via` entries is `entry`.
 bool passedThrough(const HeaderList &headers, const QByteArray &entry);

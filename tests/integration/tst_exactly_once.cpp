@@ -626,7 +626,8 @@ private Q_SLOTS:
         Desk a = startDesk("{\"endpoints\": [{\"name\": \"self\", \"forward_to\": \"" +
                                at(portA, "self") + "\"}, {\"name\": \"round\", \"forward_to\": \"" +
                                at(portB, "back") + "\"}, {\"name\": \"chain\", \"forward_to\": \"" +
-                               at(portB, "app") + "\"}]}",
+                               at(portB, "app") + "\"}, {\"name\": \"hop\", \"forward_to\": \"" +
+                               at(portA, "chain") + "\"}]}",
                            storeUrl(u"sqlite"_qs, m_dir, ++m_seq), portA);
         Desk b = startDesk("{\"endpoints\": [{\"name\": \"back\", \"forward_to\": \"" +
                                at(portA, "round") + "\"}, {\"name\": \"app\", \"forward_to\": \"" +
@@ -646,8 +647,7 @@ private Q_SLOTS:
 
         const ClientResponse direct = deliver(a.port, "self", "k1");
         QCOMPARE(direct.status, 508);
-        QVERIFY2(direct.body.contains("forward_to leads back to the desk"),
-                 direct.body.constData());
+        QVERIFY2(direct.body.contains("a forward_to leads back to it"), direct.body.constData());
         QCOMPARE(keysOf(a), QStringList{u"self:k1=failed/508"_qs});
 
         const ClientResponse round = deliver(a.port, "round", "k2");
@@ -670,6 +670,10 @@ private Q_SLOTS:
         QVERIFY2(via.at(1).startsWith("1.1 idemdesk-") && via.at(2).startsWith("1.1 idemdesk-") &&
                      via.at(1) != via.at(2),
                  via.join(" | ").constData());
+        // Through two endpoints of one desk, then the other desk, to the app: no loop either
+        // (one entry per endpoint, not per desk: it was refused).
+        QCOMPARE(deliver(a.port, "hop", "k4").status, 200);
+        QCOMPARE(down.count(), 2);
     }
 
     // User info in forward_to is the app's credential, sent as Basic authentication — unless

@@ -365,6 +365,15 @@ private Q_SLOTS:
         ::kill(pid_t(process.processId()), SIGTERM);
         QVERIFY(process.waitForFinished(20'000));
         QCOMPARE(process.exitCode(), 0);
+
+        // What the server says about the URL itself does not pass by waiting: exit 1 at once.
+        QProcess wrongDb;
+        wrongDb.start(QStringLiteral(IDEMDESK_BIN),
+                      {u"serve"_qs, u"--listen"_qs, u"127.0.0.1:0"_qs, u"--store"_qs,
+                       redis.url().replace(u"/0"_qs, u"/99"_qs)});
+        QVERIFY(wrongDb.waitForFinished(10'000));
+        QCOMPARE(wrongDb.exitCode(), 1);
+        QVERIFY2(wrongDb.readAllStandardError().contains("out of range"), "DB index");
     }
 
     void completedRecordsSurviveARestart()
