@@ -91,15 +91,23 @@ Result<qint64> countStuckKeys(IdempotencyStore &store, const QString &endpoint, 
     auto now = store.clockMs();
     if (!now)
         return now.error();
+    // Page by page: the processing keys come newest update first, and the stuck ones are the
+    // oldest (the first thousand alone missed them behind the keys in flight).
     KeyQuery processing;
     processing.state = KeyState::Processing;
     processing.endpoint = endpoint;
-    processing.limit = limit;
-    auto keys = store.listKeys(processing);
-    if (!keys)
-        return keys.error();
-    return qint64(std::count_if(keys->cbegin(), keys->cend(),
-                                [&](const KeyRecord &k) { return k.leaseUntilMs <= *now; }));
+    processing.limit = 1000;
+    qint64 stuck = 0;
+    for (; processing.offset < limit; processing.offset += processing.limit) {
+        auto keys = store.listKeys(processing);
+        if (!keys)
+            return keys.error();
+        stuck += std::count_if(keys->cbegin(), keys->cend(),
+                               [&](const KeyRecord &k) { return k.leaseUntilMs <= *now; });
+        if (keys->size() < processing.limit)
+            break;
+    }
+    return stuck;
 }
 
 Result<StatsReport> collectStats(IdempotencyStore &store, const Config &config, qint64 sinceMs)

@@ -36,10 +36,10 @@ struct StatsReport
 Result<StatsReport> collectStats(IdempotencyStore &store, const Config &config, qint64 sinceMs);
 // Keys in `processing` whose lease has ended, on the store's clock: nothing runs them (the
 // worker died, or the app's outcome is unknown) until the next delivery of each, or an operator's
-// `keys retry --force`. Counted among the `limit` processing keys updated last, of `endpoint`
-// (empty: all); a count over every one would be a scan.
+// `keys retry --force`. Counted among the first `limit` processing keys of `endpoint` (empty:
+// all), read a thousand at a time.
 Result<qint64> countStuckKeys(IdempotencyStore &store, const QString &endpoint = {},
-                              int limit = 1000);
+                              int limit = 20'000);
 // Config warnings: signatures not verified, TTL shorter than the provider's retry window.
 QStringList configWarnings(const Config &config);
 // Whether a delivery to this endpoint must carry a valid signature: a secret, or (SendGrid)

@@ -148,6 +148,30 @@ Result<std::unique_ptr<SqliteStore>> SqliteStore::open(const QString &path,
     }
     sqlite3_busy_timeout(db, options.busyTimeoutMs);
     std::unique_ptr<SqliteStore> store(new SqliteStore(db, options));
+    // Another program's database (tables, and no schema version of ours) is left as it is: the
+    // desk's tables were added to it and WAL set on it (a store path mistyped onto it).
+    {
+        sqlite3_stmt *probe = nullptr;
+        const int prepared =
+            sqlite3_prepare_v2(db,
+                               "SELECT (SELECT user_version FROM pragma_user_version), (SELECT "
+                               "count(*) FROM sqlite_master"
+                               " WHERE name NOT LIKE 'idem\\_%' ESCAPE '\\' AND name NOT LIKE "
+                               "'sqlite\\_%' ESCAPE '\\')",
+                               -1, &probe, nullptr);
+        const int stepped = prepared == SQLITE_OK ? sqlite3_step(probe) : prepared;
+        const bool foreign = stepped == SQLITE_ROW && sqlite3_column_int(probe, 0) == 0 &&
+                             sqlite3_column_int(probe, 1) > 0;
+        sqlite3_finalize(probe);
+        if (stepped != SQLITE_ROW)
+            return makeError(
+                ErrorCode::Unavailable,
+                u"SQLite: %1 (store %2)"_qs.arg(QString::fromUtf8(sqlite3_errmsg(db)), path));
+        if (foreign)
+            return makeError(ErrorCode::Invalid,
+                             u"%1 is another program's SQLite database (it holds tables, not the "
+                             u"desk's): not used as a store"_qs.arg(path));
+    }
     // journal_size_limit: a WAL grown while readers held back its checkpoints is cut back to
     // 64 MiB once one completes (without it, it keeps its largest size for good).
     for (const char *pragma :

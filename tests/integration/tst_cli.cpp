@@ -16,6 +16,8 @@
 #include <QTemporaryDir>
 #include <QTest>
 
+#include <sqlite3.h>
+
 #include <csignal>
 
 using namespace idem;
@@ -969,6 +971,25 @@ private Q_SLOTS:
         QVERIFY(other.permissions() & QFileDevice::ReadOther);
         QCOMPARE(idemdesk({u"keys"_qs, u"list"_qs, u"--store"_qs, u"sqlite:"_qs}).rc,
                  2); // no file named
+        // Another program's SQLite database: left as it is (the desk's tables and WAL were added).
+        const QString foreign = m_dir.filePath(u"app.db"_qs);
+        {
+            sqlite3 *db = nullptr;
+            QCOMPARE(sqlite3_open(QFile::encodeName(foreign).constData(), &db), SQLITE_OK);
+            QCOMPARE(sqlite3_exec(db, "CREATE TABLE users (id INTEGER)", nullptr, nullptr, nullptr),
+                     SQLITE_OK);
+            sqlite3_close(db);
+        }
+        auto contents = [&foreign] {
+            QFile f(foreign);
+            return f.open(QIODevice::ReadOnly) ? f.readAll() : QByteArray();
+        };
+        const QByteArray before = contents();
+        const Run theirs =
+            idemdesk({u"keys"_qs, u"list"_qs, u"--store"_qs, u"sqlite:"_qs + foreign});
+        QCOMPARE(theirs.rc, 1);
+        QVERIFY2(theirs.err.contains("another program's SQLite database"), theirs.err.constData());
+        QCOMPARE(contents(), before);
         // A store URL's password is not echoed, whatever is wrong with the URL.
         const Run scheme = idemdesk({u"stats"_qs, u"--store"_qs, u"mysql://root:hunter2@db/x"_qs});
         QCOMPARE(scheme.rc, 2);

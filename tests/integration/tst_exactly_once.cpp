@@ -6,6 +6,7 @@
 #include "receiver/receiver.h"
 #include "store/redislane.h"
 #include "store/redisprotocol.h"
+#include "store/sqlitestore.h"
 #include "store/storefactory.h"
 #include "store/storeurl.h"
 #include "support/desk.h"
@@ -539,6 +540,34 @@ private Q_SLOTS:
             return QString();
         };
         QTRY_COMPARE(operatorLine(), u"operator retry: the downstream answered 500"_qs);
+    }
+
+    // A stuck key behind more than a thousand keys in flight is counted (the count read the
+    // thousand processing keys updated last, and stuck keys are the oldest).
+    void aStuckKeyBehindManyInFlightIsCounted()
+    {
+        const QString path = m_dir.filePath(u"stuck.db"_qs);
+        QVERIFY(SqliteStore::open(path).ok()); // the schema
+        sqlite3 *db = nullptr;
+        QCOMPARE(sqlite3_open(QFile::encodeName(path).constData(), &db), SQLITE_OK);
+        const qint64 now = wallMs();
+        sqlite3_exec(db, "BEGIN", nullptr, nullptr, nullptr);
+        for (int i = 0; i <= 1100; ++i) {
+            // k0 updated first, its lease over; the rest later, in flight.
+            const QByteArray sql =
+                "INSERT INTO idem_keys (key, endpoint, provider, state, fingerprint, token,"
+                " attempts, created_ms, updated_ms, lease_until_ms, expires_at_ms) VALUES ('s:k" +
+                QByteArray::number(i) + "', 's', 'generic', 'processing', 'f', 1, 1, " +
+                QByteArray::number(now - 60'000 + i) + ", " + QByteArray::number(now - 60'000 + i) +
+                ", " + QByteArray::number(i ? now + 600'000 : now - 50'000) + ", " +
+                QByteArray::number(now + 3'600'000) + ")";
+            QCOMPARE(sqlite3_exec(db, sql.constData(), nullptr, nullptr, nullptr), SQLITE_OK);
+        }
+        sqlite3_exec(db, "COMMIT", nullptr, nullptr, nullptr);
+        sqlite3_close(db);
+        auto pool = openStorePool(u"sqlite:"_qs + path, 1);
+        QVERIFY(pool.ok());
+        QCOMPARE(*(*pool)->run<qint64>([](IdempotencyStore &s) { return countStuckKeys(s); }), 1);
     }
 
     // The built-in processor keeps the same deadline.
