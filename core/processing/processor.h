@@ -37,7 +37,7 @@ struct ProcessJob
     QByteArray fencingToken; // forwarded as Idempotency-Fencing-Token (empty: none)
     StoredRequest request;
     QHostAddress peer;       // the sender, appended to X-Forwarded-For
-    QByteArray via;          // the receiver's own Via entry, added (empty: none)
+    QByteArray via;          // the endpoint's own Via entry, added (empty: none)
     qint64 deadlineMs = 30'000; // the whole answer must be in by then: a hard deadline, not an idle timeout
 };
 
@@ -53,7 +53,7 @@ public:
 };
 
 // POSTs the original headers (less hop-by-hop ones) and body plus Idempotency-Key,
-// Idempotency-Fencing-Token, X-Forwarded-For and the receiver's Via entry to forward_to
+// Idempotency-Fencing-Token, X-Forwarded-For and the endpoint's Via entry to forward_to
 // (http/forwardclient.h: no header the sender did not send but these, Host, Content-Length,
 // Connection: close, a default Content-Type and User-Agent, and Basic authentication from
 // forward_to's user info when the sender sent no Authorization). 2xx: completed with the

@@ -37,8 +37,12 @@
 #include <memory>
 #include <mutex>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <pqxx/pqxx>
 #include <sqlite3.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 using namespace idem;
 using namespace idem::test;
@@ -201,7 +205,7 @@ std::thread holdWriteLock(const QByteArray &path, std::function<void()> whileHel
     return holder;
 }
 
-// A loopback port nothing listens on (taken, then given back).
+// A loopback port free now (taken, then given back), for a server the test starts on it.
 quint16 closedPort()
 {
     QTcpServer s;
@@ -209,6 +213,31 @@ quint16 closedPort()
     return s.serverPort();
 }
 
+// A loopback port nothing listens on, for as long as this lives: bound, never listening, so a
+// connection to it is refused and no server started meanwhile gets it (a port given back was
+// taken by the next listen on port 0 — a desk, which answered 404).
+class RefusingPort
+{
+public:
+    RefusingPort() : m_fd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0))
+    {
+        sockaddr_in address{};
+        address.sin_family = AF_INET;
+        address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        socklen_t length = sizeof address;
+        if (m_fd < 0 || ::bind(m_fd, reinterpret_cast<sockaddr *>(&address), sizeof address) != 0 ||
+            ::getsockname(m_fd, reinterpret_cast<sockaddr *>(&address), &length) != 0)
+            qFatal("cannot reserve a loopback port");
+        m_port = ntohs(address.sin_port);
+    }
+    ~RefusingPort() { ::close(m_fd); }
+    RefusingPort(const RefusingPort &) = delete;
+    QByteArray number() const { return QByteArray::number(m_port); }
+
+private:
+    int m_fd;
+    quint16 m_port = 0;
+};
 
 QString storeUrl(const QString &backend, const QTemporaryDir &dir, int seq)
 {
@@ -308,6 +337,25 @@ class TestExactlyOnce : public QObject
                                                           QString::fromUtf8(fields.join(' '))}) ==
                0;
     }
+    // Waits until, on the store's clock, the run of `key`'s claim is past its deadline (the claim
+    // + forward_timeout_seconds): a duplicate is then told of the lease's end. The 504 comes a
+    // little sooner — its deadline counts from before the claim was sent — so a duplicate sent
+    // at once may still be told "being processed" (a flake in a loaded run).
+    static bool runIsOver(Desk &desk, const QString &key, int leaseSeconds,
+                          int forwardTimeoutSeconds)
+    {
+        const auto held = record(desk, key);
+        if (!held)
+            return false;
+        const qint64 runEndsMs =
+            held->leaseUntilMs - leaseSeconds * 1000LL + forwardTimeoutSeconds * 1000LL;
+        return QTest::qWaitFor(
+            [&] {
+                return *desk.pool->run<qint64>([](IdempotencyStore &s) { return s.clockMs(); }) >=
+                       runEndsMs;
+            },
+            10'000);
+    }
     // An operator's retry of `key` (the window's Retry, `keys retry`), on the receiver's thread.
     static Result<RetryOutcome> retryNow(Desk &desk, const QString &key)
     {
@@ -361,14 +409,15 @@ private Q_SLOTS:
         QFETCH(QString, backend);
         GatedDownstream slow;
         slow.close(); // holds every request unanswered: the app still at work
+        const RefusingPort refusing;                   // nothing listening there
         ScriptedDownstream broken(QByteArray(), true); // closes without a word
         const QByteArray lease = ", \"forward_timeout_seconds\": 1, \"lease_seconds\": 3";
-        Desk desk = start(backend, "[{\"name\": \"slow" + g_run + "\", \"forward_to\": \"" +
-                                       slow.url() + "\"" + lease + "}, {\"name\": \"broken" +
-                                       g_run + "\", \"forward_to\": \"" + broken.url() + "\"" +
-                                       lease + "}, {\"name\": \"gone" + g_run +
-                                       "\", \"forward_to\": \"http://127.0.0.1:" +
-                                       QByteArray::number(closedPort()) + "/x\"" + lease + "}]");
+        Desk desk = start(
+            backend, "[{\"name\": \"slow" + g_run + "\", \"forward_to\": \"" + slow.url() + "\"" +
+                         lease + "}, {\"name\": \"broken" + g_run + "\", \"forward_to\": \"" +
+                         broken.url() + "\"" + lease + "}, {\"name\": \"gone" + g_run +
+                         "\", \"forward_to\": \"http://127.0.0.1:" + refusing.number() + "/x\"" +
+                         lease + "}]");
         auto storeNowMs = [&desk] {
             return *desk.pool->run<qint64>([](IdempotencyStore &s) { return s.clockMs(); });
         };
@@ -384,6 +433,7 @@ private Q_SLOTS:
         QVERIFY2(cut.body.contains("stays in progress"), cut.body.constData());
         for (const QString &key : {slowKey, brokenKey})
             QCOMPARE(name(record(desk, key)->state), name(KeyState::Processing));
+        QVERIFY(runIsOver(desk, slowKey, 3, 1));
         const ClientResponse during = deliver(desk.port, "slow" + g_run, "k1");
         QCOMPARE(during.status, 409);
         QCOMPARE(during.header("Idempotency-Outcome"), QByteArray("in-progress"));
@@ -444,6 +494,7 @@ private Q_SLOTS:
         const ClientResponse first =
             post(desk.port, "/hooks/sgslow", batch, {{"Content-Type", "application/json"}});
         QCOMPARE(first.status, 504);
+        QVERIFY(runIsOver(desk, u"sgslow:u-1"_qs, 30, 1));
         const ClientResponse again =
             post(desk.port, "/hooks/sgslow", batch, {{"Content-Type", "application/json"}});
         QCOMPARE(again.status, 409);
@@ -901,7 +952,8 @@ private Q_SLOTS:
     // without the user info.
     void unreachableDownstreamIs502()
     {
-        const QByteArray url = "http://u:hunter2@127.0.0.1:" + QByteArray::number(closedPort()) + "/gone";
+        const RefusingPort refusing;
+        const QByteArray url = "http://u:hunter2@127.0.0.1:" + refusing.number() + "/gone";
         Desk desk = start(u"sqlite"_qs, endpoint("gone", url, ", \"forward_timeout_seconds\": 20, \"lease_seconds\": 30"));
         const qint64 t0 = monotonicUs();
         const ClientResponse r = deliver(desk.port, "gone", "k1");
