@@ -316,7 +316,9 @@ std::shared_ptr<StorePool> openStoreOrAsk(Config &config, QString &storeUrl, QSt
         auto pool = openStorePool(storeUrl);
         if (pool)
             return *pool;
-        std::fprintf(stderr, "idemdesk: %s\n", qPrintable(pool.error().message));
+        // As the command line's printError: one line, nothing a terminal would act on.
+        std::fprintf(stderr, "idemdesk: %s\n",
+                     escapeControls(pool.error().message, true).toUtf8().constData());
         QMessageBox box(
             QMessageBox::Critical, u"Idempotency Desk"_qs,
             QObject::tr("The store cannot be reached:\n%1\n\nStart it and try again, or choose "

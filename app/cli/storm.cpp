@@ -62,7 +62,7 @@ int storm(const QStringList &arguments)
             outcomes << u"%1 %2"_qs.arg(toString(Outcome(i))).arg(r.outcomes[i]);
     QStringList statuses;
     for (auto it = r.statuses.begin(); it != r.statuses.end(); ++it)
-        statuses << (it.key() ? u"%1 ×%2"_qs.arg(it.key()).arg(it.value()) : u"no answer ×%1"_qs.arg(it.value()));
+        statuses << StormReport::tally(it.key(), it.value());
     printOut(u"outcomes   %1\n"_qs.arg(outcomes.isEmpty() ? u"none"_qs : outcomes.join(u" · "_qs)));
     printOut(u"status     %1\n"_qs.arg(statuses.join(u" · "_qs)));
     printOut(u"latency    p50 %1 ms · p99 %2 ms · %3 in %4 ms\n"_qs.arg(r.p50Ms, 0, 'f', 2)

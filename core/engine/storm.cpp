@@ -24,13 +24,17 @@ int StormReport::keysProcessedTwice() const
         std::count_if(processorRuns.begin(), processorRuns.end(), [](int n) { return n > 1; }));
 }
 
+QString StormReport::tally(int status, qint64 count)
+{
+    return status ? u"%1 ×%2"_qs.arg(status).arg(count) : u"no answer ×%1"_qs.arg(count);
+}
+
 QString StormReport::shortOfOnce() const
 {
     QStringList why;
     for (auto it = statuses.begin(); it != statuses.end(); ++it)
         if (it.key() == 0 || it.key() >= 500)
-            why << (it.key() ? u"%1 ×%2"_qs.arg(it.key()).arg(it.value())
-                             : u"no answer ×%1"_qs.arg(it.value()));
+            why << tally(it.key(), it.value());
     return u"none processed twice; %1 of %2 never processed%3"_qs.arg(keys - keysProcessedOnce())
         .arg(keys)
         .arg(why.isEmpty() ? QString() : u" (%1)"_qs.arg(why.join(u", "_qs)));

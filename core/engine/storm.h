@@ -31,6 +31,8 @@ struct StormReport
     QMap<QString, int> processorRuns; // stored key → processed + reprocessed + recovered answers
     int keysProcessedOnce() const;
     int keysProcessedTwice() const; // more than once: the guarantee broken
+    // "502 ×3", or "no answer ×3" for status 0: one line of `statuses`.
+    static QString tally(int status, qint64 count);
     bool exactlyOnce() const { return keysProcessedOnce() == keys && !statuses.value(0); }
     // Not exactly once, but none twice: some keys were never processed (the store refused them,
     // 503, or no answer came), which is the guarantee kept under a fault, not broken.

@@ -154,8 +154,8 @@ Result<std::unique_ptr<SqliteStore>> SqliteStore::open(const QString &path,
         sqlite3_stmt *probe = nullptr;
         static const char *const kForeign = "SELECT (SELECT user_version FROM pragma_user_version),"
                                             " (SELECT count(*) FROM sqlite_master"
-                                            "  WHERE name NOT LIKE 'idem\\_%' ESCAPE '\\' AND name "
-                                            "NOT LIKE 'sqlite\\_%' ESCAPE '\\')";
+                                            "  WHERE name NOT LIKE 'idem\\_%' ESCAPE '\\'"
+                                            "  AND name NOT LIKE 'sqlite\\_%' ESCAPE '\\')";
         const int prepared = sqlite3_prepare_v2(db, kForeign, -1, &probe, nullptr);
         const int stepped = prepared == SQLITE_OK ? sqlite3_step(probe) : prepared;
         const bool foreign = stepped == SQLITE_ROW && sqlite3_column_int(probe, 0) == 0 &&

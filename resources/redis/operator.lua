@@ -27,13 +27,12 @@ end
 local to
 if action == 'force-fail' then
   if state ~= 'processing' then return 'wrong-state' end
-  if running then return 'leased' end
   to = 'failed'
 else
   if not (state == 'failed' or (force and state ~= 'reset')) then return 'wrong-state' end
-  if running then return 'leased' end
   to = 'reset'
 end
+if running then return 'leased' end
 local event = 'reset'
 if to == 'failed' then event = 'force-failed' end
 redis.call('HSET', rk, 'm', packMeta(to, token, attempts, created, nowText, '0', expires, status, provider, endpoint,
