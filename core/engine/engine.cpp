@@ -393,6 +393,9 @@ void IdempotencyEngine::onClaimed(const DeliveryPtr &d, Result<ClaimResult> resu
         return respond(d, storeUnavailable(result.error().message), Outcome::Unavailable, 0, result.error().message);
     const ClaimResult &claim = *result;
     const EndpointSettings &settings = d->endpoint->settings;
+    // Answered from a read: the store refused to count this delivery (a full disk, ...).
+    const QString uncounted =
+        claim.uncounted.isEmpty() ? QString() : u"not counted: "_qs + claim.uncounted;
     switch (claim.decision.action) {
     case ClaimAction::Create:
     case ClaimAction::Reclaim:
@@ -400,7 +403,7 @@ void IdempotencyEngine::onClaimed(const DeliveryPtr &d, Result<ClaimResult> resu
     case ClaimAction::Replay: {
         HttpResponse r = fromStored(answerOf(claim.record));
         r.setHeader("Idempotent-Replayed", "true");
-        return respond(d, r, Outcome::Replayed, claim.record.token);
+        return respond(d, r, Outcome::Replayed, claim.record.token, uncounted);
     }
     case ClaimAction::InProgress: {
         const InProgressWait wait = inProgressWait(claim, settings);
@@ -412,7 +415,7 @@ void IdempotencyEngine::onClaimed(const DeliveryPtr &d, Result<ClaimResult> resu
                 : u"this event is being processed by an earlier delivery; retry in %1 s to get its result"_qs
                       .arg(wait.seconds));
         r.setHeader("Retry-After", QByteArray::number(wait.seconds));
-        return respond(d, r, Outcome::InProgress, claim.record.token);
+        return respond(d, r, Outcome::InProgress, claim.record.token, uncounted);
     }
     case ClaimAction::Mismatch: {
         // The stored body's hash stays in the store and the window: in an answer to an
@@ -422,7 +425,7 @@ void IdempotencyEngine::onClaimed(const DeliveryPtr &d, Result<ClaimResult> resu
             u"the key %1 was first seen with another body; this one differs, so it was not processed"_qs
                 .arg(d->key));
         d->payload = d->request.body.left(64 * 1024);
-        return respond(d, r, Outcome::Mismatch, claim.record.token);
+        return respond(d, r, Outcome::Mismatch, claim.record.token, uncounted);
     }
     }
 }

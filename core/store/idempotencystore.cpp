@@ -162,6 +162,40 @@ Result<QList<FinishVerdict>> IdempotencyStore::finishBatch(const QList<FinishReq
     return verdicts;
 }
 
+Result<ClaimResult> IdempotencyStore::answerUnwritten(const ClaimRequest &request,
+                                                      const Error &refused)
+{
+    // InDoubt (the connection lost during the write): the read would go the same way.
+    if (refused.code != ErrorCode::Unavailable)
+        return refused;
+    auto current = key(request.key);
+    auto now = clockMs(); // after the read: a lease that ended in between is not in progress
+    if (!current || !now)
+        return refused;
+    ClaimResult result;
+    result.storeNowMs = *now;
+    result.decision = decideClaim(current->has_value() ? &current->value() : nullptr,
+                                  request.fingerprint, *now, request.policy);
+    if (result.claimed()) // taking the key is a write
+        return refused;
+    result.record = std::move(current->value());
+    result.uncounted = refused.message;
+    return result;
+}
+
+Result<QList<ClaimResult>> IdempotencyStore::answerUnwritten(const QList<ClaimRequest> &requests,
+                                                             const Error &refused)
+{
+    QList<ClaimResult> results;
+    for (const ClaimRequest &request : requests) {
+        auto r = answerUnwritten(request, refused);
+        if (!r)
+            return r.error();
+        results.append(std::move(*r));
+    }
+    return results;
+}
+
 Result<void> IdempotencyStore::schemaCurrent(const QString &store, qint64 have, qint64 want)
 {
     if (have != want)

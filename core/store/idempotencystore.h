@@ -28,6 +28,10 @@ struct ClaimResult
     ClaimDecision decision;
     KeyRecord record; // the record after the step (stored result for Replay, lease for InProgress)
     qint64 storeNowMs = 0; // the store's clock when it decided (a lease's time left is measured on it)
+    // Not empty: the store refused to write this delivery's count (a full disk, a read-only or
+    // out-of-memory server, a lock held past its timeout), and why. The answer (the stored
+    // result, in progress, a mismatch) needed no write and is the store's all the same.
+    QString uncounted;
     bool claimed() const
     {
         return decision.action == ClaimAction::Create || decision.action == ClaimAction::Reclaim;
@@ -169,11 +173,19 @@ public:
     // ready()'s verdict for a store whose schema is at version `have` while this build writes
     // `want`.
     static Result<void> schemaCurrent(const QString &store, qint64 have, qint64 want);
+    // After a claim the store refused with `refused` (Unavailable: it answered, but would not
+    // write): a duplicate whose answer needs no write (the stored result, in progress, a
+    // mismatch) gets it from a read of the record and the store's clock, uncounted; any other
+    // claim, or a read that fails too, gets `refused`. Writes nothing, so runs nothing twice.
+    Result<ClaimResult> answerUnwritten(const ClaimRequest &request, const Error &refused);
+    Result<QList<ClaimResult>> answerUnwritten(const QList<ClaimRequest> &requests,
+                                               const Error &refused);
 
     // Group commit. A store that has it (SQLite) lets the pool run several calls between
     // beginBatch() and endBatch(): one transaction, each call a savepoint in it, so one commit
-    // for all of them. Their callers hear back only after endBatch() succeeded (a failed commit
-    // fails every call of the batch), so an answer never tells of a write that was not kept.
+    // for all of them. Their callers hear back only after endBatch() succeeded, so an answer
+    // never tells of a write that was not kept; after a failed commit the pool runs each call
+    // again on its own (StorePool).
     virtual bool batches() const { return false; }
     // True when the connection is known to be gone before anything is sent on it (the server
     // closed it while it sat idle: idle_session_timeout, pg_terminate_backend, a restart): the

@@ -323,7 +323,7 @@ std::optional<ClaimResult> PostgresStore::claimLocked(pqxx::transaction_base &w,
 
 Result<ClaimResult> PostgresStore::claim(const ClaimRequest &req)
 {
-    return guarded("claim", true, [&]() -> Result<ClaimResult> {
+    auto claimed = guarded("claim", true, [&]() -> Result<ClaimResult> {
         for (int attempt = 0; attempt < 3; ++attempt) {
             {
                 // The common cases first, each one statement, atomic on its own: a new key, and a
@@ -368,6 +368,9 @@ Result<ClaimResult> PostgresStore::claim(const ClaimRequest &req)
         }
         return makeError(ErrorCode::Unavailable, u"PostgreSQL: the key kept changing under the claim"_qs);
     });
+    if (!claimed)
+        return answerUnwritten(req, claimed.error());
+    return claimed;
 }
 
 namespace {
@@ -385,7 +388,7 @@ QList<qsizetype> lockOrder(const QList<Request> &requests)
 
 Result<QList<ClaimResult>> PostgresStore::claimBatch(const QList<ClaimRequest> &requests)
 {
-    return guarded("claim batch", true, [&]() -> Result<QList<ClaimResult>> {
+    auto claimed = guarded("claim batch", true, [&]() -> Result<QList<ClaimResult>> {
         pqxx::work w(m_conn->c);
         QList<ClaimResult> results(requests.size());
         for (qsizetype i : lockOrder(requests)) {
@@ -399,6 +402,9 @@ Result<QList<ClaimResult>> PostgresStore::claimBatch(const QList<ClaimRequest> &
         w.commit();
         return results;
     });
+    if (!claimed)
+        return answerUnwritten(requests, claimed.error());
+    return claimed;
 }
 
 FinishVerdict PostgresStore::finishIn(pqxx::transaction_base &t, const FinishRequest &req)

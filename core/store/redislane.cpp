@@ -58,6 +58,8 @@ void RedisLane::claim(const ClaimRequest &request, std::function<void(Result<Cla
              if (error)
                  return done(*error);
              auto result = redis::claimResult(reply, request);
+             if (result && !result->uncounted.isEmpty())
+                 m_health.reportRefusedWrite(result->uncounted);
              if (result)
                  if (auto move = redis::indexMoveOf(request, *result))
                      index(*move);

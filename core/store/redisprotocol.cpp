@@ -298,9 +298,13 @@ Result<ClaimResult> claimResult(const redisReply *reply, const ClaimRequest &req
     case ClaimAction::Mismatch:
         break;
     }
-    if (reply->elements != 3 + kSummarySize)
+    // After the store's clock, when Redis refused to count the delivery (out of memory): why.
+    if (reply->elements != 3 + kSummarySize && reply->elements != 4 + kSummarySize)
         return unexpected("claim");
-    result.storeNowMs = text(reply->element[reply->elements - 1]).toLongLong();
+    result.storeNowMs = text(reply->element[2 + kSummarySize]).toLongLong();
+    if (reply->elements == 4 + kSummarySize)
+        result.uncounted =
+            u"Redis: "_qs + QString::fromUtf8(text(reply->element[3 + kSummarySize]));
     // Read in place, by column name: on every duplicate's path, so no map of the columns.
     const redisReply *const *summary = reply->element + 2;
     const ResultColumns stored = resultColumns(text(summary[kSummaryResult]));

@@ -357,7 +357,7 @@ Result<ClaimResult> RedisStore::claim(const ClaimRequest &req)
 {
     auto r = script("claim", redis::claimArgs(m_prefix, req), true);
     if (!r)
-        return r.error();
+        return answerUnwritten(req, r.error());
     auto result = redis::claimResult(r->get(), req);
     if (!result)
         return result;
@@ -447,8 +447,8 @@ Result<QList<ClaimResult>> RedisStore::claimBatch(const QList<ClaimRequest> &req
     for (const ClaimRequest &req : requests)
         args.append(redis::claimArgs(m_prefix, req));
     auto exec = scriptsInTransaction("claim", args);
-    if (!exec)
-        return exec.error();
+    if (!exec) // a transaction Redis refused (out of memory: EXECABORT) ran none of them
+        return answerUnwritten(requests, exec.error());
     QList<ClaimResult> results;
     redis::IndexBatch batch;
     for (qsizetype i = 0; i < requests.size(); ++i) {

@@ -179,27 +179,37 @@ Result<std::unique_ptr<SqliteStore>> SqliteStore::open(const QString &path,
             return makeError(r.error().code, u"%1 (store %2)"_qs.arg(r.error().message, path));
     }
 
-    // Schema: versioned by PRAGMA user_version, each step applied in the same transaction.
-    if (auto r = store->exec("BEGIN IMMEDIATE"); !r)
-        return r.error();
-    sqlite3_stmt *version = nullptr;
-    sqlite3_prepare_v2(db, "PRAGMA user_version", -1, &version, nullptr);
-    const int userVersion = sqlite3_step(version) == SQLITE_ROW ? sqlite3_column_int(version, 0) : 0;
-    sqlite3_finalize(version);
-    for (int v = userVersion; v < int(std::size(kSchemaSteps)); ++v) {
-        QFile schema(QString::fromLatin1(kSchemaSteps[v]));
-        if (!schema.open(QIODevice::ReadOnly)) {
-            (void)store->exec("ROLLBACK");
-            return makeError(ErrorCode::Internal, u"the SQLite schema resource %1 is missing"_qs.arg(schema.fileName()));
-        }
-        const QByteArray sql = schema.readAll() + "\nPRAGMA user_version = " + QByteArray::number(v + 1);
-        if (auto r = store->exec(sql.constData()); !r) {
-            (void)store->exec("ROLLBACK");
+    // Schema: versioned by PRAGMA user_version, each step applied in the same transaction —
+    // taken only when a step is due, so that a file whose schema is current opens without the
+    // write lock (held by another program, or refused on a full disk: reads still answer).
+    const auto schemaVersion = [db] {
+        sqlite3_stmt *version = nullptr;
+        sqlite3_prepare_v2(db, "PRAGMA user_version", -1, &version, nullptr);
+        const int v = sqlite3_step(version) == SQLITE_ROW ? sqlite3_column_int(version, 0) : 0;
+        sqlite3_finalize(version);
+        return v;
+    };
+    if (schemaVersion() < int(std::size(kSchemaSteps))) {
+        if (auto r = store->exec("BEGIN IMMEDIATE"); !r)
             return r.error();
+        for (int v = schemaVersion(); v < int(std::size(kSchemaSteps)); ++v) {
+            QFile schema(QString::fromLatin1(kSchemaSteps[v]));
+            if (!schema.open(QIODevice::ReadOnly)) {
+                (void)store->exec("ROLLBACK");
+                return makeError(
+                    ErrorCode::Internal,
+                    u"the SQLite schema resource %1 is missing"_qs.arg(schema.fileName()));
+            }
+            const QByteArray sql =
+                schema.readAll() + "\nPRAGMA user_version = " + QByteArray::number(v + 1);
+            if (auto r = store->exec(sql.constData()); !r) {
+                (void)store->exec("ROLLBACK");
+                return r.error();
+            }
         }
+        if (auto r = store->exec("COMMIT"); !r)
+            return r.error();
     }
-    if (auto r = store->exec("COMMIT"); !r)
-        return r.error();
     // Only the owner may read it (request bodies), once it is known to be a database: a store path
     // mistyped onto another file (/etc/passwd, as root) made that file 0600 before it was refused.
     for (const char *suffix : {"", "-wal", "-shm"})
@@ -328,6 +338,14 @@ Error SqliteStore::beginError(const char *what) const
 
 Result<ClaimResult> SqliteStore::claim(const ClaimRequest &req)
 {
+    auto result = claimWritten(req); // its transaction (or savepoint) is over
+    if (!result)
+        return answerUnwritten(req, result.error());
+    return result;
+}
+
+Result<ClaimResult> SqliteStore::claimWritten(const ClaimRequest &req)
+{
     if (auto inPlace = fileInPlace(); !inPlace)
         return inPlace.error();
     const qint64 nowMs = wallMs();
@@ -445,7 +463,11 @@ Result<QList<T>> SqliteStore::inOneTransaction(const QList<Request> &requests, S
 
 Result<QList<ClaimResult>> SqliteStore::claimBatch(const QList<ClaimRequest> &requests)
 {
-    return inOneTransaction<ClaimResult>(requests, [this](const ClaimRequest &r) { return claim(r); });
+    auto results =
+        inOneTransaction<ClaimResult>(requests, [this](const ClaimRequest &r) { return claim(r); });
+    if (!results)
+        return answerUnwritten(requests, results.error());
+    return results;
 }
 
 Result<QList<FinishVerdict>> SqliteStore::finishBatch(const QList<FinishRequest> &requests)

@@ -62,6 +62,8 @@ private:
     Result<std::optional<KeyRecord>> readKey(const QString &key);
     Error lastError(const char *what) const;
     Result<void> fileInPlace() const;
+    // claim() but for a refusal's answer (answerUnwritten)
+    Result<ClaimResult> claimWritten(const ClaimRequest &request);
     Error beginError(const char *what) const;
     Result<qint64> nextToken(qint64 currentToken);
     template<typename T, typename Request, typename Step>

@@ -9,15 +9,34 @@
 namespace idem {
 
 namespace {
+// Why the store refused to count a claim answered all the same (ClaimResult::uncounted).
+QString uncounted(const Result<ClaimResult> &r)
+{
+    return r ? r->uncounted : QString();
+}
+QString uncounted(const Result<QList<ClaimResult>> &results)
+{
+    if (results)
+        for (const ClaimResult &r : *results)
+            if (!r.uncounted.isEmpty())
+                return r.uncounted;
+    return {};
+}
+template<typename R>
+QString uncounted(const R &)
+{
+    return {};
+}
+
 // Sees every failed call of a worker's connection, so the worker can drop it and reconnect.
 struct StoreWatch final : IdempotencyStore
 {
     IdempotencyStore &inner;
     bool &failed;
     QString &failure;
-    std::function<void(bool healthy, const QString &error, bool write)> report;
-    StoreWatch(IdempotencyStore &s, bool &f, QString &m, std::function<void(bool, const QString &, bool)> r)
-        : inner(s), failed(f), failure(m), report(std::move(r))
+    StorePool &pool; // told each call's outcome
+    StoreWatch(IdempotencyStore &s, bool &f, QString &m, StorePool &p)
+        : inner(s), failed(f), failure(m), pool(p)
     {}
     template<typename R>
     R seen(R r, bool write = false)
@@ -30,7 +49,9 @@ struct StoreWatch final : IdempotencyStore
         // Health is known before the caller sees the result. An internal error (a SQLite file no
         // longer at its path) is unhealthy too, but connecting again would not mend it.
         const bool unhealthy = storeFailed || (!r && r.error().code == ErrorCode::Internal);
-        report(!unhealthy, unhealthy ? r.error().message : QString(), write);
+        pool.reportHealth(!unhealthy, unhealthy ? r.error().message : QString(), write);
+        if (const QString refused = uncounted(r); !refused.isEmpty())
+            pool.reportRefusedWrite(refused);
         return r;
     }
     Result<ClaimResult> claim(const ClaimRequest &q) override { return seen(inner.claim(q), true); }
@@ -110,7 +131,7 @@ void StorePool::enqueue(Job job, Batch batch, Priority priority)
     const Error busy = makeError(ErrorCode::Unavailable,
                                  m_stopping ? u"the store is shutting down"_qs
                                             : u"the store is overloaded (%1 operations queued)"_qs.arg(m_maxQueued));
-    job(nullptr, &busy)(nullptr);
+    job(nullptr, &busy)();
 }
 
 void StorePool::workerLoop()
@@ -148,16 +169,14 @@ void StorePool::workerLoop()
         if (!store) {
             reportHealth(false, connectError->message);
             for (Job &job : jobs)
-                job(nullptr, &*connectError)(nullptr);
+                job(nullptr, &*connectError)();
             continue;
         }
         // Wrap the store so that a failed call is seen: the connection is then dropped and made
         // again for the next job.
         bool failed = false;
         QString failure;
-        StoreWatch watch(*store, failed, failure, [this](bool healthy, const QString &error, bool write) {
-            reportHealth(healthy, error, write);
-        });
+        StoreWatch watch(*store, failed, failure, *this);
         const bool batch = jobs.size() > 1 && watch.beginBatch();
         std::vector<Publish> held;
         for (Job &job : jobs) {
@@ -165,13 +184,21 @@ void StorePool::workerLoop()
             if (batch)
                 held.push_back(std::move(publish));
             else
-                publish(nullptr);
+                publish();
         }
-        if (batch) {
-            const Result<void> committed = watch.endBatch();
-            for (Publish &publish : held)
-                publish(committed ? nullptr : &committed.error());
+        // A batch whose commit failed did not happen (SQLite rolls a failed COMMIT back): each
+        // of its jobs runs again alone, and gets its own answer — one write the store refuses (a
+        // new key on a full disk) then fails its own delivery only, and a duplicate is still
+        // answered (IdempotencyStore::answerUnwritten). Had the commit gone through after all,
+        // running again is still safe: a claim finds its key taken (in progress), a finish its
+        // result stored (Repeated).
+        if (batch && !watch.endBatch()) {
+            held.clear();
+            for (Job &job : jobs)
+                job(&watch, nullptr)();
         }
+        for (Publish &publish : held)
+            publish();
         if (failed)
             store.reset(); // connect again for the next job
     }
@@ -190,11 +217,22 @@ void StorePool::reportHealth(bool healthy, const QString &error, bool write)
         m_health.lastErrorAtMs = now;
     }
     if (write && healthy)
-        m_health.lastWriteOkAtMs = now;
-    else if (write) {
-        m_health.lastWriteError = error;
-        m_health.lastWriteFailedAtMs = now;
-    }
+        m_health.lastWriteFailed = false;
+    else if (write)
+        refusedWrite(error, now);
+}
+
+void StorePool::reportRefusedWrite(const QString &why)
+{
+    std::lock_guard lock(m_mutex);
+    refusedWrite(why, QDateTime::currentMSecsSinceEpoch());
+}
+
+void StorePool::refusedWrite(const QString &why, qint64 nowMs)
+{
+    m_health.lastWriteFailed = true;
+    m_health.lastWriteError = why;
+    m_health.lastWriteFailedAtMs = nowMs;
 }
 
 namespace {

@@ -35,12 +35,12 @@ struct StoreHealth
     // while the last call — a read — looks healthy.
     QString lastWriteError;
     qint64 lastWriteFailedAtMs = 0;
-    qint64 lastWriteOkAtMs = 0;
+    bool lastWriteFailed = false;
     // The last write failed, within `windowMs`: not ready (/readyz). Bounded, so a desk a load
     // balancer took out is asked again, and taken back once a write goes through.
     bool writesFailing(qint64 nowMs, qint64 windowMs = 10'000) const
     {
-        return lastWriteFailedAtMs > lastWriteOkAtMs && nowMs - lastWriteFailedAtMs < windowMs;
+        return lastWriteFailed && nowMs - lastWriteFailedAtMs < windowMs;
     }
 };
 
@@ -76,10 +76,9 @@ public:
         enqueue([job = std::move(job), done = std::move(done), guard](IdempotencyStore *store,
                                                                        const Error *error) -> Publish {
             auto result = std::make_shared<Result<T>>(store ? job(*store) : Result<T>(*error));
-            return [result, done, guard](const Error *batchError) {
+            return [result, done, guard]() {
                 if (!guard)
                     return;
-                settle(*result, batchError);
                 QMetaObject::invokeMethod(
                     guard.data(), [done, result]() { done(std::move(*result)); }, Qt::QueuedConnection);
             };
@@ -94,10 +93,7 @@ public:
         auto future = promise.get_future();
         enqueue([&](IdempotencyStore *store, const Error *error) -> Publish {
             auto result = std::make_shared<Result<T>>(store ? job(*store) : Result<T>(*error));
-            return [&promise, result](const Error *batchError) {
-                settle(*result, batchError);
-                promise.set_value(std::move(*result));
-            };
+            return [&promise, result]() { promise.set_value(std::move(*result)); };
         });
         return future.get();
     }
@@ -110,20 +106,17 @@ public:
     void setLaneFactory(LaneFactory factory) { m_laneFactory = std::move(factory); }
     // The outcome of a store call made outside the workers (by a lane).
     void reportHealth(bool healthy, const QString &error = {}, bool write = false);
+    // A call that went through but whose write the store refused (a claim answered uncounted,
+    // ClaimResult::uncounted), reported after the call's own outcome.
+    void reportRefusedWrite(const QString &why);
 
 private:
     // A job runs on a worker and returns how to publish its result: at once, or after its
-    // batch committed (with the commit's error, if it failed).
-    using Publish = std::function<void(const Error *batchError)>;
+    // batch committed. A job may run twice: again alone when its batch failed to commit.
+    using Publish = std::function<void()>;
     using Job = std::function<Publish(IdempotencyStore *, const Error *)>;
-    // A call that succeeded inside a batch whose commit failed did not happen.
-    template<typename T>
-    static void settle(Result<T> &result, const Error *batchError)
-    {
-        if (batchError && result.ok())
-            result = Result<T>(*batchError);
-    }
     void enqueue(Job job, Batch batch = Batch::Alone, Priority priority = Priority::Normal);
+    void refusedWrite(const QString &why, qint64 nowMs); // m_mutex held
     void workerLoop();
 
     StoreFactory m_factory;

@@ -56,6 +56,7 @@ else
 end
 
 if action == 'replay' or action == 'in-progress' or action == 'mismatch' then
+  local uncounted -- nil: nothing after nowText in the answer
   if action ~= 'mismatch' then
     -- Counted where Redis lets it: a Redis out of memory (maxmemory, noeviction) refuses the
     -- write, and the duplicate still gets its answer (nothing is decided on the count).
@@ -64,10 +65,12 @@ if action == 'replay' or action == 'in-progress' or action == 'mismatch' then
                                                           status, provider, endpoint, curFp))
     if type(counted) ~= 'table' or not counted.err then
       attempts, updated = seen, nowText
+    else
+      uncounted = counted.err -- told to the desk, last
     end
   end
   return {action, outcome, endpoint, provider, state, curFp, token, attempts, created, updated, leaseUntil, expires,
-          cur[2] or '', cur[3] or '', nowText}
+          cur[2] or '', cur[3] or '', nowText, uncounted}
 end
 
 local expiresAt = now + ttlMs

@@ -1049,6 +1049,109 @@ private Q_SLOTS:
         QCOMPARE(down.count(), 1);
     }
 
+    // A store that answers but refuses writes — SQLite's write lock held by another program past
+    // the desk's busy timeout, PostgreSQL out of disk, Redis out of memory: a duplicate of a
+    // completed delivery still gets its stored answer (the count of deliveries is what the store
+    // refused, and the delivery log says so), a new key is refused (503) and nothing runs, and
+    // /readyz says not ready. Once writes go through again, all is as before.
+    void duplicatesAreAnsweredWhileTheStoreRefusesWrites_data() { stores(); }
+    void duplicatesAreAnsweredWhileTheStoreRefusesWrites()
+    {
+        QFETCH(QString, backend);
+        GatedDownstream down;
+        const QByteArray ep = "refuse" + g_run;
+        Desk desk = start(backend, endpoint(ep, down.url()));
+        const ClientResponse first = deliver(desk.port, ep, "k1");
+        QCOMPARE(first.status, 200);
+        const QString stored = QString::fromLatin1(ep + ":k1");
+
+        std::thread holder;
+        std::promise<void> release;
+        std::shared_future<void> released = release.get_future().share();
+        const QString redisPort = qEnvironmentVariable("IDEM_TEST_REDIS_PORT");
+        const QString pgUrl = qEnvironmentVariable("IDEM_TEST_POSTGRES_URL");
+        const QString trigger = u"idem_refuse_"_qs + QString::fromLatin1(g_run);
+        QByteArray out;
+        if (backend == u"redis"_qs) {
+            QCOMPARE(
+                runTool(u"redis-cli"_qs,
+                        {u"-p"_qs, redisPort, u"CONFIG"_qs, u"SET"_qs, u"maxmemory"_qs, u"1"_qs},
+                        &out),
+                0);
+        } else if (backend == u"postgres"_qs) {
+            // What PostgreSQL says when it cannot extend a table's file, for this endpoint's keys.
+            const QString sql =
+                u"CREATE OR REPLACE FUNCTION %1() RETURNS trigger LANGUAGE plpgsql AS $$"
+                u" BEGIN RAISE EXCEPTION 'could not extend file: No space left on device'"
+                u" USING ERRCODE = 'disk_full'; END $$;"
+                u" CREATE TRIGGER %1 BEFORE INSERT OR UPDATE ON idem_keys FOR EACH ROW"
+                u" WHEN (NEW.endpoint = '%2') EXECUTE FUNCTION %1();"_qs.arg(
+                    trigger, QString::fromLatin1(ep));
+            QCOMPARE(
+                runTool(u"psql"_qs, {pgUrl, u"-v"_qs, u"ON_ERROR_STOP=1"_qs, u"-qc"_qs, sql}, &out),
+                0);
+        } else {
+            bool taken = false;
+            holder = holdWriteLock(
+                QFile::encodeName(m_dir.filePath(u"e%1.db"_qs.arg(m_seq))),
+                [released] { released.wait_for(std::chrono::seconds(60)); }, taken);
+            QVERIFY(taken);
+        }
+        bool lifted = false;
+        auto liftFault = [&] {
+            if (std::exchange(lifted, true))
+                return;
+            QByteArray ignored;
+            if (backend == u"redis"_qs)
+                runTool(u"redis-cli"_qs,
+                        {u"-p"_qs, redisPort, u"CONFIG"_qs, u"SET"_qs, u"maxmemory"_qs, u"0"_qs},
+                        &ignored);
+            else if (backend == u"postgres"_qs)
+                runTool(u"psql"_qs,
+                        {pgUrl, u"-qc"_qs,
+                         u"DROP TRIGGER %1 ON idem_keys; DROP FUNCTION %1();"_qs.arg(trigger)},
+                        &ignored);
+            release.set_value();
+            if (holder.joinable())
+                holder.join();
+        };
+        const auto liftOnFailure = qScopeGuard(liftFault); // a failed QVERIFY returns early
+
+        const ClientResponse fresh = deliver(desk.port, ep, "k2");
+        QVERIFY2(fresh.status == 503, fresh.body.constData());
+        const ClientResponse again = deliver(desk.port, ep, "k1");
+        QVERIFY2(again.status == 200, again.body.constData());
+        QCOMPARE(again.header("Idempotency-Outcome"), QByteArray("replayed"));
+        QCOMPARE(again.body, first.body);
+        // After the duplicate: its answer without the count is a refused write too.
+        RawConnection probe(desk.port);
+        probe.send("GET /readyz HTTP/1.1\r\nHost: x\r\n\r\n");
+        QCOMPARE(probe.readResponse().status, 503);
+        QCOMPARE(down.count(), 1);
+
+        liftFault();
+        QCOMPARE(record(desk, stored)->attempts, 1); // the refused count was not written
+        QCOMPARE(deliver(desk.port, ep, "k1").header("Idempotency-Outcome"),
+                 QByteArray("replayed"));
+        QCOMPARE(record(desk, stored)->attempts, 2);
+        QCOMPARE(deliver(desk.port, ep, "k2").header("Idempotency-Outcome"),
+                 QByteArray("processed"));
+        QCOMPARE(down.count(), 2);
+        // The answer without its count is in the delivery log, kept while the store refused it.
+        auto uncountedLine = [&desk, &stored] {
+            DeliveryQuery query;
+            query.key = stored;
+            auto lines = desk.pool->run<QList<DeliveryEvent>>(
+                [&](IdempotencyStore &s) { return s.deliveries(query); });
+            if (lines)
+                for (const DeliveryEvent &e : *lines)
+                    if (e.outcome == Outcome::Replayed && e.detail.startsWith(u"not counted: "_qs))
+                        return e.detail;
+            return QString();
+        };
+        QTRY_VERIFY_WITH_TIMEOUT(!uncountedLine().isEmpty(), 15'000);
+    }
+
     // Back-pressure refuses new claims, never a finish; finishes run before waiting claims.
     void poolRunsFinishesFirstAndNeverRefusesThem()
     {
