@@ -386,7 +386,7 @@ int retry(const QStringList &arguments)
         });
         loop.exec();
     }
-    engine.flushLog();
+    engine.drainLog();
     return failures ? ExitRuntime : ExitOk;
 }
 

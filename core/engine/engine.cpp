@@ -60,7 +60,35 @@ HttpResponse resultNotRecorded(const QString & /*why: the delivery log's*/)
     r.setHeader("Retry-After", "5");
     return r;
 }
-constexpr int kLogBacklog = 50000; // deliveries kept in memory while the store is away
+// Deliveries kept in memory while the store refuses the log: the newest, up to both bounds.
+constexpr int kLogBacklog = 50000;
+constexpr qint64 kLogBacklogBytes = 64LL << 20;
+// What a delivery log entry holds: a mismatch's body up to kPayloadBytes, at most
+// kPayloadsPerMinute of them (a burst of as many), so that a sender reusing a key with other
+// bodies cannot fill the store (a 64 KB body per 422 did: Redis out of memory within seconds);
+// a detail up to kDetailChars, a provider's note (from headers) up to kNoteChars.
+constexpr qsizetype kPayloadBytes = 64 * 1024;
+constexpr double kPayloadsPerMinute = 60;
+constexpr qsizetype kDetailChars = 2048;
+constexpr qsizetype kNoteChars = 256;
+
+// `text` cut to at most `max` characters, saying so (never between a surrogate pair).
+QString capped(const QString &text, qsizetype max)
+{
+    if (text.size() <= max)
+        return text;
+    qsizetype keep = max - 1;
+    if (keep > 0 && text.at(keep - 1).isHighSurrogate())
+        --keep;
+    return text.left(keep) + u'…';
+}
+
+// About what an entry of the delivery log takes in memory.
+qint64 logFootprint(const DeliveryEvent &e)
+{
+    return 160 + 2 * (e.endpoint.size() + e.key.size() + e.instance.size() + e.detail.size()) +
+           e.payload.size();
+}
 
 // Claimed too late to start (the store was slow): nothing ran, and the claim is released (the
 // key finished as `reset`), so the sender's next delivery processes it.
@@ -172,6 +200,8 @@ IdempotencyEngine::IdempotencyEngine(Config config, std::shared_ptr<StorePool> p
         processor->setParent(this); // moves with the engine to the receiver thread
         m_processors.emplace(e.name, processor);
     }
+    m_payloadTokens = kPayloadsPerMinute; // a full burst to start with
+    m_payloadRefillMs = monotonicUs() / 1000;
     m_logTimer.setInterval(200);
     m_logTimer.setParent(this);
     connect(&m_logTimer, &QTimer::timeout, this, &IdempotencyEngine::flushLog);
@@ -289,7 +319,7 @@ void IdempotencyEngine::handle(HttpRequest request, Responder responder)
         --m_inFlight;
         return;
     }
-    d->note = provider->note(d->request);
+    d->note = capped(provider->note(d->request), kNoteChars);
     if (provider->isBatch())
         return handleBatch(d, provider);
 
@@ -424,8 +454,14 @@ void IdempotencyEngine::onClaimed(const DeliveryPtr &d, Result<ClaimResult> resu
             422, u"Idempotency key reused with a different payload"_qs,
             u"the key %1 was first seen with another body; this one differs, so it was not processed"_qs
                 .arg(d->key));
-        d->payload = d->request.body.left(64 * 1024);
-        return respond(d, r, Outcome::Mismatch, claim.record.token, uncounted);
+        QStringList detail{uncounted};
+        if (keepPayload())
+            d->payload = d->request.body.left(kPayloadBytes);
+        else
+            detail.append(
+                u"body not kept: more than %1 mismatches a minute"_qs.arg(kPayloadsPerMinute));
+        detail.removeAll(QString());
+        return respond(d, r, Outcome::Mismatch, claim.record.token, detail.join(u"; "_qs));
     }
     }
 }
@@ -555,7 +591,10 @@ void IdempotencyEngine::record(const DeliveryPtr &d, const QString &key, Outcome
     event.status = status;
     event.token = token;
     event.instance = m_instance;
-    event.detail = d->note.isEmpty() ? detail : detail.isEmpty() ? d->note : d->note + u"; "_qs + detail;
+    event.detail = capped(d->note.isEmpty()  ? detail
+                          : detail.isEmpty() ? d->note
+                                             : d->note + u"; "_qs + detail,
+                          kDetailChars);
     event.payload = d->payload;
     ++m_outcomes[size_t(outcome)];
     if (Metrics::Endpoint *metrics = metricsFor(d->endpoint)) {
@@ -564,7 +603,9 @@ void IdempotencyEngine::record(const DeliveryPtr &d, const QString &key, Outcome
             m_metrics->leaseRecovered();
     }
     if (!event.endpoint.isEmpty()) {
+        m_logBytes += logFootprint(event);
         m_logBuffer.append(event);
+        trimLog();
         if (m_logBuffer.size() >= kLogBatch)
             flushLog();
     }
@@ -863,32 +904,95 @@ void IdempotencyEngine::flushLog()
 {
     if (m_logBuffer.isEmpty() || m_logInFlight)
         return;
-    QList<DeliveryEvent> batch;
-    batch.swap(m_logBuffer);
+    // After a failed write, once a second: a store refusing writes is not asked five times.
+    if (m_logFailing && !m_logRetry.hasExpired())
+        return;
+    writeLog(takeLogPart());
+}
+
+void IdempotencyEngine::drainLog()
+{
+    while (!m_logBuffer.isEmpty())
+        writeLog(takeLogPart());
+}
+
+// The oldest part of the buffer, at most kLogBatch deliveries: one transaction each, so that a
+// backlog kept while the store refused it is written back a part at a time (written whole, one
+// larger than a full disk's free space was retried for ever).
+QList<DeliveryEvent> IdempotencyEngine::takeLogPart()
+{
+    const qsizetype n = std::min<qsizetype>(m_logBuffer.size(), kLogBatch);
+    QList<DeliveryEvent> part(m_logBuffer.cbegin(), m_logBuffer.cbegin() + n);
+    m_logBuffer.remove(0, n);
+    for (const DeliveryEvent &e : part)
+        m_logBytes -= logFootprint(e);
+    return part;
+}
+
+void IdempotencyEngine::writeLog(QList<DeliveryEvent> part)
+{
     m_logInFlight = true;
     m_pool->submit<Ok>(
         this,
-        [batch](IdempotencyStore &store) -> Result<Ok> {
-            if (auto r = store.appendDeliveries(batch); !r)
+        [part](IdempotencyStore &store) -> Result<Ok> {
+            if (auto r = store.appendDeliveries(part); !r)
                 return r.error();
             return Ok{};
         },
-        [this, batch](Result<Ok> r) {
+        [this, part](Result<Ok> r) {
             m_logInFlight = false;
             if (r) {
                 if (m_logFailing)
                     qCInfo(lcEngine, "delivery log written again");
-                m_logFailing = false;
+                m_logFailing = m_logDropping = false;
+                if (m_logBuffer.size() >= kLogBatch) // a backlog: the next part now
+                    flushLog();
                 return;
             }
-            // Kept for the next flush while the store is away, up to a bound.
+            // Kept for the next flush while the store refuses it, up to the bounds.
             if (!m_logFailing)
                 qCWarning(lcEngine, "delivery log not written, keeping it for later: %s",
                           qPrintable(r.error().message));
             m_logFailing = true;
-            if (m_logBuffer.size() + batch.size() <= kLogBacklog)
-                m_logBuffer = batch + m_logBuffer;
+            m_logRetry.setRemainingTime(1000);
+            for (const DeliveryEvent &e : part)
+                m_logBytes += logFootprint(e);
+            m_logBuffer = part + m_logBuffer;
+            trimLog();
         });
+}
+
+// Past either bound, the oldest deliveries kept are dropped, and the log says so once.
+void IdempotencyEngine::trimLog()
+{
+    qsizetype drop = 0;
+    qint64 bytes = m_logBytes;
+    while (drop < m_logBuffer.size() &&
+           (m_logBuffer.size() - drop > kLogBacklog || bytes > kLogBacklogBytes))
+        bytes -= logFootprint(m_logBuffer.at(drop++));
+    if (drop == 0)
+        return;
+    m_logBuffer.remove(0, drop);
+    m_logBytes = bytes;
+    if (!std::exchange(m_logDropping, true))
+        qCWarning(lcEngine,
+                  "delivery log: the store has refused it for so long that the oldest "
+                  "deliveries kept for it are dropped (more than %d, or %lld MB)",
+                  kLogBacklog, kLogBacklogBytes >> 20);
+}
+
+// One mismatch body more for the delivery log, within kPayloadsPerMinute (a token bucket)?
+bool IdempotencyEngine::keepPayload()
+{
+    const qint64 now = monotonicUs() / 1000;
+    m_payloadTokens =
+        std::min(kPayloadsPerMinute,
+                 m_payloadTokens + double(now - m_payloadRefillMs) * kPayloadsPerMinute / 60'000);
+    m_payloadRefillMs = now;
+    if (m_payloadTokens < 1)
+        return false;
+    m_payloadTokens -= 1;
+    return true;
 }
 
 void IdempotencyEngine::purge()

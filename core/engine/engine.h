@@ -6,6 +6,7 @@
 #include "processing/processor.h"
 #include "store/storepool.h"
 
+#include <QDeadlineTimer>
 #include <QObject>
 #include <QTimer>
 
@@ -56,8 +57,11 @@ public:
     // again (a reset and a claim under a new token), records and returns the result. Failed and
     // reset keys only, unless `force` (completed, or processing under someone else's lease).
     void retryKey(const QString &key, bool force, std::function<void(Result<RetryOutcome>)> done);
-    // Sends the buffered delivery log to the store now (at shutdown).
+    // Sends the next part of the buffered delivery log to the store (its timer's, and when a
+    // part is full).
     void flushLog();
+    // Every delivery not yet written handed to the store now, a part at a time (when stopping).
+    void drainLog();
 
 Q_SIGNALS:
     void delivered(const idem::DeliveryEvent &event);
@@ -70,6 +74,10 @@ private:
     void onProcessed(const DeliveryPtr &d, qint64 token, Outcome outcome, ProcessResult result);
     void respond(const DeliveryPtr &d, HttpResponse response, Outcome outcome, qint64 token = 0,
                  const QString &detail = {});
+    QList<DeliveryEvent> takeLogPart();
+    void writeLog(QList<DeliveryEvent> part);
+    void trimLog();
+    bool keepPayload();
     void record(const DeliveryPtr &d, const QString &key, Outcome outcome, int status, qint64 token,
                 const QString &detail);
     void handleBatch(const DeliveryPtr &d, const Provider *provider);
@@ -115,9 +123,14 @@ private:
     Metrics *m_metrics = nullptr;
     std::vector<Metrics::Endpoint *> m_endpointMetrics;
     QList<DeliveryEvent> m_logBuffer;
+    qint64 m_logBytes = 0;    // what m_logBuffer holds, about (logFootprint)
     QString m_notReadyLogged; // the last "not ready" reason written to the log
     bool m_logInFlight = false;
     bool m_logFailing = false;
+    bool m_logDropping = false; // dropping the oldest since the last write that went through
+    QDeadlineTimer m_logRetry;  // after a failed write: when to try again
+    double m_payloadTokens = 0; // mismatch bodies the log may keep now (keepPayload)
+    qint64 m_payloadRefillMs = 0;
     QTimer m_logTimer;
     QTimer m_purgeTimer;
 };

@@ -69,7 +69,7 @@ Receiver::~Receiver()
     QMetaObject::invokeMethod(
         m_server,
         [this] {
-            m_engine->flushLog();
+            m_engine->drainLog();
             delete m_server;
             delete m_engine;
         },

@@ -1331,8 +1331,16 @@ Result<void> RedisStore::appendDeliveries(const QList<DeliveryEvent> &events)
                          "i",      e.instance.toUtf8(),
                          "d",      e.detail.toUtf8(),
                          "b",      e.payload});
-    if (auto r = pipeline(commands, true); !r)
-        return r.error();
+    auto written = pipeline(commands, true);
+    if (!written)
+        return written.error();
+    // An XADD Redis refused (out of memory) is kept by the caller for later, not lost.
+    for (const Reply &reply : *written)
+        if (reply->type == REDIS_REPLY_ERROR)
+            return makeError(
+                ErrorCode::Unavailable,
+                u"Redis %1: the delivery log: %2"_qs.arg(
+                    m_url.display(), QString::fromUtf8(reply->str, qsizetype(reply->len))));
     return {};
 }
 

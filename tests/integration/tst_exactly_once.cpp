@@ -1152,6 +1152,62 @@ private Q_SLOTS:
         QTRY_VERIFY_WITH_TIMEOUT(!uncountedLine().isEmpty(), 15'000);
     }
 
+    // The delivery log kept while the store refused it is written back a part at a time: a
+    // backlog larger than one transaction the store then takes (room for some rows, not all —
+    // a disk just freed) is written, not retried whole for ever.
+    void aLogBacklogIsWrittenBackInParts()
+    {
+        const QString pgUrl = qEnvironmentVariable("IDEM_TEST_POSTGRES_URL");
+        const QByteArray ep = "backlog" + g_run;
+        const QString tag = u"idem_backlog_"_qs + QString::fromLatin1(g_run);
+        // While `refuse_all`, every row of the endpoint's is refused; then a transaction's 601st.
+        const QString setUp =
+            u"CREATE TABLE %1_tx (xid bigint PRIMARY KEY, n int);"
+            u" CREATE TABLE %1_mode (refuse_all boolean); INSERT INTO %1_mode VALUES (true);"
+            u" CREATE FUNCTION %1() RETURNS trigger LANGUAGE plpgsql AS $$ DECLARE c int; BEGIN"
+            u" IF (SELECT refuse_all FROM %1_mode)"
+            u" THEN RAISE EXCEPTION 'No space left on device' USING ERRCODE = 'disk_full'; END IF;"
+            u" INSERT INTO %1_tx VALUES (txid_current(), 1)"
+            u" ON CONFLICT (xid) DO UPDATE SET n = %1_tx.n + 1 RETURNING n INTO c;"
+            u" IF c > 600"
+            u" THEN RAISE EXCEPTION 'No space left on device' USING ERRCODE = 'disk_full'; END IF;"
+            u" RETURN NEW; END $$;"
+            u" CREATE TRIGGER %1 BEFORE INSERT ON idem_deliveries FOR EACH ROW"
+            u" WHEN (NEW.endpoint = '%2') EXECUTE FUNCTION %1();"_qs.arg(tag, QString::fromLatin1(ep));
+        QByteArray out;
+        QCOMPARE(
+            runTool(u"psql"_qs, {pgUrl, u"-v"_qs, u"ON_ERROR_STOP=1"_qs, u"-qc"_qs, setUp}, &out),
+            0);
+        const auto tearDown = qScopeGuard([&] {
+            QByteArray ignored;
+            runTool(
+                u"psql"_qs,
+                {pgUrl, u"-qc"_qs,
+                 u"DROP TRIGGER %1 ON idem_deliveries; DROP FUNCTION %1(); DROP TABLE %1_tx, %1_mode;"_qs
+                     .arg(tag)},
+                &ignored);
+        });
+        Desk desk = start(u"postgres"_qs, "[{\"name\": \"" + ep + "\"}]");
+        for (int i = 0; i < 2000; ++i) // rejected (no key): logged, nothing claimed
+            QCOMPARE(post(desk.port, "/hooks/" + ep, "{}").status, 400);
+        QTRY_VERIFY_WITH_TIMEOUT(
+            desk.pool->health().writesFailing(QDateTime::currentMSecsSinceEpoch()), 10'000);
+        QCOMPARE(runTool(u"psql"_qs,
+                         {pgUrl, u"-qc"_qs, u"UPDATE %1_mode SET refuse_all = false"_qs.arg(tag)},
+                         &out),
+                 0);
+        auto logged = [&] {
+            QByteArray rows;
+            runTool(u"psql"_qs,
+                    {pgUrl, u"-Atc"_qs,
+                     u"SELECT count(*) FROM idem_deliveries WHERE endpoint = '%1'"_qs.arg(
+                         QString::fromLatin1(ep))},
+                    &rows);
+            return rows.trimmed().toInt();
+        };
+        QTRY_COMPARE_WITH_TIMEOUT(logged(), 2000, 30'000);
+    }
+
     // Back-pressure refuses new claims, never a finish; finishes run before waiting claims.
     void poolRunsFinishesFirstAndNeverRefusesThem()
     {

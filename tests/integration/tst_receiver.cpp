@@ -560,6 +560,46 @@ private Q_SLOTS:
         QVERIFY(!pool->health().lastError.isEmpty());
     }
 
+    // What one delivery can put in the delivery log is bounded: a mismatch's body is kept for
+    // 60 a minute (a burst of 60), not for each 422 of a sender reusing a key with other bodies
+    // (64 KB each filled Redis); a provider's note, read from a header, is cut to 256 characters.
+    void theDeliveryLogKeepsBoundedEntries()
+    {
+        Desk desk = start("[{\"name\": \"orders\"}, {\"name\": \"gh\", \"provider\": \"github\"}]");
+        QCOMPARE(deliver(desk.port, "m", "{\"n\":0}").status, 200);
+        for (int i = 1; i <= 200; ++i)
+            QCOMPARE(deliver(desk.port, "m", "{\"n\":" + QByteArray::number(i) + "}").status, 422);
+        const HeaderList github{{"X-GitHub-Hook-ID", "7"},
+                                {"X-GitHub-Delivery", "d1"},
+                                {"X-GitHub-Event", QByteArray(15000, 'e')}};
+        const ClientResponse gh = post(desk.port, "/hooks/gh", "{}", github);
+        QVERIFY2(gh.status == 200, gh.body.constData());
+        auto logOf = [&desk](const QString &key, const QString &endpoint = {}) {
+            DeliveryQuery q;
+            q.key = key;
+            q.endpoint = endpoint;
+            q.limit = 1000;
+            return *desk.pool->run<QList<DeliveryEvent>>(
+                [&](IdempotencyStore &s) { return s.deliveries(q); });
+        };
+        QTRY_COMPARE_WITH_TIMEOUT(logOf(u"orders:m"_qs).size(), 201, 10'000);
+        int kept = 0, notKept = 0;
+        for (const DeliveryEvent &e : logOf(u"orders:m"_qs)) {
+            if (e.outcome != Outcome::Mismatch)
+                continue;
+            kept += !e.payload.isEmpty();
+            notKept += e.payload.isEmpty() && e.detail.contains(u"body not kept"_qs);
+        }
+        // 200 mismatches take well under the 40 s that would refill 40 more.
+        QVERIFY2(kept >= 60 && kept < 100, qPrintable(QString::number(kept)));
+        QCOMPARE(kept + notKept, 200);
+        QTRY_COMPARE_WITH_TIMEOUT(logOf({}, u"gh"_qs).size(), 1,
+                                  10'000); // its key is scoped by hook
+        const QString note = logOf({}, u"gh"_qs).first().detail;
+        QVERIFY2(note.size() <= 256 && note.startsWith(u"event eee"_qs) && note.endsWith(u'…'),
+                 qPrintable(note.left(300)));
+    }
+
     void deliveriesAreLogged()
     {
         Desk desk = start("[{\"name\": \"orders\"}]");

@@ -176,6 +176,28 @@ private Q_SLOTS:
         QVERIFY2(refused.error().message.contains(u"OOM"_qs), qPrintable(refused.error().message));
     }
 
+    // A delivery log Redis refuses (out of memory) is an error, which the desk keeps for later:
+    // the XADDs' answers went unread, and the log was lost without a word.
+    void aRefusedDeliveryLogIsAnError()
+    {
+        auto store = RedisStore::connect(*StoreUrl::parse(m_redis->url()));
+        QVERIFY(store.ok());
+        DeliveryEvent e;
+        e.atMs = QDateTime::currentMSecsSinceEpoch();
+        e.endpoint = u"oomlog"_qs;
+        e.key = u"oomlog:a"_qs;
+        e.outcome = Outcome::Processed;
+        e.status = 200;
+        QVERIFY((*store)->appendDeliveries({e}).ok());
+        QVERIFY(redisCli(m_redis->port(), {u"CONFIG"_qs, u"SET"_qs, u"maxmemory"_qs, u"1"_qs}));
+        auto restore = qScopeGuard([&] {
+            redisCli(m_redis->port(), {u"CONFIG"_qs, u"SET"_qs, u"maxmemory"_qs, u"0"_qs});
+        });
+        const auto refused = (*store)->appendDeliveries({e, e});
+        QVERIFY(!refused.ok());
+        QVERIFY2(refused.error().message.contains(u"OOM"_qs), qPrintable(refused.error().message));
+    }
+
     // A store that answers reads but refuses writes (Redis out of memory): /readyz says not
     // ready while the last write failed (it said ready, with every new delivery refused), and
     // ready again once a write goes through.
