@@ -1079,12 +1079,16 @@ private Q_SLOTS:
                         &out),
                 0);
         } else if (backend == u"postgres"_qs) {
-            // What PostgreSQL says when it cannot extend a table's file, for this endpoint's keys.
+            // What PostgreSQL says when it cannot extend a table's file, for this endpoint's keys
+            // and its delivery log (a full disk refuses both: the log written meanwhile was a
+            // write that went through, and /readyz said ready).
             const QString sql =
                 u"CREATE OR REPLACE FUNCTION %1() RETURNS trigger LANGUAGE plpgsql AS $$"
                 u" BEGIN RAISE EXCEPTION 'could not extend file: No space left on device'"
                 u" USING ERRCODE = 'disk_full'; END $$;"
                 u" CREATE TRIGGER %1 BEFORE INSERT OR UPDATE ON idem_keys FOR EACH ROW"
+                u" WHEN (NEW.endpoint = '%2') EXECUTE FUNCTION %1();"
+                u" CREATE TRIGGER %1 BEFORE INSERT ON idem_deliveries FOR EACH ROW"
                 u" WHEN (NEW.endpoint = '%2') EXECUTE FUNCTION %1();"_qs.arg(
                     trigger, QString::fromLatin1(ep));
             QCOMPARE(
@@ -1109,7 +1113,8 @@ private Q_SLOTS:
             else if (backend == u"postgres"_qs)
                 runTool(u"psql"_qs,
                         {pgUrl, u"-qc"_qs,
-                         u"DROP TRIGGER %1 ON idem_keys; DROP FUNCTION %1();"_qs.arg(trigger)},
+                         u"DROP TRIGGER %1 ON idem_keys; DROP TRIGGER %1 ON idem_deliveries;"
+                         u" DROP FUNCTION %1();"_qs.arg(trigger)},
                         &ignored);
             release.set_value();
             if (holder.joinable())
