@@ -361,12 +361,14 @@ Result<ClaimResult> RedisStore::claim(const ClaimRequest &req)
     auto result = redis::claimResult(r->get(), req);
     if (!result)
         return result;
-    if (auto waited = waitForReplicas(); !waited)
-        return waited.error(); // refused: the claim may be lost in a failover, so nothing runs
+    // Listed whether or not replicas acknowledge it: the record is there either way (a refused
+    // claim's key, left to its lease, was missing from listings until the purge's repair).
     redis::IndexBatch batch;
     if (auto move = redis::indexMoveOf(req, *result))
         batch.add(*move);
     writeIndexes(batch);
+    if (auto waited = waitForReplicas(); !waited)
+        return waited.error(); // refused: the claim may be lost in a failover, so nothing runs
     return result;
 }
 
@@ -379,13 +381,13 @@ Result<FinishVerdict> RedisStore::finish(const FinishRequest &req)
     auto verdict = redis::finishVerdict(r->get(), req, &move);
     if (!verdict)
         return verdict;
-    if (auto waited = waitForReplicas(); !waited)
-        return waited.error(); // retried by the engine: the same finish answers Repeated
-    if (*verdict == FinishVerdict::Accept) {
+    if (*verdict == FinishVerdict::Accept) { // listed either way, as a claim
         redis::IndexBatch batch;
         batch.add(move);
         writeIndexes(batch);
     }
+    if (auto waited = waitForReplicas(); !waited)
+        return waited.error(); // retried by the engine: the same finish answers Repeated
     return verdict;
 }
 
@@ -459,9 +461,9 @@ Result<QList<ClaimResult>> RedisStore::claimBatch(const QList<ClaimRequest> &req
             batch.add(*move);
         results.append(std::move(*result));
     }
+    writeIndexes(batch); // listed either way, as a claim
     if (auto waited = waitForReplicas(); !waited)
         return waited.error();
-    writeIndexes(batch);
     return results;
 }
 
@@ -484,9 +486,9 @@ Result<QList<FinishVerdict>> RedisStore::finishBatch(const QList<FinishRequest> 
             batch.add(move);
         verdicts.append(*verdict);
     }
+    writeIndexes(batch); // listed either way, as a claim
     if (auto waited = waitForReplicas(); !waited)
         return waited.error();
-    writeIndexes(batch);
     return verdicts;
 }
 

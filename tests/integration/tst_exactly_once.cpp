@@ -1402,8 +1402,6 @@ private Q_SLOTS:
         }
     }
 
-    // ?wait_replicas=N: a claim or finish that N replicas did not acknowledge is refused (503),
-    // so a failover cannot lose a claim whose event then ran.
     // PostgreSQL's purge against a claim re-taking an expired row: the purge read the row as
     // expired, then waited for the claim's row lock; READ COMMITTED checked only the DELETE's own
     // condition again, and the fresh claim was deleted (a hostile review: 2-3 keys in 3000 ran
@@ -1456,6 +1454,9 @@ private Q_SLOTS:
         QCOMPARE(name((*kept)->state), name(KeyState::Processing));
     }
 
+    // ?wait_replicas=N: a claim or finish that N replicas did not acknowledge is refused (503),
+    // so a failover cannot lose a claim whose event then ran. The refused claim's key is listed
+    // all the same (it is in the store, processing until its lease ends).
     void redisWaitReplicasRefusesUnreplicatedWrites()
     {
         QTemporaryDir masterDir, replicaDir;
@@ -1478,6 +1479,11 @@ private Q_SLOTS:
         QTRY_VERIFY2(details.join(u" | "_qs).contains(u"replicas"_qs),
                      qPrintable(details.join(u" | "_qs)));
         QCOMPARE(down.count(), 0); // refused before anything ran
+        KeyQuery processing;
+        processing.state = KeyState::Processing;
+        const auto listed = desk.pool->run<QList<KeyRecord>>(
+            [&](IdempotencyStore &s) { return s.listKeys(processing); });
+        QVERIFY(listed && listed->size() == 1 && listed->first().key == u"w:k1"_qs);
 
         QVERIFY(replica.start({u"--replicaof"_qs, u"127.0.0.1"_qs, QString::number(master.port())}));
         QTRY_VERIFY_WITH_TIMEOUT(
