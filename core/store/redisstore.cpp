@@ -881,6 +881,9 @@ Result<QList<KeyRecord>> RedisStore::listKeys(const KeyQuery &q)
     QList<KeyRecord> records;
     qint64 skipped = 0;
     redis::IndexBatch repairs;
+    // The index is read a chunk at a time by rank, and new keys push older ones down meanwhile:
+    // a key met again in the next chunk is listed once (a long listing repeated some).
+    QSet<QString> met;
     while (records.size() < q.limit) {
         // Refill what ran dry, in one round trip.
         QList<QList<QByteArray>> reads;
@@ -929,8 +932,10 @@ Result<QList<KeyRecord>> RedisStore::listKeys(const KeyQuery &q)
                 break;
             const QString key = QString::fromUtf8(best->entries.takeFirst().second);
             const bool refill = best->entries.isEmpty() && !best->done;
-            if (glob.pattern().isEmpty() || glob.match(key).hasMatch())
+            if ((glob.pattern().isEmpty() || glob.match(key).hasMatch()) && !met.contains(key)) {
+                met.insert(key);
                 candidates.append({key, best});
+            }
             if (refill)
                 break; // that source must be read further before anything older is taken
         }

@@ -17,7 +17,9 @@
 #include <QTemporaryDir>
 #include <QTest>
 
+#include <atomic>
 #include <csignal>
+#include <thread>
 
 using namespace idem;
 using namespace idem::test;
@@ -221,6 +223,39 @@ private Q_SLOTS:
         QVERIFY(redisCli(m_redis->port(), {u"CONFIG"_qs, u"SET"_qs, u"maxmemory"_qs, u"0"_qs}));
         QCOMPARE(deliver("r2"), 200);
         QCOMPARE(readyz(), 200);
+    }
+
+    // A listing longer than a chunk of the index while new keys arrive names each key once: the
+    // index is read a chunk at a time by rank, and new keys push the older ones down (a long
+    // `keys list` repeated some).
+    void aLongListingNamesEachKeyOnce()
+    {
+        auto store = RedisStore::connect(*StoreUrl::parse(m_redis->url()));
+        QVERIFY(store.ok());
+        for (int i = 0; i < 2500; ++i)
+            QVERIFY((*store)->claim(claimOf(u"long:%1"_qs.arg(i))).ok());
+        std::atomic<bool> stop{false};
+        std::thread arriving([&stop, url = m_redis->url()] {
+            auto other = RedisStore::connect(*StoreUrl::parse(url));
+            for (int i = 0; other && !stop; ++i)
+                (void)(*other)->claim(claimOf(u"long:new%1"_qs.arg(i)));
+        });
+        const auto stopArriving = qScopeGuard([&] {
+            stop = true;
+            arriving.join();
+        });
+        KeyQuery q;
+        q.endpoint = u"long"_qs;
+        q.limit = 100'000;
+        for (int round = 0; round < 5; ++round) {
+            const auto listed = (*store)->listKeys(q);
+            QVERIFY(listed.ok());
+            QSet<QString> keys;
+            for (const KeyRecord &r : *listed)
+                keys.insert(r.key);
+            QVERIFY(listed->size() >= 2500);
+            QCOMPARE(keys.size(), listed->size());
+        }
     }
 
     void prefixesKeepDesksApart()
