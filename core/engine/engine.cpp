@@ -15,7 +15,9 @@
 #include <prometheus/counter.h>
 #include <prometheus/histogram.h>
 
+#include <chrono>
 #include <cmath>
+#include <thread>
 
 namespace idem {
 
@@ -912,8 +914,31 @@ void IdempotencyEngine::flushLog()
 
 void IdempotencyEngine::drainLog()
 {
-    while (!m_logBuffer.isEmpty())
-        writeLog(takeLogPart());
+    // The part in flight first: its answer would come after the engine is gone.
+    if (m_logInFlight && m_logWritten) {
+        const QDeadlineTimer patience(10'000);
+        while (*m_logWritten == 0 && !patience.hasExpired())
+            std::this_thread::sleep_for(std::chrono::milliseconds(5));
+        if (*m_logWritten != 1)
+            m_logBuffer = m_logWriting + m_logBuffer;
+        m_logInFlight = false;
+    }
+    while (!m_logBuffer.isEmpty()) {
+        const QList<DeliveryEvent> part = takeLogPart();
+        auto written = m_pool->run<Ok>([part](IdempotencyStore &store) -> Result<Ok> {
+            if (auto r = store.appendDeliveries(part); !r)
+                return r.error();
+            return Ok{};
+        });
+        if (!written) {
+            qCWarning(lcEngine, "delivery log: %lld deliveries not written at shutdown, lost: %s",
+                      qint64(part.size() + m_logBuffer.size()),
+                      qPrintable(written.error().message));
+            m_logBuffer.clear();
+            m_logBytes = 0;
+            return;
+        }
+    }
 }
 
 // The oldest part of the buffer, at most kLogBatch deliveries: one transaction each, so that a
@@ -932,15 +957,20 @@ QList<DeliveryEvent> IdempotencyEngine::takeLogPart()
 void IdempotencyEngine::writeLog(QList<DeliveryEvent> part)
 {
     m_logInFlight = true;
+    m_logWriting = part;
+    m_logWritten = std::make_shared<std::atomic<int>>(0);
     m_pool->submit<Ok>(
         this,
-        [part](IdempotencyStore &store) -> Result<Ok> {
-            if (auto r = store.appendDeliveries(part); !r)
+        [part, outcome = m_logWritten](IdempotencyStore &store) -> Result<Ok> {
+            auto r = store.appendDeliveries(part);
+            *outcome = r ? 1 : 2;
+            if (!r)
                 return r.error();
             return Ok{};
         },
         [this, part](Result<Ok> r) {
             m_logInFlight = false;
+            m_logWriting.clear();
             if (r) {
                 if (m_logFailing)
                     qCInfo(lcEngine, "delivery log written again");

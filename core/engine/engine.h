@@ -60,7 +60,8 @@ public:
     // Sends the next part of the buffered delivery log to the store (its timer's, and when a
     // part is full).
     void flushLog();
-    // Every delivery not yet written handed to the store now, a part at a time (when stopping).
+    // When stopping: every delivery not yet written, written now a part at a time, waiting for
+    // each (the part in flight too); what the store then refuses is said lost, not waited for.
     void drainLog();
 
 Q_SIGNALS:
@@ -126,6 +127,8 @@ private:
     qint64 m_logBytes = 0;    // what m_logBuffer holds, about (logFootprint)
     QString m_notReadyLogged; // the last "not ready" reason written to the log
     bool m_logInFlight = false;
+    QList<DeliveryEvent> m_logWriting; // the part in flight, and its outcome (0 pending, 1
+    std::shared_ptr<std::atomic<int>> m_logWritten; // written, 2 refused), seen by drainLog
     bool m_logFailing = false;
     bool m_logDropping = false; // dropping the oldest since the last write that went through
     QDeadlineTimer m_logRetry;  // after a failed write: when to try again

@@ -179,7 +179,8 @@ Result<ClaimResult> IdempotencyStore::answerUnwritten(const ClaimRequest &reques
     if (result.claimed()) // taking the key is a write
         return refused;
     result.record = std::move(current->value());
-    result.uncounted = refused.message;
+    if (result.decision.action != ClaimAction::Mismatch) // a mismatch is never counted
+        result.uncounted = refused.message;
     return result;
 }
 

@@ -449,7 +449,7 @@ Result<QList<ClaimResult>> RedisStore::claimBatch(const QList<ClaimRequest> &req
     for (const ClaimRequest &req : requests)
         args.append(redis::claimArgs(m_prefix, req));
     auto exec = scriptsInTransaction("claim", args);
-    if (!exec) // a transaction Redis refused (out of memory: EXECABORT) ran none of them
+    if (!exec) // a transaction Redis refused (EXECABORT): none of them ran
         return answerUnwritten(requests, exec.error());
     QList<ClaimResult> results;
     redis::IndexBatch batch;

@@ -90,12 +90,15 @@ else
   newAttempts, newCreated = '1', nowText
   history = '[' .. historyEntry(nowText, 'claimed', tokenText) .. ']'
 end
-if state then
-  redis.call('DEL', rk) -- a reclaim, or a tombstone: nothing of it is kept but its token, above
-end
+-- HSET first: Redis refuses it when out of memory, and so nothing is taken (a DEL first is not
+-- refused, and let the script write on: the key was taken and run, its finish refused, once a
+-- lease).
 redis.call('HSET', rk, 'm', packMeta('processing', tokenText, newAttempts, newCreated, nowText, fmt(now + leaseMs),
                                      fmt(expiresAt), '0', ARGV[2], ARGV[1], fp),
            'h', history, 'q', ARGV[7])
+if state then
+  redis.call('HDEL', rk, 's', 'e') -- a reclaim, or a tombstone: nothing of it is kept but its token, above
+end
 redis.call('PEXPIREAT', rk, keyExpiry(expiresAt))
 if action == 'reclaim' then
   return {action, outcome, newTok, attempts, created, before or '[]', nowText, state}

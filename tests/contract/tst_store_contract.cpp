@@ -1153,6 +1153,8 @@ private Q_SLOTS:
             name(finish(done.record.key, done.record.token, KeyState::Completed, 201, "stored")),
             name(FinishVerdict::Accept));
         QVERIFY(claim(request(ep, u"running"_qs)).claimed());
+        const ClaimResult lapsed = claim(request(ep, u"lapsed"_qs, "f1", 100));
+        QVERIFY(storeClockPasses(lapsed.record.leaseUntilMs));
         const std::function<void()> allowWrites = refuseWrites(ep);
         QVERIFY(allowWrites);
         auto allowOnFailure = qScopeGuard(allowWrites); // a failed QVERIFY returns early
@@ -1172,6 +1174,9 @@ private Q_SLOTS:
         QVERIFY2(mismatch.ok(), mismatch.ok() ? "" : qPrintable(mismatch.error().message));
         QCOMPARE(name(mismatch->decision.action), name(ClaimAction::Mismatch));
         QVERIFY(!m_store->claim(request(ep, u"new"_qs)).ok());
+        // Taking a key whose lease ended is a write too (on Redis it went through: taken and
+        // run, its finish refused, once a lease).
+        QVERIFY(!m_store->claim(request(ep, u"lapsed"_qs, "f1", 100)).ok());
         const auto both =
             m_store->claimBatch({request(ep, u"done"_qs), request(ep, u"running"_qs)});
         QVERIFY2(both.ok(), both.ok() ? "" : qPrintable(both.error().message));

@@ -1213,6 +1213,68 @@ private Q_SLOTS:
         QTRY_COMPARE_WITH_TIMEOUT(logged(), 2000, 30'000);
     }
 
+    // The delivery log left at shutdown is written then, waiting for each part (it was handed
+    // over and dropped: a part the store refused was lost without a word); what the store refuses
+    // then is said lost.
+    void theLogLeftAtShutdownIsWrittenOrSaidLost()
+    {
+        const QString pgUrl = qEnvironmentVariable("IDEM_TEST_POSTGRES_URL");
+        const QByteArray ep = "shutdown" + g_run;
+        const QString tag = u"idem_shutdown_"_qs + QString::fromLatin1(g_run);
+        const QString setUp =
+            u"CREATE TABLE %1_mode (refuse boolean); INSERT INTO %1_mode VALUES (true);"
+            u" CREATE FUNCTION %1() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN"
+            u" IF (SELECT refuse FROM %1_mode)"
+            u" THEN RAISE EXCEPTION 'No space left on device' USING ERRCODE = 'disk_full'; END IF;"
+            u" RETURN NEW; END $$;"
+            u" CREATE TRIGGER %1 BEFORE INSERT ON idem_deliveries FOR EACH ROW"
+            u" WHEN (NEW.endpoint = '%2') EXECUTE FUNCTION %1();"_qs.arg(tag,
+                                                                         QString::fromLatin1(ep));
+        QByteArray out;
+        QCOMPARE(
+            runTool(u"psql"_qs, {pgUrl, u"-v"_qs, u"ON_ERROR_STOP=1"_qs, u"-qc"_qs, setUp}, &out),
+            0);
+        const auto tearDown = qScopeGuard([&] {
+            QByteArray ignored;
+            runTool(
+                u"psql"_qs,
+                {pgUrl, u"-qc"_qs,
+                 u"DROP TRIGGER %1 ON idem_deliveries; DROP FUNCTION %1(); DROP TABLE %1_mode;"_qs
+                     .arg(tag)},
+                &ignored);
+        });
+        const QByteArray config = "[{\"name\": \"" + ep + "\"}]";
+        {
+            Desk desk = start(u"postgres"_qs, config);
+            for (int i = 0; i < 20; ++i) // rejected (no key): logged, nothing claimed
+                QCOMPARE(post(desk.port, "/hooks/" + ep, "{}").status, 400);
+            QTRY_VERIFY_WITH_TIMEOUT(
+                desk.pool->health().writesFailing(QDateTime::currentMSecsSinceEpoch()), 10'000);
+            QTest::ignoreMessage(
+                QtWarningMsg,
+                QRegularExpression(
+                    u"^delivery log: 20 deliveries not written at shutdown, lost: .*No space left"_qs));
+            desk.receiver.reset(); // stops, as serve and the window do
+        }
+        QCOMPARE(runTool(u"psql"_qs,
+                         {pgUrl, u"-qc"_qs, u"UPDATE %1_mode SET refuse = false"_qs.arg(tag)},
+                         &out),
+                 0);
+        {
+            Desk desk = start(u"postgres"_qs, config);
+            for (int i = 0; i < 30; ++i)
+                QCOMPARE(post(desk.port, "/hooks/" + ep, "{}").status, 400);
+            desk.receiver.reset(); // at once: the log is still the desk's
+        }
+        QByteArray rows;
+        runTool(u"psql"_qs,
+                {pgUrl, u"-Atc"_qs,
+                 u"SELECT count(*) FROM idem_deliveries WHERE endpoint = '%1'"_qs.arg(
+                     QString::fromLatin1(ep))},
+                &rows);
+        QCOMPARE(rows.trimmed().toInt(), 30);
+    }
+
     // Back-pressure refuses new claims, never a finish; finishes run before waiting claims.
     void poolRunsFinishesFirstAndNeverRefusesThem()
     {
