@@ -262,6 +262,75 @@ int runTool(const QString &program, const QStringList &args, QByteArray *out = n
     return p.exitCode();
 }
 
+// A full disk on the test PostgreSQL, for one endpoint's rows only (other tests share the
+// tables): each of its rows written as `on` says ("INSERT OR UPDATE ON idem_keys") is refused as
+// PostgreSQL refuses it when it cannot extend a file, until allow(); then, with `perTransaction`,
+// still a transaction's rows past that many (room for some rows, not all). Undone when it goes.
+class PgDiskFull
+{
+public:
+    PgDiskFull(const QByteArray &endpoint, const QStringList &on, int perTransaction = 0)
+        : m_tag(u"idem_full_"_qs + QString::fromLatin1(endpoint))
+    {
+        static constexpr const char16_t *kRefuse =
+            u" RAISE EXCEPTION 'could not extend file: No space left on device'"
+            u" USING ERRCODE = 'disk_full';";
+        QString sql =
+            u"CREATE TABLE %1_tx (xid bigint PRIMARY KEY, n int);"
+            u" CREATE TABLE %1_mode (refuse boolean); INSERT INTO %1_mode VALUES (true);"
+            u" CREATE FUNCTION %1() RETURNS trigger LANGUAGE plpgsql AS $$ DECLARE c int; BEGIN"
+            u" IF (SELECT refuse FROM %1_mode) THEN%2 END IF;"
+            u" INSERT INTO %1_tx VALUES (txid_current(), 1)"
+            u" ON CONFLICT (xid) DO UPDATE SET n = %1_tx.n + 1 RETURNING n INTO c;"
+            u" IF %3 > 0 AND c > %3 THEN%2 END IF;"
+            u" RETURN NEW; END $$;"_qs.arg(m_tag, QString::fromUtf16(kRefuse))
+                .arg(perTransaction);
+        for (qsizetype i = 0; i < on.size(); ++i) {
+            sql += u" CREATE TRIGGER %1_%2 BEFORE %3 FOR EACH ROW WHEN (NEW.endpoint = '%4')"
+                   u" EXECUTE FUNCTION %1();"_qs.arg(m_tag)
+                       .arg(i)
+                       .arg(on.at(i), QString::fromLatin1(endpoint));
+            m_drop +=
+                u"DROP TRIGGER %1_%2 ON %3; "_qs.arg(m_tag).arg(i).arg(on.at(i).section(u' ', -1));
+        }
+        m_drop += u"DROP FUNCTION %1(); DROP TABLE %1_tx, %1_mode;"_qs.arg(m_tag);
+        m_ok = psql(sql);
+    }
+    ~PgDiskFull() { lift(); }
+    PgDiskFull(const PgDiskFull &) = delete;
+    bool ok() const { return m_ok; }
+    bool allow() { return psql(u"UPDATE %1_mode SET refuse = false"_qs.arg(m_tag)); }
+    void lift() // the fault gone
+    {
+        if (std::exchange(m_ok, false))
+            psql(m_drop);
+    }
+    // The endpoint's entries in the delivery log.
+    static int logged(const QByteArray &endpoint)
+    {
+        QByteArray rows;
+        runTool(u"psql"_qs,
+                {qEnvironmentVariable("IDEM_TEST_POSTGRES_URL"), u"-Atc"_qs,
+                 u"SELECT count(*) FROM idem_deliveries WHERE endpoint = '%1'"_qs.arg(
+                     QString::fromLatin1(endpoint))},
+                &rows);
+        return rows.trimmed().toInt();
+    }
+
+private:
+    static bool psql(const QString &statements)
+    {
+        QByteArray out;
+        return runTool(u"psql"_qs,
+                       {qEnvironmentVariable("IDEM_TEST_POSTGRES_URL"), u"-v"_qs,
+                        u"ON_ERROR_STOP=1"_qs, u"-qc"_qs, statements},
+                       &out) == 0;
+    }
+    QString m_tag;
+    QString m_drop;
+    bool m_ok = false;
+};
+
 } // namespace
 
 class TestExactlyOnce : public QObject
@@ -1069,8 +1138,7 @@ private Q_SLOTS:
         std::promise<void> release;
         std::shared_future<void> released = release.get_future().share();
         const QString redisPort = qEnvironmentVariable("IDEM_TEST_REDIS_PORT");
-        const QString pgUrl = qEnvironmentVariable("IDEM_TEST_POSTGRES_URL");
-        const QString trigger = u"idem_refuse_"_qs + QString::fromLatin1(g_run);
+        std::optional<PgDiskFull> pgFull;
         QByteArray out;
         if (backend == u"redis"_qs) {
             QCOMPARE(
@@ -1079,21 +1147,11 @@ private Q_SLOTS:
                         &out),
                 0);
         } else if (backend == u"postgres"_qs) {
-            // What PostgreSQL says when it cannot extend a table's file, for this endpoint's keys
-            // and its delivery log (a full disk refuses both: the log written meanwhile was a
-            // write that went through, and /readyz said ready).
-            const QString sql =
-                u"CREATE OR REPLACE FUNCTION %1() RETURNS trigger LANGUAGE plpgsql AS $$"
-                u" BEGIN RAISE EXCEPTION 'could not extend file: No space left on device'"
-                u" USING ERRCODE = 'disk_full'; END $$;"
-                u" CREATE TRIGGER %1 BEFORE INSERT OR UPDATE ON idem_keys FOR EACH ROW"
-                u" WHEN (NEW.endpoint = '%2') EXECUTE FUNCTION %1();"
-                u" CREATE TRIGGER %1 BEFORE INSERT ON idem_deliveries FOR EACH ROW"
-                u" WHEN (NEW.endpoint = '%2') EXECUTE FUNCTION %1();"_qs.arg(
-                    trigger, QString::fromLatin1(ep));
-            QCOMPARE(
-                runTool(u"psql"_qs, {pgUrl, u"-v"_qs, u"ON_ERROR_STOP=1"_qs, u"-qc"_qs, sql}, &out),
-                0);
+            // Its keys and its log alike, as a full disk refuses both (the log written meanwhile
+            // was a write that went through, and /readyz said ready).
+            pgFull.emplace(ep, QStringList{u"INSERT OR UPDATE ON idem_keys"_qs,
+                                           u"INSERT ON idem_deliveries"_qs});
+            QVERIFY(pgFull->ok());
         } else {
             bool taken = false;
             holder = holdWriteLock(
@@ -1110,12 +1168,8 @@ private Q_SLOTS:
                 runTool(u"redis-cli"_qs,
                         {u"-p"_qs, redisPort, u"CONFIG"_qs, u"SET"_qs, u"maxmemory"_qs, u"0"_qs},
                         &ignored);
-            else if (backend == u"postgres"_qs)
-                runTool(u"psql"_qs,
-                        {pgUrl, u"-qc"_qs,
-                         u"DROP TRIGGER %1 ON idem_keys; DROP TRIGGER %1 ON idem_deliveries;"
-                         u" DROP FUNCTION %1();"_qs.arg(trigger)},
-                        &ignored);
+            else if (pgFull)
+                pgFull->lift();
             release.set_value();
             if (holder.joinable())
                 holder.join();
@@ -1162,55 +1216,16 @@ private Q_SLOTS:
     // a disk just freed) is written, not retried whole for ever.
     void aLogBacklogIsWrittenBackInParts()
     {
-        const QString pgUrl = qEnvironmentVariable("IDEM_TEST_POSTGRES_URL");
         const QByteArray ep = "backlog" + g_run;
-        const QString tag = u"idem_backlog_"_qs + QString::fromLatin1(g_run);
-        // While `refuse_all`, every row of the endpoint's is refused; then a transaction's 601st.
-        const QString setUp =
-            u"CREATE TABLE %1_tx (xid bigint PRIMARY KEY, n int);"
-            u" CREATE TABLE %1_mode (refuse_all boolean); INSERT INTO %1_mode VALUES (true);"
-            u" CREATE FUNCTION %1() RETURNS trigger LANGUAGE plpgsql AS $$ DECLARE c int; BEGIN"
-            u" IF (SELECT refuse_all FROM %1_mode)"
-            u" THEN RAISE EXCEPTION 'No space left on device' USING ERRCODE = 'disk_full'; END IF;"
-            u" INSERT INTO %1_tx VALUES (txid_current(), 1)"
-            u" ON CONFLICT (xid) DO UPDATE SET n = %1_tx.n + 1 RETURNING n INTO c;"
-            u" IF c > 600"
-            u" THEN RAISE EXCEPTION 'No space left on device' USING ERRCODE = 'disk_full'; END IF;"
-            u" RETURN NEW; END $$;"
-            u" CREATE TRIGGER %1 BEFORE INSERT ON idem_deliveries FOR EACH ROW"
-            u" WHEN (NEW.endpoint = '%2') EXECUTE FUNCTION %1();"_qs.arg(tag, QString::fromLatin1(ep));
-        QByteArray out;
-        QCOMPARE(
-            runTool(u"psql"_qs, {pgUrl, u"-v"_qs, u"ON_ERROR_STOP=1"_qs, u"-qc"_qs, setUp}, &out),
-            0);
-        const auto tearDown = qScopeGuard([&] {
-            QByteArray ignored;
-            runTool(
-                u"psql"_qs,
-                {pgUrl, u"-qc"_qs,
-                 u"DROP TRIGGER %1 ON idem_deliveries; DROP FUNCTION %1(); DROP TABLE %1_tx, %1_mode;"_qs
-                     .arg(tag)},
-                &ignored);
-        });
+        PgDiskFull full(ep, {u"INSERT ON idem_deliveries"_qs}, 600);
+        QVERIFY(full.ok());
         Desk desk = start(u"postgres"_qs, "[{\"name\": \"" + ep + "\"}]");
         for (int i = 0; i < 2000; ++i) // rejected (no key): logged, nothing claimed
             QCOMPARE(post(desk.port, "/hooks/" + ep, "{}").status, 400);
         QTRY_VERIFY_WITH_TIMEOUT(
             desk.pool->health().writesFailing(QDateTime::currentMSecsSinceEpoch()), 10'000);
-        QCOMPARE(runTool(u"psql"_qs,
-                         {pgUrl, u"-qc"_qs, u"UPDATE %1_mode SET refuse_all = false"_qs.arg(tag)},
-                         &out),
-                 0);
-        auto logged = [&] {
-            QByteArray rows;
-            runTool(u"psql"_qs,
-                    {pgUrl, u"-Atc"_qs,
-                     u"SELECT count(*) FROM idem_deliveries WHERE endpoint = '%1'"_qs.arg(
-                         QString::fromLatin1(ep))},
-                    &rows);
-            return rows.trimmed().toInt();
-        };
-        QTRY_COMPARE_WITH_TIMEOUT(logged(), 2000, 30'000);
+        QVERIFY(full.allow()); // then a transaction's first 600 rows only
+        QTRY_COMPARE_WITH_TIMEOUT(PgDiskFull::logged(ep), 2000, 30'000);
     }
 
     // The delivery log left at shutdown is written then, waiting for each part (it was handed
@@ -1218,31 +1233,9 @@ private Q_SLOTS:
     // then is said lost.
     void theLogLeftAtShutdownIsWrittenOrSaidLost()
     {
-        const QString pgUrl = qEnvironmentVariable("IDEM_TEST_POSTGRES_URL");
         const QByteArray ep = "shutdown" + g_run;
-        const QString tag = u"idem_shutdown_"_qs + QString::fromLatin1(g_run);
-        const QString setUp =
-            u"CREATE TABLE %1_mode (refuse boolean); INSERT INTO %1_mode VALUES (true);"
-            u" CREATE FUNCTION %1() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN"
-            u" IF (SELECT refuse FROM %1_mode)"
-            u" THEN RAISE EXCEPTION 'No space left on device' USING ERRCODE = 'disk_full'; END IF;"
-            u" RETURN NEW; END $$;"
-            u" CREATE TRIGGER %1 BEFORE INSERT ON idem_deliveries FOR EACH ROW"
-            u" WHEN (NEW.endpoint = '%2') EXECUTE FUNCTION %1();"_qs.arg(tag,
-                                                                         QString::fromLatin1(ep));
-        QByteArray out;
-        QCOMPARE(
-            runTool(u"psql"_qs, {pgUrl, u"-v"_qs, u"ON_ERROR_STOP=1"_qs, u"-qc"_qs, setUp}, &out),
-            0);
-        const auto tearDown = qScopeGuard([&] {
-            QByteArray ignored;
-            runTool(
-                u"psql"_qs,
-                {pgUrl, u"-qc"_qs,
-                 u"DROP TRIGGER %1 ON idem_deliveries; DROP FUNCTION %1(); DROP TABLE %1_mode;"_qs
-                     .arg(tag)},
-                &ignored);
-        });
+        PgDiskFull full(ep, {u"INSERT ON idem_deliveries"_qs});
+        QVERIFY(full.ok());
         const QByteArray config = "[{\"name\": \"" + ep + "\"}]";
         {
             Desk desk = start(u"postgres"_qs, config);
@@ -1256,23 +1249,14 @@ private Q_SLOTS:
                     u"^delivery log: 20 deliveries not written at shutdown, lost: .*No space left"_qs));
             desk.receiver.reset(); // stops, as serve and the window do
         }
-        QCOMPARE(runTool(u"psql"_qs,
-                         {pgUrl, u"-qc"_qs, u"UPDATE %1_mode SET refuse = false"_qs.arg(tag)},
-                         &out),
-                 0);
+        QVERIFY(full.allow());
         {
             Desk desk = start(u"postgres"_qs, config);
             for (int i = 0; i < 30; ++i)
                 QCOMPARE(post(desk.port, "/hooks/" + ep, "{}").status, 400);
             desk.receiver.reset(); // at once: the log is still the desk's
         }
-        QByteArray rows;
-        runTool(u"psql"_qs,
-                {pgUrl, u"-Atc"_qs,
-                 u"SELECT count(*) FROM idem_deliveries WHERE endpoint = '%1'"_qs.arg(
-                     QString::fromLatin1(ep))},
-                &rows);
-        QCOMPARE(rows.trimmed().toInt(), 30);
+        QCOMPARE(PgDiskFull::logged(ep), 30);
     }
 
     // Back-pressure refuses new claims, never a finish; finishes run before waiting claims.
