@@ -85,6 +85,14 @@ QString capped(const QString &text, qsizetype max)
     return text.left(keep) + u'…';
 }
 
+// A part of the delivery log written, as a pool job's result.
+Result<Ok> appendLog(IdempotencyStore &store, const QList<DeliveryEvent> &part)
+{
+    if (auto r = store.appendDeliveries(part); !r)
+        return r.error();
+    return Ok{};
+}
+
 // About what an entry of the delivery log takes in memory.
 qint64 logFootprint(const DeliveryEvent &e)
 {
@@ -925,11 +933,8 @@ void IdempotencyEngine::drainLog()
     }
     while (!m_logBuffer.isEmpty()) {
         const QList<DeliveryEvent> part = takeLogPart();
-        auto written = m_pool->run<Ok>([part](IdempotencyStore &store) -> Result<Ok> {
-            if (auto r = store.appendDeliveries(part); !r)
-                return r.error();
-            return Ok{};
-        });
+        auto written =
+            m_pool->run<Ok>([part](IdempotencyStore &store) { return appendLog(store, part); });
         if (!written) {
             qCWarning(lcEngine, "delivery log: %lld deliveries not written at shutdown, lost: %s",
                       qint64(part.size() + m_logBuffer.size()),
@@ -961,12 +966,10 @@ void IdempotencyEngine::writeLog(QList<DeliveryEvent> part)
     m_logWritten = std::make_shared<std::atomic<int>>(0);
     m_pool->submit<Ok>(
         this,
-        [part, outcome = m_logWritten](IdempotencyStore &store) -> Result<Ok> {
-            auto r = store.appendDeliveries(part);
+        [part, outcome = m_logWritten](IdempotencyStore &store) {
+            auto r = appendLog(store, part);
             *outcome = r ? 1 : 2;
-            if (!r)
-                return r.error();
-            return Ok{};
+            return r;
         },
         [this, part](Result<Ok> r) {
             m_logInFlight = false;

@@ -7,6 +7,7 @@
 #include "store/storepool.h"
 #include "store/transfer.h"
 #include "support/names.h"
+#include "support/pgdiskfull.h"
 #include "util/clock.h"
 #include "util/crypto.h"
 
@@ -29,6 +30,7 @@
 
 using namespace idem;
 using idem::test::name;
+using idem::test::PgDiskFull;
 
 namespace {
 QString g_backend;
@@ -234,21 +236,11 @@ private:
             return [db] { sqlite3_exec(db, "PRAGMA query_only = 0", nullptr, nullptr, nullptr); };
         }
         if (g_backend == u"postgres"_qs) {
-            const QString url = qEnvironmentVariable("IDEM_TEST_POSTGRES_URL");
-            const QString trigger = u"idem_refuse_"_qs + m_run;
-            const QString sql =
-                u"CREATE OR REPLACE FUNCTION %1() RETURNS trigger LANGUAGE plpgsql AS $$"
-                u" BEGIN RAISE EXCEPTION 'could not extend file: No space left on device'"
-                u" USING ERRCODE = 'disk_full'; END $$;"
-                u" CREATE TRIGGER %1 BEFORE INSERT OR UPDATE ON idem_keys FOR EACH ROW"
-                u" WHEN (NEW.endpoint = '%2') EXECUTE FUNCTION %1();"_qs.arg(trigger, ep);
-            if (runTool(u"psql"_qs, {url, u"-v"_qs, u"ON_ERROR_STOP=1"_qs, u"-qc"_qs, sql}) != 0)
+            auto full =
+                std::make_shared<PgDiskFull>(ep, QStringList{u"INSERT OR UPDATE ON idem_keys"_qs});
+            if (!full->ok())
                 return {};
-            return [url, trigger] {
-                runTool(u"psql"_qs,
-                        {url, u"-qc"_qs,
-                         u"DROP TRIGGER %1 ON idem_keys; DROP FUNCTION %1();"_qs.arg(trigger)});
-            };
+            return [full] { full->lift(); };
         }
         const StoreUrl url = *StoreUrl::parse(qEnvironmentVariable("IDEM_TEST_REDIS_URL"));
         const QStringList cli{u"-h"_qs,     url.host,  u"-p"_qs,       QString::number(url.port),

@@ -12,6 +12,7 @@
 #include "support/desk.h"
 #include "support/downstream.h"
 #include "support/names.h"
+#include "support/pgdiskfull.h"
 #include "support/serveprocess.h"
 #include "support/servers.h"
 #include "util/clock.h"
@@ -261,75 +262,6 @@ int runTool(const QString &program, const QStringList &args, QByteArray *out = n
         *out = p.readAllStandardOutput() + p.readAllStandardError();
     return p.exitCode();
 }
-
-// A full disk on the test PostgreSQL, for one endpoint's rows only (other tests share the
-// tables): each of its rows written as `on` says ("INSERT OR UPDATE ON idem_keys") is refused as
-// PostgreSQL refuses it when it cannot extend a file, until allow(); then, with `perTransaction`,
-// still a transaction's rows past that many (room for some rows, not all). Undone when it goes.
-class PgDiskFull
-{
-public:
-    PgDiskFull(const QByteArray &endpoint, const QStringList &on, int perTransaction = 0)
-        : m_tag(u"idem_full_"_qs + QString::fromLatin1(endpoint))
-    {
-        static constexpr const char16_t *kRefuse =
-            u" RAISE EXCEPTION 'could not extend file: No space left on device'"
-            u" USING ERRCODE = 'disk_full';";
-        QString sql =
-            u"CREATE TABLE %1_tx (xid bigint PRIMARY KEY, n int);"
-            u" CREATE TABLE %1_mode (refuse boolean); INSERT INTO %1_mode VALUES (true);"
-            u" CREATE FUNCTION %1() RETURNS trigger LANGUAGE plpgsql AS $$ DECLARE c int; BEGIN"
-            u" IF (SELECT refuse FROM %1_mode) THEN%2 END IF;"
-            u" INSERT INTO %1_tx VALUES (txid_current(), 1)"
-            u" ON CONFLICT (xid) DO UPDATE SET n = %1_tx.n + 1 RETURNING n INTO c;"
-            u" IF %3 > 0 AND c > %3 THEN%2 END IF;"
-            u" RETURN NEW; END $$;"_qs.arg(m_tag, QString::fromUtf16(kRefuse))
-                .arg(perTransaction);
-        for (qsizetype i = 0; i < on.size(); ++i) {
-            sql += u" CREATE TRIGGER %1_%2 BEFORE %3 FOR EACH ROW WHEN (NEW.endpoint = '%4')"
-                   u" EXECUTE FUNCTION %1();"_qs.arg(m_tag)
-                       .arg(i)
-                       .arg(on.at(i), QString::fromLatin1(endpoint));
-            m_drop +=
-                u"DROP TRIGGER %1_%2 ON %3; "_qs.arg(m_tag).arg(i).arg(on.at(i).section(u' ', -1));
-        }
-        m_drop += u"DROP FUNCTION %1(); DROP TABLE %1_tx, %1_mode;"_qs.arg(m_tag);
-        m_ok = psql(sql);
-    }
-    ~PgDiskFull() { lift(); }
-    PgDiskFull(const PgDiskFull &) = delete;
-    bool ok() const { return m_ok; }
-    bool allow() { return psql(u"UPDATE %1_mode SET refuse = false"_qs.arg(m_tag)); }
-    void lift() // the fault gone
-    {
-        if (std::exchange(m_ok, false))
-            psql(m_drop);
-    }
-    // The endpoint's entries in the delivery log.
-    static int logged(const QByteArray &endpoint)
-    {
-        QByteArray rows;
-        runTool(u"psql"_qs,
-                {qEnvironmentVariable("IDEM_TEST_POSTGRES_URL"), u"-Atc"_qs,
-                 u"SELECT count(*) FROM idem_deliveries WHERE endpoint = '%1'"_qs.arg(
-                     QString::fromLatin1(endpoint))},
-                &rows);
-        return rows.trimmed().toInt();
-    }
-
-private:
-    static bool psql(const QString &statements)
-    {
-        QByteArray out;
-        return runTool(u"psql"_qs,
-                       {qEnvironmentVariable("IDEM_TEST_POSTGRES_URL"), u"-v"_qs,
-                        u"ON_ERROR_STOP=1"_qs, u"-qc"_qs, statements},
-                       &out) == 0;
-    }
-    QString m_tag;
-    QString m_drop;
-    bool m_ok = false;
-};
 
 } // namespace
 
@@ -1149,8 +1081,8 @@ private Q_SLOTS:
         } else if (backend == u"postgres"_qs) {
             // Its keys and its log alike, as a full disk refuses both (the log written meanwhile
             // was a write that went through, and /readyz said ready).
-            pgFull.emplace(ep, QStringList{u"INSERT OR UPDATE ON idem_keys"_qs,
-                                           u"INSERT ON idem_deliveries"_qs});
+            pgFull.emplace(QString::fromLatin1(ep), QStringList{u"INSERT OR UPDATE ON idem_keys"_qs,
+                                                                u"INSERT ON idem_deliveries"_qs});
             QVERIFY(pgFull->ok());
         } else {
             bool taken = false;
@@ -1217,7 +1149,7 @@ private Q_SLOTS:
     void aLogBacklogIsWrittenBackInParts()
     {
         const QByteArray ep = "backlog" + g_run;
-        PgDiskFull full(ep, {u"INSERT ON idem_deliveries"_qs}, 600);
+        PgDiskFull full(QString::fromLatin1(ep), {u"INSERT ON idem_deliveries"_qs}, 600);
         QVERIFY(full.ok());
         Desk desk = start(u"postgres"_qs, "[{\"name\": \"" + ep + "\"}]");
         for (int i = 0; i < 2000; ++i) // rejected (no key): logged, nothing claimed
@@ -1225,7 +1157,7 @@ private Q_SLOTS:
         QTRY_VERIFY_WITH_TIMEOUT(
             desk.pool->health().writesFailing(QDateTime::currentMSecsSinceEpoch()), 10'000);
         QVERIFY(full.allow()); // then a transaction's first 600 rows only
-        QTRY_COMPARE_WITH_TIMEOUT(PgDiskFull::logged(ep), 2000, 30'000);
+        QTRY_COMPARE_WITH_TIMEOUT(PgDiskFull::logged(QString::fromLatin1(ep)), 2000, 30'000);
     }
 
     // The delivery log left at shutdown is written then, waiting for each part (it was handed
@@ -1234,7 +1166,7 @@ private Q_SLOTS:
     void theLogLeftAtShutdownIsWrittenOrSaidLost()
     {
         const QByteArray ep = "shutdown" + g_run;
-        PgDiskFull full(ep, {u"INSERT ON idem_deliveries"_qs});
+        PgDiskFull full(QString::fromLatin1(ep), {u"INSERT ON idem_deliveries"_qs});
         QVERIFY(full.ok());
         const QByteArray config = "[{\"name\": \"" + ep + "\"}]";
         {
@@ -1256,7 +1188,7 @@ private Q_SLOTS:
                 QCOMPARE(post(desk.port, "/hooks/" + ep, "{}").status, 400);
             desk.receiver.reset(); // at once: the log is still the desk's
         }
-        QCOMPARE(PgDiskFull::logged(ep), 30);
+        QCOMPARE(PgDiskFull::logged(QString::fromLatin1(ep)), 30);
     }
 
     // Back-pressure refuses new claims, never a finish; finishes run before waiting claims.
