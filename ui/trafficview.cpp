@@ -295,7 +295,8 @@ Result<TrafficView::Read> TrafficView::read(IdempotencyStore &store, qint64 sinc
         for (const DeliveryEvent &e : *events) {
             if (e.atMs <= cut)
                 continue;
-            read.seconds[e.atMs / 1000][e.endpoint][size_t(e.outcome)] += 1;
+            // A summary of rejections stands for all of them (DeliveryEvent::count).
+            read.seconds[e.atMs / 1000][e.endpoint][size_t(e.outcome)] += e.count;
             ++page;
         }
         counted += page;

@@ -73,6 +73,19 @@ constexpr qsizetype kPayloadBytes = 64 * 1024;
 constexpr double kPayloadsPerMinute = 60;
 constexpr qsizetype kDetailChars = 2048;
 constexpr qsizetype kNoteChars = 256;
+// Rejected deliveries (401, 400, 405, 413, 508, ...: before any key is claimed, so from anyone
+// who can reach the port) are logged one by one for at most kRejectionsPerMinute per endpoint,
+// a burst of kRejectionBurst; past that each endpoint's are counted and written as one summary
+// entry per kRejectionSummaryMs, with their count and the last one's status and reason. A flood
+// of bad signatures (16k a second here, ~9 GB an hour of SQL log) so writes at most about two
+// entries a second per endpoint (~35 MB a day), and takes a Redis stream of 100,000 entries
+// more than half a day to turn over. A sender misconfigured for real (a wrong secret on a busy
+// endpoint) is still seen whole: every rejection counted, one a second in full, each summary
+// saying why. The burst lets a short episode (a rotated secret, someone trying a few requests)
+// be logged delivery by delivery.
+constexpr double kRejectionsPerMinute = 60;
+constexpr double kRejectionBurst = 100;
+constexpr qint64 kRejectionSummaryMs = 1000;
 
 // `text` cut to at most `max` characters, saying so (never between a surrogate pair).
 QString capped(const QString &text, qsizetype max)
@@ -212,6 +225,8 @@ IdempotencyEngine::IdempotencyEngine(Config config, std::shared_ptr<StorePool> p
     }
     m_payloadTokens = kPayloadsPerMinute; // a full burst to start with
     m_payloadRefillMs = monotonicUs() / 1000;
+    m_rejections.resize(size_t(m_config.endpoints.size()),
+                        RejectionBudget{kRejectionBurst, m_payloadRefillMs, 0, 0, {}, {}});
     m_logTimer.setInterval(200);
     m_logTimer.setParent(this);
     connect(&m_logTimer, &QTimer::timeout, this, &IdempotencyEngine::flushLog);
@@ -612,14 +627,70 @@ void IdempotencyEngine::record(const DeliveryPtr &d, const QString &key, Outcome
         if (outcome == Outcome::Recovered)
             m_metrics->leaseRecovered();
     }
-    if (!event.endpoint.isEmpty()) {
-        m_logBytes += logFootprint(event);
-        m_logBuffer.append(event);
-        trimLog();
-        if (m_logBuffer.size() >= kLogBatch)
-            flushLog();
-    }
+    // A rejection past its endpoint's budget is counted in the next summary instead.
+    if (d->endpoint && (outcome != Outcome::Rejected || logRejection(*d->endpoint, event)))
+        appendToLog(event);
     Q_EMIT delivered(event);
+}
+
+void IdempotencyEngine::appendToLog(const DeliveryEvent &event)
+{
+    m_logBytes += logFootprint(event);
+    m_logBuffer.append(event);
+    trimLog();
+    if (m_logBuffer.size() >= kLogBatch)
+        flushLog();
+}
+
+// Whether this rejected delivery is logged one by one (within its endpoint's budget, a token
+// bucket); if not, it is counted for the endpoint's next summary.
+bool IdempotencyEngine::logRejection(const EndpointConfig &endpoint, const DeliveryEvent &event)
+{
+    const qsizetype i = &endpoint - m_config.endpoints.constData();
+    if (i < 0 || i >= qsizetype(m_rejections.size()))
+        return true;
+    RejectionBudget &b = m_rejections[size_t(i)];
+    const qint64 now = monotonicUs() / 1000;
+    b.tokens = std::min(kRejectionBurst,
+                        b.tokens + double(now - b.refillMs) * kRejectionsPerMinute / 60'000);
+    b.refillMs = now;
+    if (b.tokens >= 1) {
+        b.tokens -= 1;
+        return true;
+    }
+    if (b.unlogged++ == 0) {
+        b.sinceMs = now;
+        b.first = event;
+    }
+    b.last = event;
+    return false;
+}
+
+void IdempotencyEngine::summariseRejections(bool all)
+{
+    const qint64 now = monotonicUs() / 1000;
+    for (RejectionBudget &b : m_rejections) {
+        if (b.unlogged == 0 || (!all && now - b.sinceMs < kRejectionSummaryMs))
+            continue;
+        DeliveryEvent summary = b.last;
+        summary.atMs = b.first.atMs; // the interval's start: the summary's deliveries follow it
+        summary.key.clear();
+        summary.latencyUs = 0;
+        summary.token = 0;
+        summary.payload.clear();
+        summary.count = b.unlogged;
+        summary.detail = capped(
+            u"%1 in %2 s not logged one by one (more than %3 a minute to this endpoint); the "
+            u"last: %4 %5"_qs.arg(countOf(b.unlogged, u"rejected delivery", u"rejected deliveries"))
+                .arg(double(std::max<qint64>(b.last.atMs - b.first.atMs, 0)) / 1000, 0, 'f', 1)
+                .arg(kRejectionsPerMinute)
+                .arg(b.last.status)
+                .arg(b.last.detail),
+            kDetailChars);
+        b.unlogged = 0;
+        b.first = b.last = {};
+        appendToLog(summary);
+    }
 }
 
 // SendGrid-style batches (SPEC §4): each element is its own key, all claimed in one atomic step
@@ -912,6 +983,7 @@ void IdempotencyEngine::retryKey(const QString &key, bool force,
 
 void IdempotencyEngine::flushLog()
 {
+    summariseRejections(false);
     if (m_logBuffer.isEmpty() || m_logInFlight)
         return;
     // After a failed write, once a second: a store refusing writes is not asked five times.
@@ -922,6 +994,7 @@ void IdempotencyEngine::flushLog()
 
 void IdempotencyEngine::drainLog()
 {
+    summariseRejections(true); // the rejections counted since the last summary
     // The part in flight first: its answer would come after the engine is gone.
     if (m_logInFlight && m_logWritten) {
         const QDeadlineTimer patience(10'000);

@@ -78,7 +78,22 @@ private:
     QList<DeliveryEvent> takeLogPart();
     void writeLog(QList<DeliveryEvent> part);
     void trimLog();
+    void appendToLog(const DeliveryEvent &event);
     bool keepPayload();
+    // Rejected deliveries to one endpoint are logged one by one within a budget; past it they
+    // are counted, and summariseRejections() writes one entry with their count per interval.
+    struct RejectionBudget
+    {
+        double tokens = 0;
+        qint64 refillMs = 0; // monotonic
+        qint64 unlogged = 0; // rejected deliveries not logged one by one, since sinceMs
+        qint64 sinceMs = 0;  // monotonic: when the first of them came
+        DeliveryEvent first; // the first of them (its time is the summary's)
+        DeliveryEvent last;  // the last of them (its status and reason are the summary's)
+    };
+    bool logRejection(const EndpointConfig &endpoint, const DeliveryEvent &event);
+    // Writes a summary for each endpoint whose interval is over (all: each with one pending).
+    void summariseRejections(bool all);
     void record(const DeliveryPtr &d, const QString &key, Outcome outcome, int status, qint64 token,
                 const QString &detail);
     void handleBatch(const DeliveryPtr &d, const Provider *provider);
@@ -132,6 +147,7 @@ private:
     bool m_logFailing = false;
     bool m_logDropping = false; // dropping the oldest since the last write that went through
     QDeadlineTimer m_logRetry;  // after a failed write: when to try again
+    std::vector<RejectionBudget> m_rejections; // one per endpoint, in the config's order
     double m_payloadTokens = 0; // mismatch bodies the log may keep now (keepPayload)
     qint64 m_payloadRefillMs = 0;
     QTimer m_logTimer;

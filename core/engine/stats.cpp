@@ -137,13 +137,13 @@ Result<StatsReport> collectStats(IdempotencyStore &store, const Config &config, 
     QMap<QString, EndpointStats> byEndpoint;
     for (const EndpointConfig &e : config.endpoints)
         byEndpoint[e.name].name = e.name;
-    for (const DeliveryEvent &event : *log) {
-        report.outcomes[size_t(event.outcome)] += 1;
+    for (const DeliveryEvent &event : *log) { // a summary of rejections counts all of them
+        report.outcomes[size_t(event.outcome)] += event.count;
         if (event.endpoint.isEmpty())
             continue;
         EndpointStats &s = byEndpoint[event.endpoint];
         s.name = event.endpoint;
-        s.outcomes[size_t(event.outcome)] += 1;
+        s.outcomes[size_t(event.outcome)] += event.count;
     }
     for (auto it = byEndpoint.begin(); it != byEndpoint.end(); ++it) {
         auto endpointCounts = store.countKeys(it.key());

@@ -140,6 +140,8 @@ QJsonObject deliveryToJson(const DeliveryEvent &event)
                        {u"token"_qs, event.token},     {u"instance"_qs, event.instance}};
     if (!event.detail.isEmpty())
         object.insert(u"detail"_qs, event.detail);
+    if (event.count != 1)
+        object.insert(u"count"_qs, event.count);
     return object;
 }
 

@@ -109,6 +109,10 @@ struct DeliveryEvent
     QString instance;
     QString detail;
     QByteArray payload; // a mismatch's rejected body (capped), to show what differed
+    // How many deliveries the entry stands for: 1, or for a summary the number of rejected
+    // deliveries to its endpoint that were not logged one by one (IdempotencyEngine's budget).
+    // Readers that count deliveries add this up; entries written before it existed are 1.
+    qint64 count = 1;
 };
 
 QJsonObject deliveryToJson(const DeliveryEvent &event);

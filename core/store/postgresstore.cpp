@@ -13,7 +13,8 @@
 namespace idem {
 
 // The schema's versioned steps, applied in order at connect (the version is how many were).
-const char *const kSchemaSteps[] = {":/sql/postgres/001_init.sql", ":/sql/postgres/002_clock.sql"};
+const char *const kSchemaSteps[] = {":/sql/postgres/001_init.sql", ":/sql/postgres/002_clock.sql",
+                                    ":/sql/postgres/003_delivery_count.sql"};
 
 namespace {
 
@@ -244,17 +245,20 @@ Result<std::unique_ptr<PostgresStore>> PostgresStore::connect(const StoreUrl &ur
         c.prepare("purge_deliveries", "DELETE FROM idem_deliveries WHERE at_ms <= idem_now_ms() - $1");
         c.prepare("count", "SELECT state, count(*) FROM idem_keys WHERE expires_at_ms > idem_now_ms()"
                            " AND ($1 = '' OR endpoint = $1) GROUP BY state");
-        c.prepare("log", "INSERT INTO idem_deliveries (at_ms, endpoint, key, outcome, status, latency_us,"
-                         " token, instance, detail, payload) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)");
+        c.prepare(
+            "log",
+            "INSERT INTO idem_deliveries (at_ms, endpoint, key, outcome, status, latency_us,"
+            " token, instance, detail, payload, count) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9,"
+            " $10, $11)");
         // One key's through idem_deliveries_key: with `$2 = '' OR key = $2` a generic plan walks
         // the whole log by time (PostgreSQL picks one after five runs of a statement).
         c.prepare("deliveries",
                   "SELECT at_ms, endpoint, key, outcome, status, latency_us, token, instance,"
-                  " detail, payload FROM idem_deliveries WHERE at_ms >= $1 AND at_ms < $4"
+                  " detail, payload, count FROM idem_deliveries WHERE at_ms >= $1 AND at_ms < $4"
                   " AND ($2 = '' OR endpoint = $2) ORDER BY at_ms DESC, id DESC LIMIT $3");
         c.prepare("deliveries_of_key",
                   "SELECT at_ms, endpoint, key, outcome, status, latency_us, token,"
-                  " instance, detail, payload FROM idem_deliveries WHERE key = $1"
+                  " instance, detail, payload, count FROM idem_deliveries WHERE key = $1"
                   " AND at_ms >= $2 AND at_ms < $5 AND ($3 = '' OR endpoint = $3)"
                   " ORDER BY at_ms DESC, id DESC LIMIT $4");
         return {};
@@ -615,8 +619,9 @@ Result<void> PostgresStore::appendDeliveries(const QList<DeliveryEvent> &events)
     return guarded("log", true, [&]() -> Result<void> {
         pqxx::work w(m_conn->c);
         for (const DeliveryEvent &e : events)
-            w.exec_prepared("log", e.atMs, s(e.endpoint), s(e.key), s(toString(e.outcome)), e.status,
-                            e.latencyUs, e.token, s(e.instance), s(e.detail), bin(e.payload));
+            w.exec_prepared("log", e.atMs, s(e.endpoint), s(e.key), s(toString(e.outcome)),
+                            e.status, e.latencyUs, e.token, s(e.instance), s(e.detail),
+                            bin(e.payload), e.count);
         w.commit();
         return {};
     });
@@ -644,6 +649,7 @@ Result<QList<DeliveryEvent>> PostgresStore::deliveries(const DeliveryQuery &q)
             e.instance = text(row[7]);
             e.detail = text(row[8]);
             e.payload = bytes(row[9]);
+            e.count = row[10].as<qint64>();
             events.append(e);
         }
         return events;

@@ -1324,7 +1324,7 @@ Result<void> RedisStore::appendDeliveries(const QList<DeliveryEvent> &events)
     const QByteArray maxLen = num(m_options.logMaxLength);
     QList<QList<QByteArray>> commands;
     commands.reserve(events.size());
-    for (const DeliveryEvent &e : events)
+    for (const DeliveryEvent &e : events) {
         commands.append({"XADD",   stream,
                          "MAXLEN", "~",
                          maxLen,   "*",
@@ -1338,6 +1338,9 @@ Result<void> RedisStore::appendDeliveries(const QList<DeliveryEvent> &events)
                          "i",      e.instance.toUtf8(),
                          "d",      e.detail.toUtf8(),
                          "b",      e.payload});
+        if (e.count != 1) // a summary's count (DeliveryEvent::count); absent: 1
+            commands.last() << "n" << num(e.count);
+    }
     auto written = pipeline(commands, true);
     if (!written)
         return written.error();
@@ -1389,6 +1392,7 @@ Result<QList<DeliveryEvent>> RedisStore::deliveries(const DeliveryQuery &q)
             e.instance = QString::fromUtf8(f.value("i"));
             e.detail = QString::fromUtf8(f.value("d"));
             e.payload = f.value("b");
+            e.count = f.value("n", "1").toLongLong();
             events.append(e);
         }
         scanned += qint64(array->elements);

@@ -18,7 +18,8 @@ namespace idem {
 
 // The schema's versioned steps, applied in order at connect (the version is how many were).
 const char *const kSchemaSteps[] = {":/sql/sqlite/001_init.sql", ":/sql/sqlite/002_tokens.sql",
-                                    ":/sql/sqlite/003_count_index.sql"};
+                                    ":/sql/sqlite/003_count_index.sql",
+                                    ":/sql/sqlite/004_delivery_count.sql"};
 
 namespace {
 
@@ -694,12 +695,13 @@ Result<void> SqliteStore::appendDeliveries(const QList<DeliveryEvent> &events)
     if (!tx.begin())
         return beginError("log");
     for (const DeliveryEvent &e : events) {
-        IDEM_PREPARE(insert, "INSERT INTO idem_deliveries (at_ms, endpoint, key, outcome, status,"
-                             " latency_us, token, instance, detail, payload) VALUES (?1, ?2, ?3, ?4, ?5,"
-                             " ?6, ?7, ?8, ?9, ?10)");
+        IDEM_PREPARE(insert,
+                     "INSERT INTO idem_deliveries (at_ms, endpoint, key, outcome, status,"
+                     " latency_us, token, instance, detail, payload, count) VALUES (?1, ?2, ?3, ?4,"
+                     " ?5, ?6, ?7, ?8, ?9, ?10, ?11)");
         insert.bind(1, e.atMs).bind(2, e.endpoint).bind(3, e.key).bind(4, toString(e.outcome));
         insert.bind(5, qint64(e.status)).bind(6, e.latencyUs).bind(7, e.token).bind(8, e.instance);
-        insert.bind(9, e.detail);
+        insert.bind(9, e.detail).bind(11, e.count);
         if (!e.payload.isNull())
             insert.bindBlob(10, e.payload);
         if (insert.step() != SQLITE_DONE)
@@ -715,12 +717,12 @@ Result<QList<DeliveryEvent>> SqliteStore::deliveries(const DeliveryQuery &q)
     // One key's through the (key, at_ms) index: with `?2 = '' OR key = ?2` SQLite walked the whole
     // log by time for each key (0.1 s a key at 188k deliveries: an export of many keys for hours).
     static constexpr const char *kAll =
-        "SELECT at_ms, endpoint, key, outcome, status, latency_us, token, instance, detail, payload"
-        " FROM idem_deliveries WHERE at_ms >= ?1 AND at_ms < ?5 AND (?3 = '' OR endpoint = ?3)"
-        " ORDER BY at_ms DESC, id DESC LIMIT ?4";
+        "SELECT at_ms, endpoint, key, outcome, status, latency_us, token, instance, detail,"
+        " payload, count FROM idem_deliveries WHERE at_ms >= ?1 AND at_ms < ?5"
+        " AND (?3 = '' OR endpoint = ?3) ORDER BY at_ms DESC, id DESC LIMIT ?4";
     static constexpr const char *kOfKey =
-        "SELECT at_ms, endpoint, key, outcome, status, latency_us, token, instance, detail, payload"
-        " FROM idem_deliveries WHERE key = ?2 AND at_ms >= ?1 AND at_ms < ?5"
+        "SELECT at_ms, endpoint, key, outcome, status, latency_us, token, instance, detail,"
+        " payload, count FROM idem_deliveries WHERE key = ?2 AND at_ms >= ?1 AND at_ms < ?5"
         " AND (?3 = '' OR endpoint = ?3) ORDER BY at_ms DESC, id DESC LIMIT ?4";
     IDEM_PREPARE(select, q.key.isEmpty() ? kAll : kOfKey);
     select.bind(1, q.sinceMs).bind(2, q.key).bind(3, q.endpoint).bind(4, qint64(q.limit));
@@ -739,6 +741,7 @@ Result<QList<DeliveryEvent>> SqliteStore::deliveries(const DeliveryQuery &q)
         e.instance = select.text(7);
         e.detail = select.text(8);
         e.payload = select.bytes(9);
+        e.count = select.i64(10);
         events.append(std::move(e));
     }
     if (rc != SQLITE_DONE)

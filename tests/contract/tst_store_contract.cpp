@@ -875,6 +875,84 @@ private Q_SLOTS:
         QCOMPARE(mismatch->payload, QByteArray("{\"changed\":true}\0\xff", 18));
     }
 
+    // An entry may stand for many deliveries (a summary of rejected ones, DeliveryEvent::count):
+    // the store keeps its count; an entry written without one counts as 1.
+    void deliveryLogKeepsASummarysCount()
+    {
+        const QString ep = endpoint();
+        const qint64 t0 = wallMs();
+        DeliveryEvent single;
+        single.atMs = t0;
+        single.endpoint = ep;
+        single.outcome = Outcome::Rejected;
+        single.status = 401;
+        single.detail = u"no valid signature"_qs;
+        DeliveryEvent summary = single;
+        summary.atMs = t0 + 1;
+        summary.count = 4987;
+        summary.detail = u"4987 rejected deliveries not logged one by one"_qs;
+        QVERIFY(m_store->appendDeliveries({single, summary}).ok());
+        DeliveryQuery q;
+        q.endpoint = ep;
+        const auto found = *m_store->deliveries(q);
+        QCOMPARE(found.size(), 2);
+        QCOMPARE(found.first().count, 4987); // newest first
+        QCOMPARE(found.first().detail, summary.detail);
+        QCOMPARE(found.last().count, 1);
+    }
+
+    // A store whose schema is from before the count (SQLite 3, PostgreSQL 2), with a log entry
+    // written then: opened, it takes the schema step, and the old entry counts as 1.
+    void logEntriesFromBeforeTheCountCountAsOne()
+    {
+        if (g_backend != u"sqlite"_qs && g_backend != u"postgres"_qs)
+            QSKIP("Redis's stream has no schema: an entry without the field n counts as 1");
+        const QString ep = endpoint();
+        const QString insert =
+            u"INSERT INTO idem_deliveries (at_ms, endpoint, key, outcome, status, latency_us, "
+            u"token, instance, detail) VALUES (%1, '%2', '', 'rejected', 401, 0, 0, 'old', '');"_qs
+                .arg(wallMs())
+                .arg(ep);
+        if (g_backend == u"sqlite"_qs) {
+            const QString path = m_dir.filePath(u"before-count.db"_qs);
+            QVERIFY(SqliteStore::open(path).ok());
+            sqlite3 *db = nullptr;
+            QCOMPARE(sqlite3_open(QFile::encodeName(path).constData(), &db), SQLITE_OK);
+            const QByteArray back = "ALTER TABLE idem_deliveries DROP COLUMN count;"
+                                    " PRAGMA user_version = 3; " +
+                                    insert.toUtf8();
+            const int rc = sqlite3_exec(db, back.constData(), nullptr, nullptr, nullptr);
+            sqlite3_close(db);
+            QCOMPARE(rc, SQLITE_OK);
+            auto reopened = SqliteStore::open(path);
+            QVERIFY2(reopened.ok(), reopened.ok() ? "" : qPrintable(reopened.error().message));
+            QVERIFY((*reopened)->ready().ok());
+            DeliveryQuery q;
+            q.endpoint = ep;
+            const auto found = *(*reopened)->deliveries(q);
+            QCOMPARE(found.size(), 1);
+            QCOMPARE(found.first().count, 1);
+            return;
+        }
+        // The shared test database, put back one step: any store opened on it takes it again.
+        const QString url = qEnvironmentVariable("IDEM_TEST_POSTGRES_URL");
+        QCOMPARE(runTool(u"psql"_qs, {url, u"-v"_qs, u"ON_ERROR_STOP=1"_qs, u"-qc"_qs,
+                                      u"BEGIN; ALTER TABLE idem_deliveries DROP COLUMN count;"
+                                      u" DELETE FROM idem_schema WHERE version = 3; "_qs +
+                                          insert + u" COMMIT;"_qs}),
+                 0);
+        QVERIFY(!m_store->ready().ok()); // at version 2
+        auto reopened = m_factory();
+        QVERIFY2(reopened.ok(), reopened.ok() ? "" : qPrintable(reopened.error().message));
+        QVERIFY((*reopened)->ready().ok());
+        DeliveryQuery q;
+        q.endpoint = ep;
+        const auto found = *(*reopened)->deliveries(q);
+        QCOMPARE(found.size(), 1);
+        QCOMPARE(found.first().count, 1);
+        QVERIFY(m_store->ready().ok());
+    }
+
     // A window read a page at a time, newest first: each page ends (untilMs, excluded) where
     // the one before stopped, so the pages together hold every delivery of the window once.
     void deliveryLogPagesBackwards()

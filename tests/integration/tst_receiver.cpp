@@ -1,15 +1,17 @@
 // The receiver end to end: real HTTP in, a real store, a real counting downstream. What goes
 // through the store's own path (the Redis lane, the pool's workers) runs on every store: a fresh
 // SQLite file, and the Redis and PostgreSQL servers of IDEM_TEST_REDIS_URL / IDEM_TEST_POSTGRES_URL.
+#include "engine/stats.h"
+#include "http/blockingclient.h"
 #include "receiver/receiver.h"
-#include "store/storefactory.h"
 #include "store/sqlitestore.h"
+#include "store/storefactory.h"
 #include "support/desk.h"
 #include "support/downstream.h"
-#include "http/blockingclient.h"
 #include "support/names.h"
 #include "util/clock.h"
 
+#include <QElapsedTimer>
 #include <QJsonArray>
 #include <QJsonDocument>
 #include <QJsonObject>
@@ -598,6 +600,103 @@ private Q_SLOTS:
         const QString note = logOf({}, u"gh"_qs).first().detail;
         QVERIFY2(note.size() <= 256 && note.startsWith(u"event eee"_qs) && note.endsWith(u'…'),
                  qPrintable(note.left(300)));
+    }
+
+    // A flood of rejected deliveries (bad signatures: anyone who reaches the port can send them;
+    // 16k a second filled an SQL log by ~9 GB an hour, and pushed every real delivery out of
+    // Redis's capped stream) leaves a bounded log: the first 100 of an endpoint logged one by one,
+    // then one a second, and for the others one summary entry a second with their count. Every
+    // reader that counts deliveries from the log (`stats`, the per-endpoint outcomes) still counts
+    // each one, and so does the engine (the metrics). On every store.
+    void aFloodOfRejectedDeliveriesIsSummarised_data() { everyStore(); }
+    void aFloodOfRejectedDeliveriesIsSummarised()
+    {
+        QFETCH(QString, store);
+        const QString url = storeUrl(store);
+        QVERIFY2(
+            !url.isEmpty(),
+            "IDEM_TEST_REDIS_URL / IDEM_TEST_POSTGRES_URL are not set: run through ./dev test");
+        const QString ep = u"flood"_qs + QString::fromLatin1(m_run);
+        const QByteArray config = "{\"endpoints\": [{\"name\": \"" + ep.toUtf8() +
+                                  "\", \"provider\": \"github\", \"secret\": \"s3cret\"}]}";
+        Desk desk = startDesk(config, url);
+        constexpr int kFlood = 5000;
+        const qint64 t0 = wallMs();
+        QElapsedTimer elapsed;
+        elapsed.start();
+        {
+            RawConnection c(desk.port);
+            QVERIFY(c.isOpen());
+            const HeaderList headers{{"X-GitHub-Hook-ID", "1"},
+                                     {"X-GitHub-Delivery", "d"},
+                                     {"X-Hub-Signature-256", "sha256=00"}};
+            const QByteArray request = buildPost("/hooks/" + ep.toUtf8(), "{}", headers, false);
+            for (int i = 0; i < kFlood; ++i) {
+                QVERIFY(c.send(request));
+                const ClientResponse r = c.readResponse();
+                QCOMPARE(r.status, 401);
+            }
+        }
+        // Counted as it is logged, just after the answer went out.
+        QTRY_COMPARE(desk.receiver->engine()->counters().byOutcome[size_t(Outcome::Rejected)],
+                     qint64(kFlood));
+        const auto logOf = [&] {
+            DeliveryQuery q;
+            q.endpoint = ep;
+            q.sinceMs = t0 - 1000;
+            q.limit = 100'000;
+            return *desk.pool->run<QList<DeliveryEvent>>(
+                [&](IdempotencyStore &s) { return s.deliveries(q); });
+        };
+        const auto counted = [](const QList<DeliveryEvent> &log) {
+            qint64 n = 0;
+            for (const DeliveryEvent &e : log)
+                n += e.outcome == Outcome::Rejected ? e.count : 0;
+            return n;
+        };
+        // The last summary is written within a second or so of the flood's end.
+        QTRY_COMPARE_WITH_TIMEOUT(counted(logOf()), qint64(kFlood), 30'000);
+        const QList<DeliveryEvent> log = logOf();
+        const qint64 seconds = elapsed.elapsed() / 1000 + 1;
+        qint64 singles = 0, summaries = 0;
+        for (const DeliveryEvent &e : log) {
+            QCOMPARE(name(e.outcome), name(Outcome::Rejected));
+            QCOMPARE(e.status, 401);
+            if (e.count == 1) {
+                ++singles;
+                continue;
+            }
+            ++summaries;
+            QVERIFY2(e.count > 1 && e.key.isEmpty() &&
+                         e.detail.contains(u"not logged one by one"_qs) &&
+                         e.detail.contains(u"the last: 401"_qs),
+                     qPrintable(e.detail));
+        }
+        qInfo("%d rejected: %lld logged one by one, %lld summaries, in %lld s", kFlood, singles,
+              summaries, seconds);
+        // A burst of 100, then one a second; at most one summary a second (each covers a second
+        // or more), however slow the machine was.
+        QVERIFY2(singles >= 100 && singles <= 100 + seconds + 1,
+                 qPrintable(u"%1 logged one by one in %2 s"_qs.arg(singles).arg(seconds)));
+        QVERIFY2(summaries >= 1 && summaries <= seconds + 1,
+                 qPrintable(u"%1 summaries in %2 s"_qs.arg(summaries).arg(seconds)));
+        // `idemdesk stats` counts each delivery, from the same log.
+        const auto parsed = Config::parse(config, u"test"_qs);
+        QVERIFY(parsed.ok());
+        const auto stats = desk.pool->run<StatsReport>(
+            [&](IdempotencyStore &s) { return collectStats(s, *parsed, t0 - 1000); });
+        QVERIFY2(stats.ok(), stats.ok() ? "" : qPrintable(stats.error().message));
+        const auto mine = std::find_if(stats->endpoints.cbegin(), stats->endpoints.cend(),
+                                       [&](const EndpointStats &e) { return e.name == ep; });
+        QVERIFY(mine != stats->endpoints.cend());
+        QCOMPARE(mine->outcomes[size_t(Outcome::Rejected)], qint64(kFlood));
+        QCOMPARE(mine->deliveries(), qint64(kFlood));
+
+        // A desk stopping writes the rejections it counted since its last summary.
+        for (int i = 0; i < 300; ++i)
+            QCOMPARE(post(desk.port, "/hooks/" + ep.toUtf8(), "{}").status, 401);
+        desk.receiver.reset();
+        QCOMPARE(counted(logOf()), qint64(kFlood + 300));
     }
 
     void deliveriesAreLogged()

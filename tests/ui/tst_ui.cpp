@@ -1497,6 +1497,35 @@ private Q_SLOTS:
         QCOMPARE(view.partialNotice(), QString());
     }
 
+    // A flood of rejected deliveries is logged as a few entries one by one and summaries that
+    // carry their count (IdempotencyEngine): the bars and totals count every delivery.
+    void trafficCountsASummarysDeliveries()
+    {
+        const QString url = u"sqlite:"_qs + m_dir.filePath(u"traffic-summary.db"_qs);
+        auto pool = recordedPool(url, &m_calls);
+        const qint64 now = wallMs();
+        QList<DeliveryEvent> log;
+        for (int i = 0; i < 3; ++i) {
+            DeliveryEvent e;
+            e.atMs = now - 20'000 + i * 5000;
+            e.endpoint = u"s"_qs;
+            e.outcome = Outcome::Rejected;
+            e.status = 401;
+            e.count = i == 1 ? 1 : 2000 + i; // 2000, 1, 2002
+            log << e;
+        }
+        QVERIFY(pool->run<void>([&](IdempotencyStore &s) { return s.appendDeliveries(log); }).ok());
+        TrafficView view(pool);
+        view.windowChoice()->setCurrentIndex(0); // last minute
+        QTRY_COMPARE_WITH_TIMEOUT(view.total(Outcome::Rejected), 4003, 10000);
+        qint64 inBars = 0;
+        for (int b = 0; b < view.bucketCount(); ++b)
+            inBars += view.bucketCount(b, Outcome::Rejected);
+        QCOMPARE(inBars, 4003);
+        QTRY_COMPARE(view.ratios()->rowCount(), 1);
+        QCOMPARE(view.ratios()->item(0, 1)->text(), u"4003"_qs);
+    }
+
     // The window changed while a poll was in flight (Redis stopped meanwhile): the old poll's
     // answer, for the old window's last seconds, is dropped and the new window read whole, not
     // left empty for good.
