@@ -20,10 +20,12 @@
 #include <QSettings>
 #include <QSocketNotifier>
 #include <QTextStream>
+#include <QTimer>
 
 #include <algorithm>
 #include <csignal>
 #include <cstdio>
+#include <malloc.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <thread>
@@ -63,6 +65,24 @@ bool sameFile(int a, int b)
     struct stat sa = {}, sb = {};
     return ::fstat(a, &sa) == 0 && ::fstat(b, &sb) == 0 && sa.st_dev == sb.st_dev &&
            sa.st_ino == sb.st_ino;
+}
+
+// What a burst of deliveries freed is kept by glibc in its arenas (one per thread that
+// allocated: the receiver's, the store workers'), not given back: after 10 s of 256 concurrent
+// 100 KB deliveries serve held 60-120 MB for as long as it stayed idle, 33-43 MB once trimmed.
+// Given back when the receiver goes quiet after a burst (a tick of kTrimTickMs with fewer than
+// kTrimQuietDeliveries, after one with more), once, and only when at least kTrimFreeBytes are
+// free: never per delivery, and a steady flow, which reuses what it frees, is left alone.
+constexpr int kTrimTickMs = 2000;
+constexpr qint64 kTrimQuietDeliveries = 10;
+constexpr size_t kTrimFreeBytes = 16 << 20;
+
+void returnFreedMemory()
+{
+#ifdef __GLIBC__
+    if (mallinfo2().fordblks >= kTrimFreeBytes)
+        malloc_trim(0);
+#endif
 }
 
 // A network store not reachable at start (Redis or PostgreSQL still starting at boot, or
@@ -202,6 +222,22 @@ int serve(const QStringList &arguments)
             stdoutLog->append(logLine(e, json).toUtf8() + '\n');
         },
         Qt::DirectConnection);
+
+    QTimer trimTimer;
+    trimTimer.setInterval(kTrimTickMs);
+    QObject::connect(&trimTimer, &QTimer::timeout, &logContext,
+                     [engine = receiver->engine(), seen = qint64(0), busy = false]() mutable {
+                         const EngineCounters counters = engine->counters();
+                         qint64 total = 0;
+                         for (const qint64 n : counters.byOutcome)
+                             total += n;
+                         const bool quiet =
+                             total - std::exchange(seen, total) < kTrimQuietDeliveries;
+                         if (quiet && std::exchange(busy, false))
+                             returnFreedMemory();
+                         busy = busy || !quiet;
+                     });
+    trimTimer.start();
 
     // SIGINT / SIGTERM / SIGHUP: stop accepting, let in-flight deliveries finish, exit 0. A hangup
     // (the terminal closed, a session ended) killed serve at once: in-flight keys were left
