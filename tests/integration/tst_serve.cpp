@@ -18,7 +18,10 @@
 #include <sqlite3.h>
 
 #include <csignal>
+#include <fcntl.h>
+#include <poll.h>
 #include <thread>
+#include <unistd.h>
 
 using namespace idem;
 using namespace idem::test;
@@ -468,6 +471,107 @@ private Q_SLOTS:
         QCOMPARE(s.process->exitCode(), 0);
         QCOMPARE(name((*(*watcher)->key(u"slow:g"_qs))->state), name(KeyState::Completed));
         QCOMPARE(down.total(), 1);
+    }
+
+    // A stdout nobody reads (`serve | less` paused, a stuck log shipper) stalls neither the
+    // deliveries nor serve's stop: lines past the log's buffer are dropped and counted, told on
+    // stderr at the first drop and on stdout once it takes lines again; at the stop what stdout
+    // does not take is said lost. Every line is accounted for: read, dropped or lost. (Before,
+    // the main thread blocked in fwrite: the lines piled up in memory without bound and SIGTERM
+    // was never handled.)
+    void aStalledStdoutStallsNothing()
+    {
+        int out[2];
+        QVERIFY(::pipe2(out, O_CLOEXEC) == 0); // 64 KB, as pipes are by default
+        auto closeRead = qScopeGuard([&out] { ::close(out[0]); });
+        Served s;
+        s.process = startServe(QStringLiteral(IDEMDESK_BIN),
+                               {u"--store"_qs, u"sqlite:"_qs + m_dir.filePath(u"stalled.db"_qs)},
+                               s.port, &s.stderrText, true, {}, 0, out[1]);
+        ::close(out[1]);
+        QVERIFY2(s.port, s.stderrText.constData());
+        // An unknown endpoint's line quotes its name: ~2 KB a line, so 1000 of them fill the pipe
+        // 30 times over and the log's buffer (1 MiB) twice. Each answered, one after the other.
+        const QByteArray unknown = "/hooks/" + QByteArray(2000, 'u');
+        RawConnection sender(s.port, 20000);
+        int sent = 0;
+        auto deliver = [&](int pairs) {
+            for (int i = 0; i < pairs; ++i, sent += 2) {
+                if (!sender.send(buildPost("/hooks/generic", "{}",
+                                           {{"Idempotency-Key", "k" + QByteArray::number(sent)}},
+                                           false)) ||
+                    sender.readResponse().status != 200 ||
+                    !sender.send(buildPost(unknown, "{}", {}, false)) ||
+                    sender.readResponse().status != 404)
+                    return false;
+            }
+            return true;
+        };
+        QVERIFY(deliver(1000));
+        QCOMPARE(get(s.port, "/healthz").status, 200);
+        QTRY_VERIFY_WITH_TIMEOUT((s.stderrText += s.process->readAllStandardError())
+                                     .contains("stdout takes no more log lines"),
+                                 10000);
+
+        // Read: what waited comes, then the count of what was dropped, then what followed.
+        static const QRegularExpression notice(u"idemdesk: (\\d+) log lines dropped: "_qs);
+        QByteArray log;
+        qint64 lines = 0, dropped = 0;
+        auto readLog = [&](int timeoutMs) { // until the descriptor is quiet for timeoutMs
+            pollfd in{out[0], POLLIN, 0};
+            char chunk[65536];
+            for (ssize_t n = 1; n > 0 && ::poll(&in, 1, timeoutMs) == 1;)
+                if ((n = ::read(out[0], chunk, sizeof chunk)) > 0)
+                    log.append(chunk, n);
+            lines = dropped = 0;
+            for (const QByteArray &line : log.split('\n'))
+                if (const auto m = notice.match(QString::fromUtf8(line)); m.hasMatch())
+                    dropped += m.captured(1).toLongLong();
+                else if (line.contains(" rejected 404 ") || line.contains(" processed 200 "))
+                    ++lines;
+        };
+        QTRY_VERIFY_WITH_TIMEOUT((readLog(100), lines + dropped == sent), 20000);
+        QVERIFY2(dropped > 0 && dropped < sent - 100, qPrintable(QString::number(dropped)));
+        QCOMPARE(log.count("log lines dropped"), 1); // one gap, told once
+        QCOMPARE(s.stderrText.count("stdout takes no more log lines"), 1);
+
+        // Stalled again, then stopped: serve stops (exit 0) and says what stdout did not take.
+        QVERIFY(deliver(500));
+        QCOMPARE(stop(s), 0);
+        s.stderrText += s.process->readAllStandardError();
+        static const QRegularExpression lostLine(
+            u"idemdesk: (\\d+) log lines lost: stdout took none"_qs);
+        const auto lost = lostLine.match(QString::fromUtf8(s.stderrText));
+        QVERIFY2(lost.hasMatch(), s.stderrText.constData());
+        readLog(0);
+        qInfo("%d lines sent: %lld read, %lld dropped, %s lost", sent, lines, dropped,
+              qPrintable(lost.captured(1)));
+        QCOMPARE(lines + dropped + lost.captured(1).toLongLong(), qint64(sent));
+        QVERIFY(log.endsWith('\n')); // whole lines only
+    }
+
+    // `serve | head`: once stdout is closed (EPIPE), its lines go without a word and the
+    // deliveries go on.
+    void aClosedStdoutIsIgnored()
+    {
+        int out[2];
+        QVERIFY(::pipe2(out, O_CLOEXEC) == 0);
+        Served s;
+        s.process = startServe(QStringLiteral(IDEMDESK_BIN),
+                               {u"--store"_qs, u"sqlite:"_qs + m_dir.filePath(u"closed.db"_qs)},
+                               s.port, &s.stderrText, true, {}, 0, out[1]);
+        ::close(out[1]);
+        ::close(out[0]);
+        QVERIFY2(s.port, s.stderrText.constData());
+        for (int i = 0; i < 200; ++i)
+            QCOMPARE(
+                post(s.port, "/hooks/generic", "{}", {{"Idempotency-Key", QByteArray::number(i)}})
+                    .status,
+                200);
+        QCOMPARE(get(s.port, "/healthz").status, 200);
+        QCOMPARE(stop(s), 0);
+        s.stderrText += s.process->readAllStandardError();
+        QVERIFY2(!s.stderrText.contains("log lines"), s.stderrText.constData());
     }
 };
 

@@ -14,19 +14,25 @@
 #include <hiredis.h>
 #include <sqlite3.h>
 #include <sys/resource.h>
+#include <unistd.h>
 
 namespace idem::test {
 
 std::unique_ptr<QProcess> startServe(const QString &binary, const QStringList &args, quint16 &port,
                                      QByteArray *stderrText, bool keepStdout,
-                                     const QProcessEnvironment &environment, int openFiles)
+                                     const QProcessEnvironment &environment, int openFiles,
+                                     int stdoutFd)
 {
     port = 0;
     auto process = std::make_unique<QProcess>();
-    if (openFiles > 0)
-        process->setChildProcessModifier([openFiles] {
-            const rlimit files{rlim_t(openFiles), rlim_t(openFiles)};
-            setrlimit(RLIMIT_NOFILE, &files);
+    if (openFiles > 0 || stdoutFd >= 0)
+        process->setChildProcessModifier([openFiles, stdoutFd] {
+            if (openFiles > 0) {
+                const rlimit files{rlim_t(openFiles), rlim_t(openFiles)};
+                setrlimit(RLIMIT_NOFILE, &files);
+            }
+            if (stdoutFd >= 0) // after QProcess set up its channels: this one wins
+                ::dup2(stdoutFd, STDOUT_FILENO);
         });
     if (!environment.isEmpty())
         process->setProcessEnvironment(environment);

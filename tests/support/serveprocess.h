@@ -12,11 +12,11 @@ namespace idem::test {
 // stderr line (0 when it did not start; what it printed is in `stderrText`). Its stdout is
 // discarded unless `keepStdout`. A non-empty `environment` replaces the inherited one (e.g. to
 // run it under libfaketime). A non-zero `openFiles` is its open-file limit, soft and hard (ulimit
-// -n).
+// -n). A `stdoutFd` of 0 or more is its stdout instead (a pipe the test holds, read or not).
 std::unique_ptr<QProcess> startServe(const QString &binary, const QStringList &args, quint16 &port,
                                      QByteArray *stderrText = nullptr, bool keepStdout = false,
-                                     const QProcessEnvironment &environment = {},
-                                     int openFiles = 0);
+                                     const QProcessEnvironment &environment = {}, int openFiles = 0,
+                                     int stdoutFd = -1);
 
 // One million (or `count`) keys written straight into a SQLite store's file, for the dashboard's
 // scale test and benchmark: three completed for every failed one, newest last.
