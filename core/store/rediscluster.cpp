@@ -143,6 +143,33 @@ int commandSlot(const QList<QByteArray> &args)
     return keySlot(args.at(1));
 }
 
+std::optional<SlotMoves> SlotMoves::fromClusterNodes(QByteArrayView text)
+{
+    // <id> <ip:port@cport> <flags> <master> <ping> <pong> <epoch> <link> <slot>…, one node a line.
+    for (const QByteArray &line : text.toByteArray().split('\n')) {
+        const QList<QByteArray> fields = line.trimmed().split(' ');
+        if (fields.size() < 8 || !fields.at(2).split(',').contains("myself"))
+            continue;
+        SlotMoves moves;
+        moves.id = fields.at(0);
+        for (qsizetype i = 8; i < fields.size(); ++i) {
+            const QByteArray &f = fields.at(i);
+            if (f.size() < 5 || !f.startsWith('[') || !f.endsWith(']'))
+                continue; // a slot or a range it serves
+            const QByteArray inner = f.sliced(1, f.size() - 2);
+            const bool importing = inner.contains("-<-");
+            const qsizetype arrow = inner.indexOf(importing ? "-<-" : "->-");
+            bool ok = false;
+            const int slot = arrow > 0 ? inner.first(arrow).toInt(&ok) : -1;
+            if (!ok || slot < 0 || slot >= kSlots)
+                continue;
+            (importing ? moves.importing : moves.migrating).insert(slot, inner.sliced(arrow + 3));
+        }
+        return moves;
+    }
+    return std::nullopt;
+}
+
 Result<SlotMap> SlotMap::fromClusterSlots(const redisReply *reply)
 {
     if (!reply || reply->type != REDIS_REPLY_ARRAY)
@@ -310,9 +337,85 @@ Result<void> ClusterLinks::refresh()
         m_map = std::move(*map);
         m_stale = false;
         learnNodes(m_seeds, m_map.masters() + m_map.replicas());
+        readMoves();
         return {};
     }
     return unavailable(u"no cluster node told the slot map (%1)"_qs.arg(failures.join(u"; "_qs)));
+}
+
+void ClusterLinks::readMoves()
+{
+    // CLUSTER SLOTS says who owns a slot, not whether it is being moved: only each master's own
+    // line of CLUSTER NODES does. Asked of every master before any answer is read.
+    const QList<ClusterNode> masters = m_map.masters();
+    QList<QPair<ClusterNode, redisContext *>> asked;
+    for (const ClusterNode &node : masters) {
+        auto c = connectTo(node);
+        if (!c)
+            continue; // what it said last stands (its own slots are refused while it is gone)
+        redisAppendCommand(*c, "CLUSTER NODES");
+        int done = 0;
+        while (!done && redisBufferWrite(*c, &done) == REDIS_OK) {
+        }
+        asked.append({node, *c});
+    }
+    for (const auto &[node, c] : std::as_const(asked)) {
+        void *raw = nullptr;
+        if (redisGetReply(c, &raw) != REDIS_OK || !raw) {
+            broken(c);
+            continue;
+        }
+        Reply reply(static_cast<redisReply *>(raw), freeReplyObject);
+        if (reply->type != REDIS_REPLY_STRING)
+            continue;
+        if (auto moves = SlotMoves::fromClusterNodes(textOf(reply.get())))
+            m_moves.insert(node.address(), *moves);
+    }
+    for (auto it = m_moves.begin(); it != m_moves.end();) {
+        if (std::any_of(masters.begin(), masters.end(),
+                        [&](const ClusterNode &m) { return m.address() == it.key(); }))
+            ++it;
+        else
+            it = m_moves.erase(it);
+    }
+    // A slot some master imports is settled while its owner migrates it to that master (ASK
+    // sends each key the owner no longer holds there). Otherwise — the owner failed over
+    // mid-reshard, or did not answer yet — its records may be on the importing master, and the
+    // owner would take a completed key for a new one.
+    m_unsettled.clear();
+    for (const ClusterNode &node : masters) {
+        const auto moves = m_moves.constFind(node.address());
+        if (moves == m_moves.cend())
+            continue;
+        for (auto in = moves->importing.cbegin(); in != moves->importing.cend(); ++in) {
+            const int slot = in.key();
+            const auto owner = m_map.master(slot);
+            if (!owner || *owner == node)
+                continue;
+            const auto ownerMoves = m_moves.constFind(owner->address());
+            if (ownerMoves != m_moves.cend() && ownerMoves->migrating.value(slot) == moves->id)
+                continue;
+            m_unsettled.insert(slot, node);
+        }
+    }
+    m_movesRead.start();
+}
+
+std::optional<Error> ClusterLinks::unsettledError(int slot)
+{
+    if (m_unsettled.isEmpty())
+        return std::nullopt;
+    if (m_movesRead.elapsed() >= 1000)
+        (void)refresh(); // settled meanwhile? (unanswered: what we know stands)
+    const auto importer = m_unsettled.constFind(slot);
+    if (importer == m_unsettled.cend())
+        return std::nullopt;
+    const auto owner = m_map.master(slot);
+    return unavailable(
+        u"slot %1 is half-moved to %2 and its owner %3 no longer migrates it (a failover during a "
+        u"reshard): run `redis-cli --cluster fix`; nothing is decided on it meanwhile"_qs.arg(slot)
+            .arg(QString::fromUtf8(importer->address()),
+                 owner ? QString::fromUtf8(owner->address()) : u"(none)"_qs));
 }
 
 Result<redisContext *> ClusterLinks::link(int slot)
@@ -321,6 +424,8 @@ Result<redisContext *> ClusterLinks::link(int slot)
         if (auto r = refresh(); !r)
             return r.error();
     }
+    if (auto refused = unsettledError(slot))
+        return *refused;
     auto master = m_map.master(slot);
     if (!master) {
         // Its master failed and no replica took over yet: refused (nothing is sent anywhere else);
@@ -412,9 +517,18 @@ Result<ClusterLinks::Reply> ClusterLinks::command(const QList<QByteArray> &args,
                     .arg(QString::fromUtf8(error)));
         asking = redirect->ask;
         if (!redirect->ask) {
-            m_map.setMaster(redirect->slot, redirect->node);
-            m_stale =
-                true; // other slots likely moved too: re-read the whole map before the next command
+            // The slot moved (a reshard ended, a failover): the map and the masters' moves are read
+            // again before following — after a failover mid-reshard the new owner lacks the slot's
+            // moved records, and running the command there would decide on nothing.
+            if (auto r = refresh(); !r)
+                return r.error(); // nothing ran
+            if (auto refused = unsettledError(redirect->slot))
+                return *refused;
+            if (!(m_map.master(redirect->slot) == redirect->node)) {
+                // The node that told the map has not heard yet: read again before the next command.
+                m_map.setMaster(redirect->slot, redirect->node);
+                m_stale = true;
+            }
         }
         context = connectTo(redirect->node);
         if (context)

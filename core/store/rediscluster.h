@@ -5,6 +5,7 @@
 
 #include <QByteArray>
 #include <QByteArrayView>
+#include <QElapsedTimer>
 #include <QHash>
 #include <QList>
 
@@ -72,6 +73,17 @@ private:
     QList<ClusterNode> m_replicas;
 };
 
+// What one node says of itself in CLUSTER NODES (its `myself` line): its id and the slots it is
+// importing ("[slot-<-from-id]") or migrating ("[slot->-to-id]"). Only the node itself shows
+// them, and a replica that takes over does not inherit them.
+struct SlotMoves
+{
+    QByteArray id;
+    QHash<int, QByteArray> importing; // slot → the id of the node it comes from
+    QHash<int, QByteArray> migrating; // slot → the id of the node it goes to
+    static std::optional<SlotMoves> fromClusterNodes(QByteArrayView text);
+};
+
 // The nodes (masters and replicas) the latest slot map read in this process for the cluster
 // these seeds name, and the setter refresh() calls: a new ClusterLinks falls back on them when
 // no seed answers. Thread-safe.
@@ -81,8 +93,11 @@ void learnNodes(const QList<ClusterNode> &seeds, const QList<ClusterNode> &nodes
 // Blocking connections to a cluster's masters, for one RedisStore (one thread; NOT
 // thread-safe). Connects lazily to the master of each slot asked for; re-reads the slot map
 // (from any node it knows, seeds first) when it is stale: after a MOVED, a CLUSTERDOWN, a lost
-// connection or a slot without master. Errors are values: ErrorCode::Unavailable (503) when
-// nothing ran, InDoubt for a write whose answer was lost — never retried here.
+// connection or a slot without master. A slot that some master is importing while its owner is
+// not migrating it there (the owner failed over during a reshard: its replica never had the
+// MIGRATING flag nor the moved records) is refused until an operator settles it. Errors are values:
+// ErrorCode::Unavailable (503) when nothing ran, InDoubt for a write whose answer was lost — never
+// retried here.
 class ClusterLinks
 {
 public:
@@ -92,9 +107,13 @@ public:
     ClusterLinks(const ClusterLinks &) = delete;
     ClusterLinks &operator=(const ClusterLinks &) = delete;
 
-    // Reads CLUSTER SLOTS from the first node that answers it.
+    // Reads CLUSTER SLOTS from the first node that answers it, then each master's own CLUSTER
+    // NODES line (pipelined) for the slots half-moved without their owner's migration. A master
+    // that does not answer keeps what it said last.
     Result<void> refresh();
     // The connection to the slot's master (connected on first use); refreshes a stale map first.
+    // A half-moved slot (see above) is Unavailable; while there is one, the state is re-read at
+    // most once a second on use, so the slot is served again once it is settled.
     Result<redisContext *> link(int slot);
     // The connection used last (for commands on no key: WAIT after a write, SCRIPT LOAD after a
     // NOSCRIPT), else any master's.
@@ -114,10 +133,14 @@ public:
     void broken(redisContext *context);
     void markStale() { m_stale = true; }
     const SlotMap &map() const { return m_map; }
+    // Slot → the master importing it, for the half-moved slots the last refresh() found.
+    const QHash<int, ClusterNode> &unsettled() const { return m_unsettled; }
     QList<ClusterNode> seeds() const { return m_seeds; }
 
 private:
     Result<redisContext *> connectTo(const ClusterNode &node);
+    void readMoves();
+    std::optional<Error> unsettledError(int slot);
 
     QList<ClusterNode> m_seeds;
     int m_connectTimeoutMs;
@@ -128,6 +151,9 @@ private:
     QHash<QByteArray, redisContext *> m_links; // by address
     redisContext *m_current = nullptr;
     QList<redisContext *> m_written;
+    QHash<QByteArray, SlotMoves> m_moves; // by master address: what each said of itself last
+    QHash<int, ClusterNode> m_unsettled;  // slot → the master importing it
+    QElapsedTimer m_movesRead;            // since the moves were read
 };
 
 } // namespace idem::redis

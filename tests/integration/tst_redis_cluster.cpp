@@ -3,6 +3,7 @@
 // starts (IDEM_TEST_REDIS_CLUSTER_URL).
 #include "http/blockingclient.h"
 #include "store/rediscluster.h"
+#include "store/redisprotocol.h"
 #include "store/redisstore.h"
 #include "store/storefactory.h"
 #include "store/storeurl.h"
@@ -18,6 +19,7 @@
 #include <QScopeGuard>
 #include <QTest>
 
+#include <algorithm>
 #include <atomic>
 #include <csignal>
 #include <mutex>
@@ -327,6 +329,167 @@ private Q_SLOTS:
         QVERIFY(!r.ok());
         QCOMPARE(r.error().code, ErrorCode::Unavailable);
         QVERIFY2(r.error().message.contains(u"redirects"_qs), qPrintable(r.error().message));
+    }
+
+    // A node's own CLUSTER NODES line: the slots it is migrating and importing.
+    void slotMovesParse()
+    {
+        const QByteArray other = "07c37dfeb235213a872192d90877d0cd55635b91 127.0.0.1:30004@31004 "
+                                 "master - 0 1426238317239 4 connected 5461-10922 "
+                                 "[77->-e7d1eecce10fd6bb5eb35b9f99a514335d9ba9ca]\n";
+        const QByteArray mine =
+            "e7d1eecce10fd6bb5eb35b9f99a514335d9ba9ca 127.0.0.1:30001@31001,host myself,master - 0 "
+            "0 "
+            "1 connected 0-5460 16000 [93->-292f8b365bb7edb5e285caf0b7e6ddc7265d2f4f] "
+            "[1002-<-67ed2db8d677e59ec4a4cefb06858cf2a1a89fa1]\n";
+        auto moves = SlotMoves::fromClusterNodes(other + mine);
+        QVERIFY(moves);
+        QCOMPARE(moves->id, QByteArray("e7d1eecce10fd6bb5eb35b9f99a514335d9ba9ca"));
+        QCOMPARE(moves->migrating.size(), 1);
+        QCOMPARE(moves->migrating.value(93),
+                 QByteArray("292f8b365bb7edb5e285caf0b7e6ddc7265d2f4f"));
+        QCOMPARE(moves->importing.size(), 1);
+        QCOMPARE(moves->importing.value(1002),
+                 QByteArray("67ed2db8d677e59ec4a4cefb06858cf2a1a89fa1"));
+        QVERIFY(!SlotMoves::fromClusterNodes(other)); // not the node's own line
+    }
+
+    // A reshard cut short by a failover: the slot's records were MIGRATEd to the importing master,
+    // then the source's replica took over — without the MIGRATING flag (never replicated), so it
+    // serves the slot as if nothing had moved. A completed key sent again is refused (503), never
+    // claimed there; once the operator settles the slot (SETSLOT NODE, as `redis-cli --cluster fix`
+    // does) the same desk, not restarted, answers it from its record.
+    void failoverMidReshardIsRefusedUntilSettled()
+    {
+        QList<int> ports;
+        for (const QString &p : qEnvironmentVariable("IDEM_TEST_REDIS_CLUSTER_PORTS").split(u','))
+            ports << p.toInt();
+        if (ports.size() != 6)
+            QFAIL("IDEM_TEST_REDIS_CLUSTER_PORTS is not set: run the suite through ./dev test");
+        QVERIFY2(waitUntil([&] { return clusterWhole(ports); }, 30'000),
+                 "the cluster is not whole");
+
+        idem::test::CountingDownstream down;
+        const QByteArray prefix = "mr" + g_run + ":";
+        const QString url = qEnvironmentVariable("IDEM_TEST_REDIS_CLUSTER_URL") + u"?prefix="_qs +
+                            QString::fromLatin1(prefix);
+        idem::test::Desk desk =
+            idem::test::startDesk("{\"endpoints\": [{\"name\": \"mr\", \"forward_to\": \"" +
+                                      down.url().toString().toUtf8() + "\"}]}",
+                                  url);
+        // Three keys of one slot (a record's slot is its key's, "mr:<id>"), each completed.
+        const QByteArray base = "k" + g_run + "-";
+        const int slot = keySlot("mr:" + base + "0");
+        QList<QByteArray> ids{base + "0"};
+        for (int i = 1; ids.size() < 3; ++i)
+            if (keySlot("mr:" + base + QByteArray::number(i)) == slot)
+                ids << base + QByteArray::number(i);
+        auto deliver = [&](const QByteArray &id) {
+            return post(desk.port, "/hooks/mr", "{}", {{"Idempotency-Key", id}});
+        };
+        for (const QByteArray &id : std::as_const(ids)) {
+            const ClientResponse r = deliver(id);
+            QCOMPARE(r.status, 200);
+            QCOMPARE(down.count("mr:" + id), 1);
+        }
+
+        auto l = links();
+        QVERIFY(l->refresh().ok());
+        const ClusterNode from = *l->map().master(slot);
+        const QList<ClusterNode> masters = l->map().masters();
+        const ClusterNode to = masters.first() == from ? masters.at(1) : masters.first();
+        const QString s = QString::number(slot);
+        const QString fromId = QString::fromUtf8(nodeId(from.port)),
+                      toId = QString::fromUtf8(nodeId(to.port));
+        const QByteArray replication = cli(from.port, {u"INFO"_qs, u"replication"_qs});
+        const qsizetype at = replication.indexOf("slave0:");
+        QVERIFY2(at >= 0, replication.constData());
+        const int replicaPort =
+            replication.mid(replication.indexOf("port=", at) + 5).split(',').first().toInt();
+        QVERIFY(replicaPort > 0);
+
+        // Whatever happens, the slot ends settled on `to` (its keys are there): later tests need a
+        // whole cluster. Keys some other master holds in the slot (a duplicate claimed there) go.
+        auto settle = [&] {
+            QStringList answers;
+            answers << QString::fromUtf8(
+                cli(to.port, {u"CLUSTER"_qs, u"SETSLOT"_qs, s, u"NODE"_qs, toId}));
+            for (int port : std::as_const(ports)) {
+                if (port == to.port || !cli(port, {u"ROLE"_qs}).startsWith("master"))
+                    continue;
+                const QByteArray stray =
+                    cli(port, {u"CLUSTER"_qs, u"GETKEYSINSLOT"_qs, s, u"1000"_qs});
+                for (const QByteArray &key : stray.split('\n'))
+                    if (!key.isEmpty())
+                        cli(port, {u"DEL"_qs, QString::fromUtf8(key)});
+                answers << QString::fromUtf8(
+                    cli(port, {u"CLUSTER"_qs, u"SETSLOT"_qs, s, u"NODE"_qs, toId}));
+            }
+            return answers;
+        };
+        auto settled = qScopeGuard([&] { settle(); });
+
+        // Half-moved, as `redis-cli --cluster reshard` does it: IMPORTING, MIGRATING, MIGRATE.
+        QCOMPARE(cli(to.port, {u"CLUSTER"_qs, u"SETSLOT"_qs, s, u"IMPORTING"_qs, fromId}),
+                 QByteArray("OK"));
+        QCOMPARE(cli(from.port, {u"CLUSTER"_qs, u"SETSLOT"_qs, s, u"MIGRATING"_qs, toId}),
+                 QByteArray("OK"));
+        const QByteArray keys = cli(from.port, {u"CLUSTER"_qs, u"GETKEYSINSLOT"_qs, s, u"1000"_qs});
+        QVERIFY2(keys.contains(redis::recordKey(prefix, QString::fromUtf8("mr:" + ids.first()))),
+                 keys.constData());
+        for (const QByteArray &key : keys.split('\n'))
+            QCOMPARE(cli(from.port, {u"MIGRATE"_qs, u"127.0.0.1"_qs, QString::number(to.port),
+                                     QString::fromUtf8(key), u"0"_qs, u"5000"_qs}),
+                     QByteArray("OK"));
+        // The source's replica takes over before SETSLOT NODE.
+        QCOMPARE(cli(replicaPort, {u"CLUSTER"_qs, u"FAILOVER"_qs}), QByteArray("OK"));
+        QVERIFY2(waitUntil(
+                     [&] {
+                         auto fresh = links();
+                         const auto owner =
+                             fresh->refresh().ok() ? fresh->map().master(slot) : std::nullopt;
+                         return owner && owner->port == replicaPort &&
+                                cli(from.port, {u"ROLE"_qs}).startsWith("slave");
+                     },
+                     30'000),
+                 "the replica did not take over");
+
+        // Every completed key sent again: refused, run nowhere, claimed nowhere.
+        for (const QByteArray &id : std::as_const(ids)) {
+            const ClientResponse r = deliver(id);
+            QVERIFY2(r.status == 503, qPrintable(u"%1 %2"_qs.arg(r.status).arg(
+                                          QString::fromUtf8(r.body.left(300)))));
+            QCOMPARE(down.count("mr:" + id), 1);
+            QCOMPARE(cli(replicaPort, {u"EXISTS"_qs, QString::fromUtf8(redis::recordKey(
+                                                         prefix, QString::fromUtf8("mr:" + id)))}),
+                     QByteArray("0"));
+        }
+        {
+            ClusterLinks direct(m_seeds, 2000, 3000, {});
+            auto r = direct.command(
+                {"GET", redis::recordKey(prefix, QString::fromUtf8("mr:" + ids.first()))}, false);
+            QVERIFY(!r.ok());
+            QCOMPARE(r.error().code, ErrorCode::Unavailable);
+            QVERIFY2(r.error().message.contains(u"half-moved"_qs) &&
+                         r.error().message.contains(u"redis-cli --cluster fix"_qs),
+                     qPrintable(r.error().message));
+        }
+
+        // Settled: the same desk answers each from its record, run once in all.
+        const QStringList answers = settle();
+        QVERIFY2(std::all_of(answers.begin(), answers.end(),
+                             [](const QString &a) { return a == u"OK"_qs; }),
+                 qPrintable(answers.join(u"; "_qs)));
+        QVERIFY2(waitUntil([&] { return deliver(ids.first()).status == 200; }, 30'000),
+                 "the settled slot is not served again");
+        for (const QByteArray &id : std::as_const(ids)) {
+            const ClientResponse r = deliver(id);
+            QCOMPARE(r.status, 200);
+            QCOMPARE(r.header("Idempotency-Outcome"), QByteArray("replayed"));
+            QCOMPARE(down.count("mr:" + id), 1);
+        }
+        QVERIFY2(waitUntil([&] { return clusterWhole(ports); }, 30'000),
+                 "the cluster is not whole again");
     }
 
     // A plain redis:// URL naming one cluster node is served as the cluster.
