@@ -1156,7 +1156,7 @@ Result<qint64> RedisStore::migrateV2(bool confirmed)
             const qint64 ago =
                 *now - text(entries->element[0]->element[0]).split('-').value(0).toLongLong();
             if (ago < 120'000)
-                return makeError(ErrorCode::Unavailable,
+                return makeError(ErrorCode::Conflict,
                                  u"Redis %1 holds records of layout v2 and a delivery was logged "
                                  u"%2 s ago (instance %3): stop every "
                                  u"desk of the previous version, then run idemdesk migrate"_qs.arg(
@@ -1171,7 +1171,7 @@ Result<qint64> RedisStore::migrateV2(bool confirmed)
     if (!locked)
         return locked.error();
     if ((*locked)->type == REDIS_REPLY_NIL)
-        return makeError(ErrorCode::Unavailable,
+        return makeError(ErrorCode::Conflict,
                          u"Redis %1: another desk is migrating the records to layout v3 (%2 is "
                          u"set): start again when "
                          u"it has finished"_qs.arg(m_url.display(), QString::fromUtf8(lock)));
@@ -1263,10 +1263,11 @@ Result<qint64> RedisStore::migrateV1()
             if (!found)
                 return found.error();
             if ((*found)->integer != 0)
-                return makeError(ErrorCode::Unavailable,
-                                 u"Redis Cluster %1 holds records of layout v1 (%2): migrate them on a single Redis "
-                                 u"(idemdesk migrate), then move them to the cluster"_qs
-                                     .arg(m_url.display(), QString::fromUtf8(v1Key)));
+                return makeError(ErrorCode::Conflict,
+                                 u"Redis Cluster %1 holds records of layout v1 (%2): migrate them "
+                                 u"on a single Redis "
+                                 u"(idemdesk migrate), then move them to the cluster"_qs.arg(
+                                     m_url.display(), QString::fromUtf8(v1Key)));
         }
         return 0;
     }

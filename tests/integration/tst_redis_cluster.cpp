@@ -492,6 +492,38 @@ private Q_SLOTS:
                  "the cluster is not whole again");
     }
 
+    // The CLI checks the store's layout first. When the store cannot answer (here: the slot of
+    // the layout key half-moved, refused; a master down answers CLUSTERDOWN alike) it says so, not
+    // that the store holds records of an earlier layout.
+    void cliSaysTheStoreCannotAnswerNotThatItsLayoutIsOld()
+    {
+        auto l = links();
+        QVERIFY(l->refresh().ok());
+        const QByteArray prefix = "lay" + g_run + ":";
+        const int slot = keySlot(prefix + "layout");
+        const ClusterNode owner = *l->map().master(slot);
+        const QList<ClusterNode> masters = l->map().masters();
+        const ClusterNode importer = masters.first() == owner ? masters.at(1) : masters.first();
+        const QString s = QString::number(slot);
+        QCOMPARE(cli(importer.port, {u"CLUSTER"_qs, u"SETSLOT"_qs, s, u"IMPORTING"_qs,
+                                     QString::fromUtf8(nodeId(owner.port))}),
+                 QByteArray("OK"));
+        auto stable = qScopeGuard([&] {
+            cli(importer.port, {u"CLUSTER"_qs, u"SETSLOT"_qs, s, u"STABLE"_qs});
+        });
+        QProcess p;
+        p.start(QStringLiteral(IDEMDESK_BIN), {u"keys"_qs, u"list"_qs, u"--store"_qs,
+                                               qEnvironmentVariable("IDEM_TEST_REDIS_CLUSTER_URL") +
+                                                   u"?prefix="_qs + QString::fromLatin1(prefix)});
+        QVERIFY(p.waitForFinished(60'000));
+        const QByteArray err = p.readAllStandardError();
+        QVERIFY2(p.exitCode() != 0, err.constData());
+        QVERIFY2(!err.contains("earlier layout"), err.constData());
+        QVERIFY2(err.contains("cannot check or convert the store's layout") &&
+                     err.contains("half-moved"),
+                 err.constData());
+    }
+
     // A plain redis:// URL naming one cluster node is served as the cluster.
     void plainUrlAtAClusterNodeIsServedAsACluster()
     {
