@@ -297,6 +297,7 @@ void ClusterLinks::broken(redisContext *context)
     if (m_current == context)
         m_current = nullptr;
     redisFree(context);
+    ++m_dropped;
     m_stale = true; // a master gone is what a failover looks like: ask who serves its slots now
 }
 

@@ -132,6 +132,9 @@ public:
     // A lost connection: drop it, re-read the map before the next command.
     void broken(redisContext *context);
     void markStale() { m_stale = true; }
+    // How many connections were dropped so far: a caller holding contexts across link() calls
+    // (a pipeline being routed) checks it did not change — a refresh may drop any connection.
+    quint64 dropped() const { return m_dropped; }
     const SlotMap &map() const { return m_map; }
     // Slot → the master importing it, for the half-moved slots the last refresh() found.
     const QHash<int, ClusterNode> &unsettled() const { return m_unsettled; }
@@ -154,6 +157,7 @@ private:
     QHash<QByteArray, SlotMoves> m_moves; // by master address: what each said of itself last
     QHash<int, ClusterNode> m_unsettled;  // slot → the master importing it
     QElapsedTimer m_movesRead;            // since the moves were read
+    quint64 m_dropped = 0;                // connections dropped (broken())
 };
 
 } // namespace idem::redis

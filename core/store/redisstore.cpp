@@ -241,15 +241,30 @@ Result<std::vector<RedisStore::Reply>> RedisStore::clusterPipeline(const QList<Q
         replies.emplace_back(nullptr, freeReplyObject);
     QHash<redisContext *, QList<qsizetype>> byNode;
     QList<redisContext *> order;
-    for (qsizetype i = 0; i < commands.size(); ++i) {
-        // A command without a key (TIME) goes where ClusterLinks::command sends one.
-        const int slot = redis::commandSlot(commands.at(i));
-        auto c = slot >= 0 ? m_cluster->link(slot) : m_cluster->current();
-        if (!c)
-            return makeError(c.error().code, u"Redis %1: %2"_qs.arg(m_url.display(), c.error().message));
-        if (!byNode.contains(*c))
-            order.append(*c);
-        byNode[*c].append(i);
+    for (int pass = 0;; ++pass) {
+        // Routing may read the slot map again (stale, or a half-moved slot re-checked), which may
+        // drop a connection taken for an earlier command: then routed again (nothing sent yet).
+        const quint64 dropped = m_cluster->dropped();
+        byNode.clear();
+        order.clear();
+        for (qsizetype i = 0; i < commands.size(); ++i) {
+            // A command without a key (TIME) goes where ClusterLinks::command sends one.
+            const int slot = redis::commandSlot(commands.at(i));
+            auto c = slot >= 0 ? m_cluster->link(slot) : m_cluster->current();
+            if (!c)
+                return makeError(c.error().code,
+                                 u"Redis %1: %2"_qs.arg(m_url.display(), c.error().message));
+            if (!byNode.contains(*c))
+                order.append(*c);
+            byNode[*c].append(i);
+        }
+        if (m_cluster->dropped() == dropped)
+            break;
+        if (pass > 0)
+            return makeError(
+                ErrorCode::Unavailable,
+                u"Redis %1: cluster connections dropped while routing the commands"_qs.arg(
+                    m_url.display()));
     }
     for (redisContext *c : std::as_const(order))
         for (qsizetype i : byNode.value(c)) {

@@ -443,12 +443,11 @@ private Q_SLOTS:
                      QByteArray("OK"));
         // The source's replica takes over before SETSLOT NODE.
         QCOMPARE(cli(replicaPort, {u"CLUSTER"_qs, u"FAILOVER"_qs}), QByteArray("OK"));
+        // Asked of the two nodes themselves: the importing node ignores news of a slot it imports
+        // (it still names the old owner, and reports cluster_state:fail until settled).
         QVERIFY2(waitUntil(
                      [&] {
-                         auto fresh = links();
-                         const auto owner =
-                             fresh->refresh().ok() ? fresh->map().master(slot) : std::nullopt;
-                         return owner && owner->port == replicaPort &&
+                         return cli(replicaPort, {u"ROLE"_qs}).startsWith("master") &&
                                 cli(from.port, {u"ROLE"_qs}).startsWith("slave");
                      },
                      30'000),
@@ -480,10 +479,11 @@ private Q_SLOTS:
         QVERIFY2(std::all_of(answers.begin(), answers.end(),
                              [](const QString &a) { return a == u"OK"_qs; }),
                  qPrintable(answers.join(u"; "_qs)));
-        QVERIFY2(waitUntil([&] { return deliver(ids.first()).status == 200; }, 30'000),
-                 "the settled slot is not served again");
+        // (Until every node has the news a delivery may still be refused: 503, run nowhere.)
         for (const QByteArray &id : std::as_const(ids)) {
-            const ClientResponse r = deliver(id);
+            ClientResponse r;
+            QVERIFY2(waitUntil([&] { return (r = deliver(id)).status != 503; }, 30'000),
+                     "the settled slot is not served again");
             QCOMPARE(r.status, 200);
             QCOMPARE(r.header("Idempotency-Outcome"), QByteArray("replayed"));
             QCOMPARE(down.count("mr:" + id), 1);
