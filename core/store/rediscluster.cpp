@@ -2,8 +2,12 @@
 
 #include <hiredis.h>
 
+#include <poll.h>
+
 #include <algorithm>
 #include <array>
+#include <atomic>
+#include <chrono>
 #include <mutex>
 
 namespace idem::redis {
@@ -52,6 +56,89 @@ void learnNodes(const QList<ClusterNode> &seeds, const QList<ClusterNode> &nodes
 }
 
 namespace {
+
+// Nodes that failed lately (no connection, no answer in time), by address, for the whole process
+// (each pool worker has its own ClusterLinks): the moves read does not ask them and the map is
+// asked of them last, so one hung master does not stall the requests for other masters' slots —
+// each worker asking it in turn, its failure making the map stale, the next read asking it again.
+// Its own slots' requests are still sent to it (bounded by their own timeouts); an answer from it
+// ends the mark.
+constexpr qint64 kQuietMs = 10'000;
+
+struct FailedNodes
+{
+    std::mutex mutex;
+    QHash<QByteArray, qint64> since; // address → when it last failed (or was last probed)
+    std::atomic<int> count{0};       // since.size(): an answer costs no lock while none failed
+};
+// Never destroyed, as known().
+FailedNodes &failed()
+{
+    static auto *nodes = new FailedNodes;
+    return *nodes;
+}
+
+qint64 nowMs()
+{
+    return std::chrono::duration_cast<std::chrono::milliseconds>(
+               std::chrono::steady_clock::now().time_since_epoch())
+        .count();
+}
+
+void markFailed(const QByteArray &address)
+{
+    if (address.isEmpty())
+        return;
+    std::lock_guard lock(failed().mutex);
+    failed().since.insert(address, nowMs());
+    failed().count = int(failed().since.size());
+}
+
+void markAnswered(const QByteArray &address)
+{
+    if (failed().count.load(std::memory_order_relaxed) == 0 || address.isEmpty())
+        return;
+    std::lock_guard lock(failed().mutex);
+    failed().since.remove(address);
+    failed().count = int(failed().since.size());
+}
+
+// Failed within kQuietMs.
+bool failedLately(const QByteArray &address)
+{
+    if (failed().count.load(std::memory_order_relaxed) == 0)
+        return false;
+    std::lock_guard lock(failed().mutex);
+    const auto it = failed().since.constFind(address);
+    return it != failed().since.cend() && nowMs() - *it < kQuietMs;
+}
+
+// Whether to ask a node its moves now: yes unless it failed lately; once kQuietMs passed, one
+// worker of the process asks it again (the mark renewed meanwhile, so the others do not).
+bool mayProbe(const QByteArray &address)
+{
+    if (failed().count.load(std::memory_order_relaxed) == 0)
+        return true;
+    std::lock_guard lock(failed().mutex);
+    const auto it = failed().since.find(address);
+    if (it == failed().since.end())
+        return true;
+    const qint64 now = nowMs();
+    if (now - *it < kQuietMs)
+        return false;
+    *it = now;
+    return true;
+}
+
+// Something to read on a link with no command outstanding — the server closed it (a restart,
+// CLIENT KILL, its timeout) or wrote an error before closing: it cannot serve the next command.
+bool linkClosed(const redisContext *c)
+{
+    if (c->err || c->fd < 0)
+        return true;
+    pollfd p{c->fd, POLLIN | POLLRDHUP, 0};
+    return ::poll(&p, 1, 0) != 0;
+}
 
 constexpr std::array<quint16, 256> crcTable()
 {
@@ -251,8 +338,13 @@ ClusterLinks::~ClusterLinks()
 
 Result<redisContext *> ClusterLinks::connectTo(const ClusterNode &node)
 {
-    if (redisContext *c = m_links.value(node.address()))
-        return c;
+    if (redisContext *c = m_links.value(node.address())) {
+        if (!linkClosed(c))
+            return c;
+        // Closed while idle (the node restarted, CLIENT KILL): a new connection now, rather than
+        // a 503 for the command written to the old one.
+        drop(c, false);
+    }
     const timeval connectTimeout{m_connectTimeoutMs / 1000, (m_connectTimeoutMs % 1000) * 1000};
     redisContext *c = redisConnectWithTimeout(node.host.constData(), node.port, connectTimeout);
     if (!c)
@@ -261,6 +353,7 @@ Result<redisContext *> ClusterLinks::connectTo(const ClusterNode &node)
         const QString why = u"cannot connect to cluster node %1: %2"_qs.arg(
             QString::fromUtf8(node.address()), QString::fromUtf8(c->errstr));
         redisFree(c);
+        markFailed(node.address());
         return unavailable(why);
     }
     const timeval commandTimeout{m_commandTimeoutMs / 1000, (m_commandTimeoutMs % 1000) * 1000};
@@ -286,18 +379,35 @@ QList<redisContext *> ClusterLinks::takeWritten()
     return std::exchange(m_written, {});
 }
 
-void ClusterLinks::broken(redisContext *context)
+QByteArray ClusterLinks::addressOf(const redisContext *context) const
 {
+    for (auto it = m_links.cbegin(); it != m_links.cend(); ++it)
+        if (it.value() == context)
+            return it.key();
+    return {};
+}
+
+void ClusterLinks::answered(const redisContext *context)
+{
+    markAnswered(addressOf(context));
+}
+
+void ClusterLinks::drop(redisContext *context, bool failed)
+{
+    const QByteArray address = addressOf(context);
+    m_links.remove(address);
     m_written.removeAll(context);
-    for (auto it = m_links.begin(); it != m_links.end(); ++it)
-        if (it.value() == context) {
-            m_links.erase(it);
-            break;
-        }
     if (m_current == context)
         m_current = nullptr;
     redisFree(context);
     ++m_dropped;
+    if (failed)
+        markFailed(address);
+}
+
+void ClusterLinks::broken(redisContext *context)
+{
+    drop(context, true);
     m_stale = true; // a master gone is what a failover looks like: ask who serves its slots now
 }
 
@@ -305,11 +415,14 @@ Result<void> ClusterLinks::refresh()
 {
     // The nodes we know (the last map's masters, every node a map of this process named for
     // these seeds) and the seeds: any one that answers will do.
+    // Nodes that failed lately are asked last: a hung master would keep us its whole timeout.
     QList<ClusterNode> candidates = m_map.masters();
     for (const QList<ClusterNode> &more : {knownNodes(m_seeds), m_seeds})
         for (const ClusterNode &node : more)
             if (!candidates.contains(node))
                 candidates.append(node);
+    std::stable_partition(candidates.begin(), candidates.end(),
+                          [](const ClusterNode &n) { return !failedLately(n.address()); });
     QStringList failures;
     for (const ClusterNode &node : std::as_const(candidates)) {
         auto c = connectTo(node);
@@ -325,6 +438,7 @@ Result<void> ClusterLinks::refresh()
             continue;
         }
         Reply reply(raw, freeReplyObject);
+        markAnswered(node.address());
         if (reply->type == REDIS_REPLY_ERROR) {
             failures << u"%1: %2"_qs.arg(QString::fromUtf8(node.address()),
                                          QString::fromUtf8(textOf(reply.get())));
@@ -347,25 +461,38 @@ Result<void> ClusterLinks::refresh()
 void ClusterLinks::readMoves()
 {
     // CLUSTER SLOTS says who owns a slot, not whether it is being moved: only each master's own
-    // line of CLUSTER NODES does. Asked of every master before any answer is read.
+    // line of CLUSTER NODES does. Asked of every master before any answer is read, each answer
+    // waited for at most kMovesTimeoutMs. A master that failed lately is not asked, and one that
+    // does not answer now is dropped and marked so (not the map made stale: its own slots'
+    // requests find out whether it is gone): what it said last stands meanwhile — where it owns
+    // a slot another master imports, that slot stays refused.
+    constexpr int kMovesTimeoutMs = 1000;
+    const int waitMs = std::min(m_commandTimeoutMs, kMovesTimeoutMs);
     const QList<ClusterNode> masters = m_map.masters();
     QList<QPair<ClusterNode, redisContext *>> asked;
     for (const ClusterNode &node : masters) {
+        if (!mayProbe(node.address()))
+            continue;
         auto c = connectTo(node);
         if (!c)
-            continue; // what it said last stands (its own slots are refused while it is gone)
+            continue;
         redisAppendCommand(*c, "CLUSTER NODES");
         int done = 0;
         while (!done && redisBufferWrite(*c, &done) == REDIS_OK) {
         }
         asked.append({node, *c});
     }
+    const timeval movesTimeout{waitMs / 1000, (waitMs % 1000) * 1000};
+    const timeval commandTimeout{m_commandTimeoutMs / 1000, (m_commandTimeoutMs % 1000) * 1000};
     for (const auto &[node, c] : std::as_const(asked)) {
         void *raw = nullptr;
+        redisSetTimeout(c, movesTimeout);
         if (redisGetReply(c, &raw) != REDIS_OK || !raw) {
-            broken(c);
+            drop(c, true);
             continue;
         }
+        redisSetTimeout(c, commandTimeout);
+        markAnswered(node.address());
         Reply reply(static_cast<redisReply *>(raw), freeReplyObject);
         if (reply->type != REDIS_REPLY_STRING)
             continue;
@@ -383,7 +510,7 @@ void ClusterLinks::readMoves()
     // sends each key the owner no longer holds there). Otherwise — the owner failed over
     // mid-reshard, or did not answer yet — its records may be on the importing master, and the
     // owner would take a completed key for a new one.
-    m_unsettled.clear();
+    const QHash<int, ClusterNode> before = std::exchange(m_unsettled, {});
     for (const ClusterNode &node : masters) {
         const auto moves = m_moves.constFind(node.address());
         if (moves == m_moves.cend())
@@ -391,14 +518,28 @@ void ClusterLinks::readMoves()
         for (auto in = moves->importing.cbegin(); in != moves->importing.cend(); ++in) {
             const int slot = in.key();
             const auto owner = m_map.master(slot);
-            if (!owner || *owner == node)
+            if (owner && *owner == node)
                 continue;
-            const auto ownerMoves = m_moves.constFind(owner->address());
+            // No owner in this map (read from the importing node, which still names the old
+            // owner, a replica now): as unsettled, not a mere failover in progress.
+            const auto ownerMoves = owner ? m_moves.constFind(owner->address()) : m_moves.cend();
             if (ownerMoves != m_moves.cend() && ownerMoves->migrating.value(slot) == moves->id)
                 continue;
             m_unsettled.insert(slot, node);
         }
     }
+    // Since when each is so (the same importer on every read since): a reshard sets a slot
+    // IMPORTING on its target a moment before MIGRATING on its owner, so only a state that
+    // lasts is worth an operator's `--cluster fix`.
+    for (auto it = m_unsettledSince.begin(); it != m_unsettledSince.end();) {
+        if (m_unsettled.contains(it.key()) && before.value(it.key()) == m_unsettled.value(it.key()))
+            ++it;
+        else
+            it = m_unsettledSince.erase(it);
+    }
+    for (auto it = m_unsettled.cbegin(); it != m_unsettled.cend(); ++it)
+        if (!m_unsettledSince.contains(it.key()))
+            m_unsettledSince[it.key()].start();
     m_movesRead.start();
 }
 
@@ -412,11 +553,18 @@ std::optional<Error> ClusterLinks::unsettledError(int slot)
     if (importer == m_unsettled.cend())
         return std::nullopt;
     const auto owner = m_map.master(slot);
-    return unavailable(
-        u"slot %1 is half-moved to %2 and its owner %3 no longer migrates it (a failover during a "
-        u"reshard): run `redis-cli --cluster fix`; nothing is decided on it meanwhile"_qs.arg(slot)
+    QString why =
+        u"slot %1 is half-moved: %2 imports it but its owner %3 does not migrate it there (a "
+        u"reshard about to move it, or the owner failed over mid-reshard and lacks the records "
+        u"moved away); nothing is decided on it until that is settled"_qs.arg(slot)
             .arg(QString::fromUtf8(importer->address()),
-                 owner ? QString::fromUtf8(owner->address()) : u"(none)"_qs));
+                 owner ? QString::fromUtf8(owner->address()) : u"(none)"_qs);
+    const auto since = m_unsettledSince.constFind(slot);
+    const qint64 lastedMs = since == m_unsettledSince.cend() ? 0 : since->elapsed();
+    if (lastedMs >= kSettleHintMs)
+        why += u"; so for %1 s: unless a reshard is running, check it with `redis-cli --cluster "
+               u"check` and settle it with `redis-cli --cluster fix`"_qs.arg(lastedMs / 1000);
+    return unavailable(why);
 }
 
 Result<redisContext *> ClusterLinks::link(int slot)
@@ -497,6 +645,7 @@ Result<ClusterLinks::Reply> ClusterLinks::command(const QList<QByteArray> &args,
             return makeError(writes ? ErrorCode::InDoubt : ErrorCode::Unavailable, why);
         }
         Reply reply(static_cast<redisReply *>(raw), freeReplyObject);
+        answered(c);
         if (writes)
             markWritten(c);
         if (reply->type != REDIS_REPLY_ERROR)

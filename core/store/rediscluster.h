@@ -91,13 +91,17 @@ QList<ClusterNode> knownNodes(const QList<ClusterNode> &seeds);
 void learnNodes(const QList<ClusterNode> &seeds, const QList<ClusterNode> &nodes);
 
 // Blocking connections to a cluster's masters, for one RedisStore (one thread; NOT
-// thread-safe). Connects lazily to the master of each slot asked for; re-reads the slot map
-// (from any node it knows, seeds first) when it is stale: after a MOVED, a CLUSTERDOWN, a lost
+// thread-safe). Connects lazily to the master of each slot asked for (a link the node closed
+// while idle is replaced before use); re-reads the slot map (from any node it knows, seeds
+// first, nodes that failed lately last) when it is stale: after a MOVED, a CLUSTERDOWN, a lost
 // connection or a slot without master. A slot that some master is importing while its owner is
 // not migrating it there (the owner failed over during a reshard: its replica never had the
-// MIGRATING flag nor the moved records) is refused until an operator settles it. Errors are values:
-// ErrorCode::Unavailable (503) when nothing ran, InDoubt for a write whose answer was lost — never
-// retried here.
+// MIGRATING flag nor the moved records) is refused until it is settled. A node that failed
+// (process-wide, for 10 s or until it answers) is not asked for the moves: requests for other
+// masters' slots never wait on a hung one. Errors are values: ErrorCode::Unavailable (503) when
+// nothing ran, InDoubt for a write whose answer was lost — never retried here.
+// Contexts handed out stay valid only until the next call that may read the map (link(),
+// current(), command(), refresh(), linkTo()): hold an address, not a context, across those.
 class ClusterLinks
 {
 public:
@@ -108,8 +112,9 @@ public:
     ClusterLinks &operator=(const ClusterLinks &) = delete;
 
     // Reads CLUSTER SLOTS from the first node that answers it, then each master's own CLUSTER
-    // NODES line (pipelined) for the slots half-moved without their owner's migration. A master
-    // that does not answer keeps what it said last.
+    // NODES line (pipelined, each answer waited for up to 1 s) for the slots half-moved without
+    // their owner's migration. A master that does not answer, or failed lately, keeps what it said
+    // last; that alone does not make the map stale.
     Result<void> refresh();
     // The connection to the slot's master (connected on first use); refreshes a stale map first.
     // A half-moved slot (see above) is Unavailable; while there is one, the state is re-read at
@@ -129,8 +134,10 @@ public:
     // The masters written to since the last takeWritten() (WAIT goes to each).
     void markWritten(redisContext *context);
     QList<redisContext *> takeWritten();
-    // A lost connection: drop it, re-read the map before the next command.
+    // A lost connection: drop it, mark its node failed, re-read the map before the next command.
     void broken(redisContext *context);
+    // An answer came on this connection: its node is not failing (see above).
+    void answered(const redisContext *context);
     void markStale() { m_stale = true; }
     // How many connections were dropped so far: a caller holding contexts across link() calls
     // (a pipeline being routed) checks it did not change — a refresh may drop any connection.
@@ -142,7 +149,12 @@ public:
 
 private:
     Result<redisContext *> connectTo(const ClusterNode &node);
+    QByteArray addressOf(const redisContext *context) const;
+    // Frees the connection; `failed`: its node did not answer (marked, see above).
+    void drop(redisContext *context, bool failed);
     void readMoves();
+    // A half-moved slot so for this long is worth an operator's `redis-cli --cluster fix`.
+    static constexpr qint64 kSettleHintMs = 5000;
     std::optional<Error> unsettledError(int slot);
 
     QList<ClusterNode> m_seeds;
@@ -156,6 +168,7 @@ private:
     QList<redisContext *> m_written;
     QHash<QByteArray, SlotMoves> m_moves; // by master address: what each said of itself last
     QHash<int, ClusterNode> m_unsettled;  // slot → the master importing it
+    QHash<int, QElapsedTimer> m_unsettledSince; // since when, by the same importer
     QElapsedTimer m_movesRead;            // since the moves were read
     quint64 m_dropped = 0;                // connections dropped (broken())
 };

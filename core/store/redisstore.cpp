@@ -284,6 +284,7 @@ Result<std::vector<RedisStore::Reply>> RedisStore::clusterPipeline(const QList<Q
             }
             replies[size_t(i)].reset(static_cast<redisReply *>(raw));
         }
+        m_cluster->answered(c);
         if (writes)
             m_cluster->markWritten(c);
     }
@@ -1130,13 +1131,29 @@ Result<qint64> RedisStore::migrateLayout(bool confirmed)
 Result<void> RedisStore::scanAll(const QByteArray &match,
                                  const std::function<Result<void>(const QList<QByteArray> &)> &each)
 {
-    // Every key of the pattern, a thousand at a time: on a cluster, of every master.
-    auto nodes = scanNodes();
-    if (!nodes)
-        return nodes.error();
-    for (const auto &[address, node] : std::as_const(*nodes)) {
+    // Every key of the pattern, a thousand at a time: on a cluster, of every master (the slot
+    // map read again).
+    QList<redis::ClusterNode> masters{redis::ClusterNode()}; // the single Redis
+    if (m_cluster) {
+        if (auto r = m_cluster->refresh(); !r)
+            return makeError(r.error().code,
+                             u"Redis %1: %2"_qs.arg(m_url.display(), r.error().message));
+        masters = m_cluster->map().masters();
+    }
+    for (const redis::ClusterNode &master : std::as_const(masters)) {
         QByteArray cursor = "0";
         do {
+            // The master's connection is asked for on each page: `each` routes commands of its
+            // own, and a map read or a dropped link there frees connections (one held across it
+            // was used after it was freed).
+            redisContext *node = m_context;
+            if (m_cluster) {
+                auto c = m_cluster->linkTo(master);
+                if (!c)
+                    return makeError(c.error().code,
+                                     u"Redis %1: %2"_qs.arg(m_url.display(), c.error().message));
+                node = *c;
+            }
             auto page = scanStep(node, cursor, match);
             if (!page)
                 return page.error();
