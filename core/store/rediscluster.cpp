@@ -370,12 +370,17 @@ Result<redisContext *> ClusterLinks::connectTo(const ClusterNode &node)
 
 void ClusterLinks::markWritten(redisContext *context)
 {
-    if (!m_written.contains(context))
+    if (m_markingWrites && !m_written.contains(context))
         m_written.append(context);
 }
 
-QList<redisContext *> ClusterLinks::takeWritten()
+Result<QList<redisContext *>> ClusterLinks::takeWritten()
 {
+    if (std::exchange(m_writtenLost, false)) {
+        m_written.clear();
+        return unavailable(u"a master written to was disconnected before its replicas could be "
+                           u"asked (wait_replicas)"_qs);
+    }
     return std::exchange(m_written, {});
 }
 
@@ -396,7 +401,8 @@ void ClusterLinks::drop(redisContext *context, bool failed)
 {
     const QByteArray address = addressOf(context);
     m_links.remove(address);
-    m_written.removeAll(context);
+    if (m_written.removeAll(context) > 0)
+        m_writtenLost = true;
     if (m_current == context)
         m_current = nullptr;
     redisFree(context);

@@ -131,9 +131,12 @@ public:
     Result<Reply> command(const QList<QByteArray> &args, bool writes);
     // The connection to one node (a master from map()), connected on first use.
     Result<redisContext *> linkTo(const ClusterNode &node) { return connectTo(node); }
-    // The masters written to since the last takeWritten() (WAIT goes to each).
+    // The masters written to since the last takeWritten() (WAIT goes to each). Unavailable when
+    // the link of one was dropped meanwhile: a WAIT on a new link would wait for nothing.
     void markWritten(redisContext *context);
-    QList<redisContext *> takeWritten();
+    Result<QList<redisContext *>> takeWritten();
+    // While off, writes are not marked: the index writes, a derived view never waited for.
+    void setMarkingWrites(bool on) { m_markingWrites = on; }
     // A lost connection: drop it, mark its node failed, re-read the map before the next command.
     void broken(redisContext *context);
     // An answer came on this connection: its node is not failing (see above).
@@ -166,6 +169,8 @@ private:
     QHash<QByteArray, redisContext *> m_links; // by address
     redisContext *m_current = nullptr;
     QList<redisContext *> m_written;
+    bool m_writtenLost = false; // a link in m_written was dropped
+    bool m_markingWrites = true;
     QHash<QByteArray, SlotMoves> m_moves; // by master address: what each said of itself last
     QHash<int, ClusterNode> m_unsettled;  // slot → the master importing it
     QHash<int, QElapsedTimer> m_unsettledSince; // since when, by the same importer

@@ -305,10 +305,15 @@ Result<std::vector<RedisStore::Reply>> RedisStore::clusterPipeline(const QList<Q
 
 void RedisStore::writeIndexes(const redis::IndexBatch &batch)
 {
-    if (!batch.isEmpty())
-        (void)pipeline(batch.commands(m_prefix), true); // lost: listing and purge repair it
+    if (batch.isEmpty())
+        return;
+    // A derived view: not waited for (wait_replicas). Only these writes are left unmarked —
+    // taking every write here took the record's too, so no claim or finish was waited for.
     if (m_cluster)
-        m_cluster->takeWritten(); // a derived view: never waited for (wait_replicas)
+        m_cluster->setMarkingWrites(false);
+    (void)pipeline(batch.commands(m_prefix), true); // lost: listing and purge repair it
+    if (m_cluster)
+        m_cluster->setMarkingWrites(true);
 }
 
 Result<RedisStore::Reply> RedisStore::script(const char *name, const QList<QByteArray> &args,
@@ -335,7 +340,11 @@ Result<void> RedisStore::waitForReplicas()
     if (m_cluster) {
         // Each master the writes went to; the least acknowledged count decides.
         long long least = m_url.waitReplicas;
-        for (redisContext *c : m_cluster->takeWritten()) {
+        auto written = m_cluster->takeWritten();
+        if (!written)
+            return makeError(written.error().code,
+                             u"Redis %1: %2"_qs.arg(m_url.display(), written.error().message));
+        for (redisContext *c : std::as_const(*written)) {
             auto *raw = static_cast<redisReply *>(
                 redisCommand(c, "WAIT %d %d", m_url.waitReplicas, m_url.waitTimeoutMs));
             if (!raw) {

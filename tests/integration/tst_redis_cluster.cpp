@@ -919,6 +919,41 @@ private Q_SLOTS:
         QCOMPARE(clusterNodesCalls(victim.port) - callsBefore, 0);
     }
 
+    // wait_replicas on a cluster waits for the record's master: with its replica paused, a new
+    // key is refused (503) and not run. The index writes after the claim took every write marked
+    // until then, the record's too, so no claim or finish was waited for (200, processed).
+    void waitReplicasWaitsForTheRecordsMaster()
+    {
+        QVERIFY2(waitUntil([&] { return clusterWhole(m_ports); }, 30'000),
+                 "the cluster is not whole");
+        idem::test::CountingDownstream down;
+        const QByteArray prefix = "wr" + g_run + ":";
+        idem::test::Desk desk = idem::test::startDesk(
+            "{\"endpoints\": [{\"name\": \"wr\", \"forward_to\": \"" +
+                down.url().toString().toUtf8() + "\"}]}",
+            qEnvironmentVariable("IDEM_TEST_REDIS_CLUSTER_URL") + u"?prefix="_qs +
+                QString::fromLatin1(prefix) + u"&wait_replicas=1&wait_timeout_ms=300"_qs);
+        auto deliver = [&](const QByteArray &id) {
+            return post(desk.port, "/hooks/wr", "{}", {{"Idempotency-Key", id}});
+        };
+        const QByteArray before = "k" + g_run + "-acked";
+        QCOMPARE(deliver(before).status, 200); // replicas acknowledge: served
+        const QByteArray id = "k" + g_run + "-paused";
+        auto l = links();
+        QVERIFY(l->refresh().ok());
+        const ClusterNode master = *l->map().master(keySlot("wr:" + id));
+        const qint64 replicaPid = serverPid(replicaPort(master.port));
+        QVERIFY(replicaPid > 0);
+        QCOMPARE(::kill(pid_t(replicaPid), SIGSTOP), 0);
+        auto resumed = qScopeGuard([&] { ::kill(pid_t(replicaPid), SIGCONT); });
+        const ClientResponse r = deliver(id);
+        QCOMPARE(::kill(pid_t(replicaPid), SIGCONT), 0);
+        resumed.dismiss();
+        QVERIFY2(r.status == 503,
+                 qPrintable(u"%1 %2"_qs.arg(r.status).arg(QString::fromUtf8(r.body.left(300)))));
+        QCOMPARE(down.count("wr:" + id), 0);
+    }
+
     // No node reachable: an error naming what was tried, no hang.
     // The only seed (behind a proxy here) goes, the cluster stays well: links made anew — a
     // pool worker's after any failed call — ask the nodes an earlier slot map named. With the
