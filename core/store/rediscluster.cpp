@@ -599,6 +599,8 @@ Result<redisContext *> ClusterLinks::link(int slot)
 
 Result<redisContext *> ClusterLinks::current()
 {
+    if (m_current && linkClosed(m_current))
+        drop(m_current, false); // as connectTo(): replaced below rather than a 503
     if (m_current)
         return m_current;
     if (m_stale) {

@@ -822,6 +822,22 @@ private Q_SLOTS:
     {
         QVERIFY2(waitUntil([&] { return clusterWhole(m_ports); }, 30'000),
                  "the cluster is not whole");
+        const auto killNormalClients = [&] {
+            int killed = 0;
+            for (int port : std::as_const(m_ports))
+                if (cli(port, {u"ROLE"_qs}).startsWith("master"))
+                    killed +=
+                        cli(port, {u"CLIENT"_qs, u"KILL"_qs, u"TYPE"_qs, u"normal"_qs}).toInt();
+            return killed;
+        };
+        {
+            // A command on no key (TIME) goes on the link used last: replaced as well.
+            auto l = links();
+            QVERIFY(l->command({"SET", "idle:" + g_run, "v"}, true).ok());
+            QVERIFY(killNormalClients() > 0);
+            auto time = l->command({"TIME"}, false);
+            QVERIFY2(time.ok(), time.ok() ? "" : qPrintable(time.error().message));
+        }
         idem::test::CountingDownstream down;
         const QByteArray prefix = "idle" + g_run + ":";
         idem::test::Desk desk =
@@ -854,11 +870,7 @@ private Q_SLOTS:
         };
         QStringList refused = deliverAll("warm");
         QVERIFY2(refused.isEmpty(), qPrintable(refused.join(u"; "_qs)));
-        int killed = 0;
-        for (int port : std::as_const(m_ports))
-            if (cli(port, {u"ROLE"_qs}).startsWith("master"))
-                killed += cli(port, {u"CLIENT"_qs, u"KILL"_qs, u"TYPE"_qs, u"normal"_qs}).toInt();
-        QVERIFY2(killed > 0, "no connection of the desk was killed");
+        QVERIFY2(killNormalClients() > 0, "no connection of the desk was killed");
         refused = deliverAll("after");
         QVERIFY2(refused.isEmpty(),
                  qPrintable(u"%1 refused: %2"_qs.arg(refused.size()).arg(refused.join(u"; "_qs))));
