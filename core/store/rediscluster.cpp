@@ -161,6 +161,11 @@ QByteArray textOf(const redisReply *r)
                : QByteArray();
 }
 
+timeval timeout(int ms)
+{
+    return {ms / 1000, (ms % 1000) * 1000};
+}
+
 Error unavailable(const QString &why)
 {
     return makeError(ErrorCode::Unavailable, why);
@@ -436,7 +441,12 @@ Result<void> ClusterLinks::refresh()
             failures << c.error().message;
             continue;
         }
+        // Its answer waited for at most kMapReadTimeoutMs, as the moves': a node not yet known to
+        // hang would keep every request that reads the map for its whole command timeout.
+        redisSetTimeout(*c, timeout(std::min(m_commandTimeoutMs, kMapReadTimeoutMs)));
         auto *raw = static_cast<redisReply *>(redisCommand(*c, "CLUSTER SLOTS"));
+        if (raw)
+            redisSetTimeout(*c, timeout(m_commandTimeoutMs));
         if (!raw) {
             failures << u"%1: %2"_qs.arg(QString::fromUtf8(node.address()),
                                          QString::fromUtf8((*c)->errstr));
@@ -468,12 +478,10 @@ void ClusterLinks::readMoves()
 {
     // CLUSTER SLOTS says who owns a slot, not whether it is being moved: only each master's own
     // line of CLUSTER NODES does. Asked of every master before any answer is read, each answer
-    // waited for at most kMovesTimeoutMs. A master that failed lately is not asked, and one that
+    // waited for at most kMapReadTimeoutMs. A master that failed lately is not asked, and one that
     // does not answer now is dropped and marked so (not the map made stale: its own slots'
     // requests find out whether it is gone): what it said last stands meanwhile — where it owns
     // a slot another master imports, that slot stays refused.
-    constexpr int kMovesTimeoutMs = 1000;
-    const int waitMs = std::min(m_commandTimeoutMs, kMovesTimeoutMs);
     const QList<ClusterNode> masters = m_map.masters();
     QList<QPair<ClusterNode, redisContext *>> asked;
     for (const ClusterNode &node : masters) {
@@ -488,16 +496,14 @@ void ClusterLinks::readMoves()
         }
         asked.append({node, *c});
     }
-    const timeval movesTimeout{waitMs / 1000, (waitMs % 1000) * 1000};
-    const timeval commandTimeout{m_commandTimeoutMs / 1000, (m_commandTimeoutMs % 1000) * 1000};
     for (const auto &[node, c] : std::as_const(asked)) {
         void *raw = nullptr;
-        redisSetTimeout(c, movesTimeout);
+        redisSetTimeout(c, timeout(std::min(m_commandTimeoutMs, kMapReadTimeoutMs)));
         if (redisGetReply(c, &raw) != REDIS_OK || !raw) {
             drop(c, true);
             continue;
         }
-        redisSetTimeout(c, commandTimeout);
+        redisSetTimeout(c, timeout(m_commandTimeoutMs));
         markAnswered(node.address());
         Reply reply(static_cast<redisReply *>(raw), freeReplyObject);
         if (reply->type != REDIS_REPLY_STRING)

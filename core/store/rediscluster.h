@@ -111,10 +111,10 @@ public:
     ClusterLinks(const ClusterLinks &) = delete;
     ClusterLinks &operator=(const ClusterLinks &) = delete;
 
-    // Reads CLUSTER SLOTS from the first node that answers it, then each master's own CLUSTER
-    // NODES line (pipelined, each answer waited for up to 1 s) for the slots half-moved without
-    // their owner's migration. A master that does not answer, or failed lately, keeps what it said
-    // last; that alone does not make the map stale.
+    // Reads CLUSTER SLOTS from the first node that answers it within 1 s, then each master's own
+    // CLUSTER NODES line (pipelined, each answer waited for up to 1 s) for the slots half-moved
+    // without their owner's migration. A master that does not answer, or failed lately, keeps what
+    // it said last; that alone does not make the map stale.
     Result<void> refresh();
     // The connection to the slot's master (connected on first use); refreshes a stale map first.
     // A half-moved slot (see above) is Unavailable; while there is one, the state is re-read at
@@ -156,6 +156,8 @@ private:
     // Frees the connection; `failed`: its node did not answer (marked, see above).
     void drop(redisContext *context, bool failed);
     void readMoves();
+    // How long a map read (CLUSTER SLOTS, each master's CLUSTER NODES) waits for an answer.
+    static constexpr int kMapReadTimeoutMs = 1000;
     // A half-moved slot so for this long is worth an operator's `redis-cli --cluster fix`.
     static constexpr qint64 kSettleHintMs = 5000;
     std::optional<Error> unsettledError(int slot);
