@@ -143,11 +143,17 @@ Result<CommonOptions> loadCommon(const QCommandLineParser &parser)
 Result<void> migrateLayout(StorePool &pool)
 {
     auto migrated = pool.run<qint64>([](IdempotencyStore &store) { return store.migrateLayout(); });
-    if (!migrated)
+    if (!migrated) {
+        // A layout the desk cannot take now (records of layout v1 on a cluster, layout v2 still
+        // written by a desk of the previous version, another desk migrating) is a Conflict, and the
+        // store's message says which. Anything else is the store failing to answer (a master down:
+        // CLUSTERDOWN), not a statement about its records.
+        if (migrated.error().code == ErrorCode::Conflict)
+            return migrated.error();
         return makeError(
             migrated.error().code,
-            u"the store holds records of an earlier layout that could not be migrated: %1"_qs.arg(
-                migrated.error().message));
+            u"cannot check or convert the store's layout: %1"_qs.arg(migrated.error().message));
+    }
     if (*migrated > 0)
         printError(
             u"the store held %1 records in an earlier layout (Redis layout v1 or v2): migrated to the current one (v3)"_qs

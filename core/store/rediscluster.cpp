@@ -2,8 +2,12 @@
 
 #include <hiredis.h>
 
+#include <poll.h>
+
 #include <algorithm>
 #include <array>
+#include <atomic>
+#include <chrono>
 #include <mutex>
 
 namespace idem::redis {
@@ -53,6 +57,89 @@ void learnNodes(const QList<ClusterNode> &seeds, const QList<ClusterNode> &nodes
 
 namespace {
 
+// Nodes that failed lately (no connection, no answer in time), by address, for the whole process
+// (each pool worker has its own ClusterLinks): the moves read does not ask them and the map is
+// asked of them last, so one hung master does not stall the requests for other masters' slots —
+// each worker asking it in turn, its failure making the map stale, the next read asking it again.
+// Its own slots' requests are still sent to it (bounded by their own timeouts); an answer from it
+// ends the mark.
+constexpr qint64 kQuietMs = 10'000;
+
+struct FailedNodes
+{
+    std::mutex mutex;
+    QHash<QByteArray, qint64> since; // address → when it last failed (or was last probed)
+    std::atomic<int> count{0};       // since.size(): an answer costs no lock while none failed
+};
+// Never destroyed, as known().
+FailedNodes &failed()
+{
+    static auto *nodes = new FailedNodes;
+    return *nodes;
+}
+
+qint64 nowMs()
+{
+    return std::chrono::duration_cast<std::chrono::milliseconds>(
+               std::chrono::steady_clock::now().time_since_epoch())
+        .count();
+}
+
+void markFailed(const QByteArray &address)
+{
+    if (address.isEmpty())
+        return;
+    std::lock_guard lock(failed().mutex);
+    failed().since.insert(address, nowMs());
+    failed().count = int(failed().since.size());
+}
+
+void markAnswered(const QByteArray &address)
+{
+    if (failed().count.load(std::memory_order_relaxed) == 0 || address.isEmpty())
+        return;
+    std::lock_guard lock(failed().mutex);
+    failed().since.remove(address);
+    failed().count = int(failed().since.size());
+}
+
+// Failed within kQuietMs.
+bool failedLately(const QByteArray &address)
+{
+    if (failed().count.load(std::memory_order_relaxed) == 0)
+        return false;
+    std::lock_guard lock(failed().mutex);
+    const auto it = failed().since.constFind(address);
+    return it != failed().since.cend() && nowMs() - *it < kQuietMs;
+}
+
+// Whether to ask a node its moves now: yes unless it failed lately; once kQuietMs passed, one
+// worker of the process asks it again (the mark renewed meanwhile, so the others do not).
+bool mayProbe(const QByteArray &address)
+{
+    if (failed().count.load(std::memory_order_relaxed) == 0)
+        return true;
+    std::lock_guard lock(failed().mutex);
+    const auto it = failed().since.find(address);
+    if (it == failed().since.end())
+        return true;
+    const qint64 now = nowMs();
+    if (now - *it < kQuietMs)
+        return false;
+    *it = now;
+    return true;
+}
+
+// Something to read on a link with no command outstanding — the server closed it (a restart,
+// CLIENT KILL, its timeout) or wrote an error before closing: it cannot serve the next command.
+bool linkClosed(const redisContext *c)
+{
+    if (c->err || c->fd < 0)
+        return true;
+    pollfd p{c->fd, POLLIN | POLLRDHUP, 0};
+    return ::poll(&p, 1, 0) != 0;
+}
+
 constexpr std::array<quint16, 256> crcTable()
 {
     std::array<quint16, 256> table{};
@@ -72,6 +159,11 @@ QByteArray textOf(const redisReply *r)
                  r->type == REDIS_REPLY_ERROR)
                ? QByteArray(r->str, qsizetype(r->len))
                : QByteArray();
+}
+
+timeval timeout(int ms)
+{
+    return {ms / 1000, (ms % 1000) * 1000};
 }
 
 Error unavailable(const QString &why)
@@ -141,6 +233,33 @@ int commandSlot(const QList<QByteArray> &args)
         if (name == k)
             return -1;
     return keySlot(args.at(1));
+}
+
+std::optional<SlotMoves> SlotMoves::fromClusterNodes(QByteArrayView text)
+{
+    // <id> <ip:port@cport> <flags> <master> <ping> <pong> <epoch> <link> <slot>…, one node a line.
+    for (const QByteArray &line : text.toByteArray().split('\n')) {
+        const QList<QByteArray> fields = line.trimmed().split(' ');
+        if (fields.size() < 8 || !fields.at(2).split(',').contains("myself"))
+            continue;
+        SlotMoves moves;
+        moves.id = fields.at(0);
+        for (qsizetype i = 8; i < fields.size(); ++i) {
+            const QByteArray &f = fields.at(i);
+            if (f.size() < 5 || !f.startsWith('[') || !f.endsWith(']'))
+                continue; // a slot or a range it serves
+            const QByteArray inner = f.sliced(1, f.size() - 2);
+            const bool importing = inner.contains("-<-");
+            const qsizetype arrow = inner.indexOf(importing ? "-<-" : "->-");
+            bool ok = false;
+            const int slot = arrow > 0 ? inner.first(arrow).toInt(&ok) : -1;
+            if (!ok || slot < 0 || slot >= kSlots)
+                continue;
+            (importing ? moves.importing : moves.migrating).insert(slot, inner.sliced(arrow + 3));
+        }
+        return moves;
+    }
+    return std::nullopt;
 }
 
 Result<SlotMap> SlotMap::fromClusterSlots(const redisReply *reply)
@@ -224,8 +343,13 @@ ClusterLinks::~ClusterLinks()
 
 Result<redisContext *> ClusterLinks::connectTo(const ClusterNode &node)
 {
-    if (redisContext *c = m_links.value(node.address()))
-        return c;
+    if (redisContext *c = m_links.value(node.address())) {
+        if (!linkClosed(c))
+            return c;
+        // Closed while idle (the node restarted, CLIENT KILL): a new connection now, rather than
+        // a 503 for the command written to the old one.
+        drop(c, false);
+    }
     const timeval connectTimeout{m_connectTimeoutMs / 1000, (m_connectTimeoutMs % 1000) * 1000};
     redisContext *c = redisConnectWithTimeout(node.host.constData(), node.port, connectTimeout);
     if (!c)
@@ -234,6 +358,7 @@ Result<redisContext *> ClusterLinks::connectTo(const ClusterNode &node)
         const QString why = u"cannot connect to cluster node %1: %2"_qs.arg(
             QString::fromUtf8(node.address()), QString::fromUtf8(c->errstr));
         redisFree(c);
+        markFailed(node.address());
         return unavailable(why);
     }
     const timeval commandTimeout{m_commandTimeoutMs / 1000, (m_commandTimeoutMs % 1000) * 1000};
@@ -250,26 +375,50 @@ Result<redisContext *> ClusterLinks::connectTo(const ClusterNode &node)
 
 void ClusterLinks::markWritten(redisContext *context)
 {
-    if (!m_written.contains(context))
+    if (m_markingWrites && !m_written.contains(context))
         m_written.append(context);
 }
 
-QList<redisContext *> ClusterLinks::takeWritten()
+Result<QList<redisContext *>> ClusterLinks::takeWritten()
 {
+    if (std::exchange(m_writtenLost, false)) {
+        m_written.clear();
+        return unavailable(u"a master written to was disconnected before its replicas could be "
+                           u"asked (wait_replicas)"_qs);
+    }
     return std::exchange(m_written, {});
+}
+
+QByteArray ClusterLinks::addressOf(const redisContext *context) const
+{
+    for (auto it = m_links.cbegin(); it != m_links.cend(); ++it)
+        if (it.value() == context)
+            return it.key();
+    return {};
+}
+
+void ClusterLinks::answered(const redisContext *context)
+{
+    markAnswered(addressOf(context));
+}
+
+void ClusterLinks::drop(redisContext *context, bool failed)
+{
+    const QByteArray address = addressOf(context);
+    m_links.remove(address);
+    if (m_written.removeAll(context) > 0)
+        m_writtenLost = true;
+    if (m_current == context)
+        m_current = nullptr;
+    redisFree(context);
+    ++m_dropped;
+    if (failed)
+        markFailed(address);
 }
 
 void ClusterLinks::broken(redisContext *context)
 {
-    m_written.removeAll(context);
-    for (auto it = m_links.begin(); it != m_links.end(); ++it)
-        if (it.value() == context) {
-            m_links.erase(it);
-            break;
-        }
-    if (m_current == context)
-        m_current = nullptr;
-    redisFree(context);
+    drop(context, true);
     m_stale = true; // a master gone is what a failover looks like: ask who serves its slots now
 }
 
@@ -277,11 +426,14 @@ Result<void> ClusterLinks::refresh()
 {
     // The nodes we know (the last map's masters, every node a map of this process named for
     // these seeds) and the seeds: any one that answers will do.
+    // Nodes that failed lately are asked last: a hung master would keep us its whole timeout.
     QList<ClusterNode> candidates = m_map.masters();
     for (const QList<ClusterNode> &more : {knownNodes(m_seeds), m_seeds})
         for (const ClusterNode &node : more)
             if (!candidates.contains(node))
                 candidates.append(node);
+    std::stable_partition(candidates.begin(), candidates.end(),
+                          [](const ClusterNode &n) { return !failedLately(n.address()); });
     QStringList failures;
     for (const ClusterNode &node : std::as_const(candidates)) {
         auto c = connectTo(node);
@@ -289,7 +441,12 @@ Result<void> ClusterLinks::refresh()
             failures << c.error().message;
             continue;
         }
+        // Its answer waited for at most kMapReadTimeoutMs, as the moves': a node not yet known to
+        // hang would keep every request that reads the map for its whole command timeout.
+        redisSetTimeout(*c, timeout(std::min(m_commandTimeoutMs, kMapReadTimeoutMs)));
         auto *raw = static_cast<redisReply *>(redisCommand(*c, "CLUSTER SLOTS"));
+        if (raw)
+            redisSetTimeout(*c, timeout(m_commandTimeoutMs));
         if (!raw) {
             failures << u"%1: %2"_qs.arg(QString::fromUtf8(node.address()),
                                          QString::fromUtf8((*c)->errstr));
@@ -297,6 +454,7 @@ Result<void> ClusterLinks::refresh()
             continue;
         }
         Reply reply(raw, freeReplyObject);
+        markAnswered(node.address());
         if (reply->type == REDIS_REPLY_ERROR) {
             failures << u"%1: %2"_qs.arg(QString::fromUtf8(node.address()),
                                          QString::fromUtf8(textOf(reply.get())));
@@ -310,9 +468,115 @@ Result<void> ClusterLinks::refresh()
         m_map = std::move(*map);
         m_stale = false;
         learnNodes(m_seeds, m_map.masters() + m_map.replicas());
+        readMoves();
         return {};
     }
     return unavailable(u"no cluster node told the slot map (%1)"_qs.arg(failures.join(u"; "_qs)));
+}
+
+void ClusterLinks::readMoves()
+{
+    // CLUSTER SLOTS says who owns a slot, not whether it is being moved: only each master's own
+    // line of CLUSTER NODES does. Asked of every master before any answer is read, each answer
+    // waited for at most kMapReadTimeoutMs. A master that failed lately is not asked, and one that
+    // does not answer now is dropped and marked so (not the map made stale: its own slots'
+    // requests find out whether it is gone): what it said last stands meanwhile — where it owns
+    // a slot another master imports, that slot stays refused.
+    const QList<ClusterNode> masters = m_map.masters();
+    QList<QPair<ClusterNode, redisContext *>> asked;
+    for (const ClusterNode &node : masters) {
+        if (!mayProbe(node.address()))
+            continue;
+        auto c = connectTo(node);
+        if (!c)
+            continue;
+        redisAppendCommand(*c, "CLUSTER NODES");
+        int done = 0;
+        while (!done && redisBufferWrite(*c, &done) == REDIS_OK) {
+        }
+        asked.append({node, *c});
+    }
+    for (const auto &[node, c] : std::as_const(asked)) {
+        void *raw = nullptr;
+        redisSetTimeout(c, timeout(std::min(m_commandTimeoutMs, kMapReadTimeoutMs)));
+        if (redisGetReply(c, &raw) != REDIS_OK || !raw) {
+            drop(c, true);
+            continue;
+        }
+        redisSetTimeout(c, timeout(m_commandTimeoutMs));
+        markAnswered(node.address());
+        Reply reply(static_cast<redisReply *>(raw), freeReplyObject);
+        if (reply->type != REDIS_REPLY_STRING)
+            continue;
+        if (auto moves = SlotMoves::fromClusterNodes(textOf(reply.get())))
+            m_moves.insert(node.address(), *moves);
+    }
+    for (auto it = m_moves.begin(); it != m_moves.end();) {
+        if (std::any_of(masters.begin(), masters.end(),
+                        [&](const ClusterNode &m) { return m.address() == it.key(); }))
+            ++it;
+        else
+            it = m_moves.erase(it);
+    }
+    // A slot some master imports is settled while its owner migrates it to that master (ASK
+    // sends each key the owner no longer holds there). Otherwise — the owner failed over
+    // mid-reshard, or did not answer yet — its records may be on the importing master, and the
+    // owner would take a completed key for a new one.
+    const QHash<int, ClusterNode> before = std::exchange(m_unsettled, {});
+    for (const ClusterNode &node : masters) {
+        const auto moves = m_moves.constFind(node.address());
+        if (moves == m_moves.cend())
+            continue;
+        for (auto in = moves->importing.cbegin(); in != moves->importing.cend(); ++in) {
+            const int slot = in.key();
+            const auto owner = m_map.master(slot);
+            if (owner && *owner == node)
+                continue;
+            // No owner in this map (read from the importing node, which still names the old
+            // owner, a replica now): as unsettled, not a mere failover in progress.
+            const auto ownerMoves = owner ? m_moves.constFind(owner->address()) : m_moves.cend();
+            if (ownerMoves != m_moves.cend() && ownerMoves->migrating.value(slot) == moves->id)
+                continue;
+            m_unsettled.insert(slot, node);
+        }
+    }
+    // Since when each is so (the same importer on every read since): a reshard sets a slot
+    // IMPORTING on its target a moment before MIGRATING on its owner, so only a state that
+    // lasts is worth an operator's `--cluster fix`.
+    for (auto it = m_unsettledSince.begin(); it != m_unsettledSince.end();) {
+        if (m_unsettled.contains(it.key()) && before.value(it.key()) == m_unsettled.value(it.key()))
+            ++it;
+        else
+            it = m_unsettledSince.erase(it);
+    }
+    for (auto it = m_unsettled.cbegin(); it != m_unsettled.cend(); ++it)
+        if (!m_unsettledSince.contains(it.key()))
+            m_unsettledSince[it.key()].start();
+    m_movesRead.start();
+}
+
+std::optional<Error> ClusterLinks::unsettledError(int slot)
+{
+    if (m_unsettled.isEmpty())
+        return std::nullopt;
+    if (m_movesRead.elapsed() >= 1000)
+        (void)refresh(); // settled meanwhile? (unanswered: what we know stands)
+    const auto importer = m_unsettled.constFind(slot);
+    if (importer == m_unsettled.cend())
+        return std::nullopt;
+    const auto owner = m_map.master(slot);
+    QString why =
+        u"slot %1 is half-moved: %2 imports it but its owner %3 does not migrate it there (a "
+        u"reshard about to move it, or the owner failed over mid-reshard and lacks the records "
+        u"moved away); nothing is decided on it until that is settled"_qs.arg(slot)
+            .arg(QString::fromUtf8(importer->address()),
+                 owner ? QString::fromUtf8(owner->address()) : u"(none)"_qs);
+    const auto since = m_unsettledSince.constFind(slot);
+    const qint64 lastedMs = since == m_unsettledSince.cend() ? 0 : since->elapsed();
+    if (lastedMs >= kSettleHintMs)
+        why += u"; so for %1 s: unless a reshard is running, check it with `redis-cli --cluster "
+               u"check` and settle it with `redis-cli --cluster fix`"_qs.arg(lastedMs / 1000);
+    return unavailable(why);
 }
 
 Result<redisContext *> ClusterLinks::link(int slot)
@@ -321,6 +585,8 @@ Result<redisContext *> ClusterLinks::link(int slot)
         if (auto r = refresh(); !r)
             return r.error();
     }
+    if (auto refused = unsettledError(slot))
+        return *refused;
     auto master = m_map.master(slot);
     if (!master) {
         // Its master failed and no replica took over yet: refused (nothing is sent anywhere else);
@@ -339,6 +605,8 @@ Result<redisContext *> ClusterLinks::link(int slot)
 
 Result<redisContext *> ClusterLinks::current()
 {
+    if (m_current && linkClosed(m_current))
+        drop(m_current, false); // as connectTo(): replaced below rather than a 503
     if (m_current)
         return m_current;
     if (m_stale) {
@@ -391,6 +659,7 @@ Result<ClusterLinks::Reply> ClusterLinks::command(const QList<QByteArray> &args,
             return makeError(writes ? ErrorCode::InDoubt : ErrorCode::Unavailable, why);
         }
         Reply reply(static_cast<redisReply *>(raw), freeReplyObject);
+        answered(c);
         if (writes)
             markWritten(c);
         if (reply->type != REDIS_REPLY_ERROR)
@@ -412,9 +681,18 @@ Result<ClusterLinks::Reply> ClusterLinks::command(const QList<QByteArray> &args,
                     .arg(QString::fromUtf8(error)));
         asking = redirect->ask;
         if (!redirect->ask) {
-            m_map.setMaster(redirect->slot, redirect->node);
-            m_stale =
-                true; // other slots likely moved too: re-read the whole map before the next command
+            // The slot moved (a reshard ended, a failover): the map and the masters' moves are read
+            // again before following — after a failover mid-reshard the new owner lacks the slot's
+            // moved records, and running the command there would decide on nothing.
+            if (auto r = refresh(); !r)
+                return r.error(); // nothing ran
+            if (auto refused = unsettledError(redirect->slot))
+                return *refused;
+            if (!(m_map.master(redirect->slot) == redirect->node)) {
+                // The node that told the map has not heard yet: read again before the next command.
+                m_map.setMaster(redirect->slot, redirect->node);
+                m_stale = true;
+            }
         }
         context = connectTo(redirect->node);
         if (context)

@@ -5,6 +5,7 @@
 
 #include <QByteArray>
 #include <QByteArrayView>
+#include <QElapsedTimer>
 #include <QHash>
 #include <QList>
 
@@ -72,6 +73,17 @@ private:
     QList<ClusterNode> m_replicas;
 };
 
+// What one node says of itself in CLUSTER NODES (its `myself` line): its id and the slots it is
+// importing ("[slot-<-from-id]") or migrating ("[slot->-to-id]"). Only the node itself shows
+// them, and a replica that takes over does not inherit them.
+struct SlotMoves
+{
+    QByteArray id;
+    QHash<int, QByteArray> importing; // slot → the id of the node it comes from
+    QHash<int, QByteArray> migrating; // slot → the id of the node it goes to
+    static std::optional<SlotMoves> fromClusterNodes(QByteArrayView text);
+};
+
 // The nodes (masters and replicas) the latest slot map read in this process for the cluster
 // these seeds name, and the setter refresh() calls: a new ClusterLinks falls back on them when
 // no seed answers. Thread-safe.
@@ -79,10 +91,17 @@ QList<ClusterNode> knownNodes(const QList<ClusterNode> &seeds);
 void learnNodes(const QList<ClusterNode> &seeds, const QList<ClusterNode> &nodes);
 
 // Blocking connections to a cluster's masters, for one RedisStore (one thread; NOT
-// thread-safe). Connects lazily to the master of each slot asked for; re-reads the slot map
-// (from any node it knows, seeds first) when it is stale: after a MOVED, a CLUSTERDOWN, a lost
-// connection or a slot without master. Errors are values: ErrorCode::Unavailable (503) when
+// thread-safe). Connects lazily to the master of each slot asked for (a link the node closed
+// while idle is replaced before use); re-reads the slot map (from any node it knows, seeds
+// first, nodes that failed lately last) when it is stale: after a MOVED, a CLUSTERDOWN, a lost
+// connection or a slot without master. A slot that some master is importing while its owner is
+// not migrating it there (the owner failed over during a reshard: its replica never had the
+// MIGRATING flag nor the moved records) is refused until it is settled. A node that failed
+// (process-wide, for 10 s or until it answers) is not asked for the moves: requests for other
+// masters' slots never wait on a hung one. Errors are values: ErrorCode::Unavailable (503) when
 // nothing ran, InDoubt for a write whose answer was lost — never retried here.
+// Contexts handed out stay valid only until the next call that may read the map (link(),
+// current(), command(), refresh(), linkTo()): hold an address, not a context, across those.
 class ClusterLinks
 {
 public:
@@ -92,9 +111,14 @@ public:
     ClusterLinks(const ClusterLinks &) = delete;
     ClusterLinks &operator=(const ClusterLinks &) = delete;
 
-    // Reads CLUSTER SLOTS from the first node that answers it.
+    // Reads CLUSTER SLOTS from the first node that answers it within 1 s, then each master's own
+    // CLUSTER NODES line (pipelined, each answer waited for up to 1 s) for the slots half-moved
+    // without their owner's migration. A master that does not answer, or failed lately, keeps what
+    // it said last; that alone does not make the map stale.
     Result<void> refresh();
     // The connection to the slot's master (connected on first use); refreshes a stale map first.
+    // A half-moved slot (see above) is Unavailable; while there is one, the state is re-read at
+    // most once a second on use, so the slot is served again once it is settled.
     Result<redisContext *> link(int slot);
     // The connection used last (for commands on no key: WAIT after a write, SCRIPT LOAD after a
     // NOSCRIPT), else any master's.
@@ -107,17 +131,36 @@ public:
     Result<Reply> command(const QList<QByteArray> &args, bool writes);
     // The connection to one node (a master from map()), connected on first use.
     Result<redisContext *> linkTo(const ClusterNode &node) { return connectTo(node); }
-    // The masters written to since the last takeWritten() (WAIT goes to each).
+    // The masters written to since the last takeWritten() (WAIT goes to each). Unavailable when
+    // the link of one was dropped meanwhile: a WAIT on a new link would wait for nothing.
     void markWritten(redisContext *context);
-    QList<redisContext *> takeWritten();
-    // A lost connection: drop it, re-read the map before the next command.
+    Result<QList<redisContext *>> takeWritten();
+    // While off, writes are not marked: the index writes, a derived view never waited for.
+    void setMarkingWrites(bool on) { m_markingWrites = on; }
+    // A lost connection: drop it, mark its node failed, re-read the map before the next command.
     void broken(redisContext *context);
+    // An answer came on this connection: its node is not failing (see above).
+    void answered(const redisContext *context);
     void markStale() { m_stale = true; }
+    // How many connections were dropped so far: a caller holding contexts across link() calls
+    // (a pipeline being routed) checks it did not change — a refresh may drop any connection.
+    quint64 dropped() const { return m_dropped; }
     const SlotMap &map() const { return m_map; }
+    // Slot → the master importing it, for the half-moved slots the last refresh() found.
+    const QHash<int, ClusterNode> &unsettled() const { return m_unsettled; }
     QList<ClusterNode> seeds() const { return m_seeds; }
 
 private:
     Result<redisContext *> connectTo(const ClusterNode &node);
+    QByteArray addressOf(const redisContext *context) const;
+    // Frees the connection; `failed`: its node did not answer (marked, see above).
+    void drop(redisContext *context, bool failed);
+    void readMoves();
+    // How long a map read (CLUSTER SLOTS, each master's CLUSTER NODES) waits for an answer.
+    static constexpr int kMapReadTimeoutMs = 1000;
+    // A half-moved slot so for this long is worth an operator's `redis-cli --cluster fix`.
+    static constexpr qint64 kSettleHintMs = 5000;
+    std::optional<Error> unsettledError(int slot);
 
     QList<ClusterNode> m_seeds;
     int m_connectTimeoutMs;
@@ -128,6 +171,13 @@ private:
     QHash<QByteArray, redisContext *> m_links; // by address
     redisContext *m_current = nullptr;
     QList<redisContext *> m_written;
+    bool m_writtenLost = false; // a link in m_written was dropped
+    bool m_markingWrites = true;
+    QHash<QByteArray, SlotMoves> m_moves; // by master address: what each said of itself last
+    QHash<int, ClusterNode> m_unsettled;  // slot → the master importing it
+    QHash<int, QElapsedTimer> m_unsettledSince; // since when, by the same importer
+    QElapsedTimer m_movesRead;            // since the moves were read
+    quint64 m_dropped = 0;                // connections dropped (broken())
 };
 
 } // namespace idem::redis

@@ -241,15 +241,30 @@ Result<std::vector<RedisStore::Reply>> RedisStore::clusterPipeline(const QList<Q
         replies.emplace_back(nullptr, freeReplyObject);
     QHash<redisContext *, QList<qsizetype>> byNode;
     QList<redisContext *> order;
-    for (qsizetype i = 0; i < commands.size(); ++i) {
-        // A command without a key (TIME) goes where ClusterLinks::command sends one.
-        const int slot = redis::commandSlot(commands.at(i));
-        auto c = slot >= 0 ? m_cluster->link(slot) : m_cluster->current();
-        if (!c)
-            return makeError(c.error().code, u"Redis %1: %2"_qs.arg(m_url.display(), c.error().message));
-        if (!byNode.contains(*c))
-            order.append(*c);
-        byNode[*c].append(i);
+    for (int pass = 0;; ++pass) {
+        // Routing may read the slot map again (stale, or a half-moved slot re-checked), which may
+        // drop a connection taken for an earlier command: then routed again (nothing sent yet).
+        const quint64 dropped = m_cluster->dropped();
+        byNode.clear();
+        order.clear();
+        for (qsizetype i = 0; i < commands.size(); ++i) {
+            // A command without a key (TIME) goes where ClusterLinks::command sends one.
+            const int slot = redis::commandSlot(commands.at(i));
+            auto c = slot >= 0 ? m_cluster->link(slot) : m_cluster->current();
+            if (!c)
+                return makeError(c.error().code,
+                                 u"Redis %1: %2"_qs.arg(m_url.display(), c.error().message));
+            if (!byNode.contains(*c))
+                order.append(*c);
+            byNode[*c].append(i);
+        }
+        if (m_cluster->dropped() == dropped)
+            break;
+        if (pass > 0)
+            return makeError(
+                ErrorCode::Unavailable,
+                u"Redis %1: cluster connections dropped while routing the commands"_qs.arg(
+                    m_url.display()));
     }
     for (redisContext *c : std::as_const(order))
         for (qsizetype i : byNode.value(c)) {
@@ -269,6 +284,7 @@ Result<std::vector<RedisStore::Reply>> RedisStore::clusterPipeline(const QList<Q
             }
             replies[size_t(i)].reset(static_cast<redisReply *>(raw));
         }
+        m_cluster->answered(c);
         if (writes)
             m_cluster->markWritten(c);
     }
@@ -289,10 +305,15 @@ Result<std::vector<RedisStore::Reply>> RedisStore::clusterPipeline(const QList<Q
 
 void RedisStore::writeIndexes(const redis::IndexBatch &batch)
 {
-    if (!batch.isEmpty())
-        (void)pipeline(batch.commands(m_prefix), true); // lost: listing and purge repair it
+    if (batch.isEmpty())
+        return;
+    // A derived view: not waited for (wait_replicas). Only these writes are left unmarked —
+    // taking every write here took the record's too, so no claim or finish was waited for.
     if (m_cluster)
-        m_cluster->takeWritten(); // a derived view: never waited for (wait_replicas)
+        m_cluster->setMarkingWrites(false);
+    (void)pipeline(batch.commands(m_prefix), true); // lost: listing and purge repair it
+    if (m_cluster)
+        m_cluster->setMarkingWrites(true);
 }
 
 Result<RedisStore::Reply> RedisStore::script(const char *name, const QList<QByteArray> &args,
@@ -319,7 +340,11 @@ Result<void> RedisStore::waitForReplicas()
     if (m_cluster) {
         // Each master the writes went to; the least acknowledged count decides.
         long long least = m_url.waitReplicas;
-        for (redisContext *c : m_cluster->takeWritten()) {
+        auto written = m_cluster->takeWritten();
+        if (!written)
+            return makeError(written.error().code,
+                             u"Redis %1: %2"_qs.arg(m_url.display(), written.error().message));
+        for (redisContext *c : std::as_const(*written)) {
             auto *raw = static_cast<redisReply *>(
                 redisCommand(c, "WAIT %d %d", m_url.waitReplicas, m_url.waitTimeoutMs));
             if (!raw) {
@@ -1115,13 +1140,29 @@ Result<qint64> RedisStore::migrateLayout(bool confirmed)
 Result<void> RedisStore::scanAll(const QByteArray &match,
                                  const std::function<Result<void>(const QList<QByteArray> &)> &each)
 {
-    // Every key of the pattern, a thousand at a time: on a cluster, of every master.
-    auto nodes = scanNodes();
-    if (!nodes)
-        return nodes.error();
-    for (const auto &[address, node] : std::as_const(*nodes)) {
+    // Every key of the pattern, a thousand at a time: on a cluster, of every master (the slot
+    // map read again).
+    QList<redis::ClusterNode> masters{redis::ClusterNode()}; // the single Redis
+    if (m_cluster) {
+        if (auto r = m_cluster->refresh(); !r)
+            return makeError(r.error().code,
+                             u"Redis %1: %2"_qs.arg(m_url.display(), r.error().message));
+        masters = m_cluster->map().masters();
+    }
+    for (const redis::ClusterNode &master : std::as_const(masters)) {
         QByteArray cursor = "0";
         do {
+            // The master's connection is asked for on each page: `each` routes commands of its
+            // own, and a map read or a dropped link there frees connections (one held across it
+            // was used after it was freed).
+            redisContext *node = m_context;
+            if (m_cluster) {
+                auto c = m_cluster->linkTo(master);
+                if (!c)
+                    return makeError(c.error().code,
+                                     u"Redis %1: %2"_qs.arg(m_url.display(), c.error().message));
+                node = *c;
+            }
             auto page = scanStep(node, cursor, match);
             if (!page)
                 return page.error();
@@ -1156,7 +1197,7 @@ Result<qint64> RedisStore::migrateV2(bool confirmed)
             const qint64 ago =
                 *now - text(entries->element[0]->element[0]).split('-').value(0).toLongLong();
             if (ago < 120'000)
-                return makeError(ErrorCode::Unavailable,
+                return makeError(ErrorCode::Conflict,
                                  u"Redis %1 holds records of layout v2 and a delivery was logged "
                                  u"%2 s ago (instance %3): stop every "
                                  u"desk of the previous version, then run idemdesk migrate"_qs.arg(
@@ -1171,7 +1212,7 @@ Result<qint64> RedisStore::migrateV2(bool confirmed)
     if (!locked)
         return locked.error();
     if ((*locked)->type == REDIS_REPLY_NIL)
-        return makeError(ErrorCode::Unavailable,
+        return makeError(ErrorCode::Conflict,
                          u"Redis %1: another desk is migrating the records to layout v3 (%2 is "
                          u"set): start again when "
                          u"it has finished"_qs.arg(m_url.display(), QString::fromUtf8(lock)));
@@ -1263,10 +1304,11 @@ Result<qint64> RedisStore::migrateV1()
             if (!found)
                 return found.error();
             if ((*found)->integer != 0)
-                return makeError(ErrorCode::Unavailable,
-                                 u"Redis Cluster %1 holds records of layout v1 (%2): migrate them on a single Redis "
-                                 u"(idemdesk migrate), then move them to the cluster"_qs
-                                     .arg(m_url.display(), QString::fromUtf8(v1Key)));
+                return makeError(ErrorCode::Conflict,
+                                 u"Redis Cluster %1 holds records of layout v1 (%2): migrate them "
+                                 u"on a single Redis "
+                                 u"(idemdesk migrate), then move them to the cluster"_qs.arg(
+                                     m_url.display(), QString::fromUtf8(v1Key)));
         }
         return 0;
     }

@@ -3,6 +3,7 @@
 // starts (IDEM_TEST_REDIS_CLUSTER_URL).
 #include "http/blockingclient.h"
 #include "store/rediscluster.h"
+#include "store/redisprotocol.h"
 #include "store/redisstore.h"
 #include "store/storefactory.h"
 #include "store/storeurl.h"
@@ -18,6 +19,7 @@
 #include <QScopeGuard>
 #include <QTest>
 
+#include <algorithm>
 #include <atomic>
 #include <csignal>
 #include <mutex>
@@ -86,6 +88,31 @@ void moveSlot(int slot, int fromPort, int toPort, const QList<int> &masterPorts)
     for (int port : masterPorts)
         if (port != fromPort && port != toPort)
             cli(port, {u"CLUSTER"_qs, u"SETSLOT"_qs, s, u"NODE"_qs, toId});
+}
+
+// How many CLUSTER NODES the node at `port` ran so far.
+int clusterNodesCalls(int port)
+{
+    const QByteArray stats = cli(port, {u"INFO"_qs, u"commandstats"_qs});
+    const qsizetype at = stats.indexOf("cmdstat_cluster|nodes:calls=");
+    if (at < 0)
+        return 0;
+    return stats.mid(at + 28).split(',').first().toInt();
+}
+
+// The pid of the Redis at `port`, and the port of its first replica.
+qint64 serverPid(int port)
+{
+    const QByteArray info = cli(port, {u"INFO"_qs, u"server"_qs});
+    return info.mid(info.indexOf("process_id:") + 11).split('\r').first().toLongLong();
+}
+int replicaPort(int port)
+{
+    const QByteArray replication = cli(port, {u"INFO"_qs, u"replication"_qs});
+    const qsizetype at = replication.indexOf("slave0:");
+    if (at < 0)
+        return 0;
+    return replication.mid(replication.indexOf("port=", at) + 5).split(',').first().toInt();
 }
 
 // A key (hash-tagged) whose slot is `slot`.
@@ -329,6 +356,211 @@ private Q_SLOTS:
         QVERIFY2(r.error().message.contains(u"redirects"_qs), qPrintable(r.error().message));
     }
 
+    // A node's own CLUSTER NODES line: the slots it is migrating and importing.
+    void slotMovesParse()
+    {
+        const QByteArray other = "07c37dfeb235213a872192d90877d0cd55635b91 127.0.0.1:30004@31004 "
+                                 "master - 0 1426238317239 4 connected 5461-10922 "
+                                 "[77->-e7d1eecce10fd6bb5eb35b9f99a514335d9ba9ca]\n";
+        const QByteArray mine =
+            "e7d1eecce10fd6bb5eb35b9f99a514335d9ba9ca 127.0.0.1:30001@31001,host myself,master - 0 "
+            "0 "
+            "1 connected 0-5460 16000 [93->-292f8b365bb7edb5e285caf0b7e6ddc7265d2f4f] "
+            "[1002-<-67ed2db8d677e59ec4a4cefb06858cf2a1a89fa1]\n";
+        auto moves = SlotMoves::fromClusterNodes(other + mine);
+        QVERIFY(moves);
+        QCOMPARE(moves->id, QByteArray("e7d1eecce10fd6bb5eb35b9f99a514335d9ba9ca"));
+        QCOMPARE(moves->migrating.size(), 1);
+        QCOMPARE(moves->migrating.value(93),
+                 QByteArray("292f8b365bb7edb5e285caf0b7e6ddc7265d2f4f"));
+        QCOMPARE(moves->importing.size(), 1);
+        QCOMPARE(moves->importing.value(1002),
+                 QByteArray("67ed2db8d677e59ec4a4cefb06858cf2a1a89fa1"));
+        QVERIFY(!SlotMoves::fromClusterNodes(other)); // not the node's own line
+    }
+
+    // A reshard cut short by a failover: the slot's records were MIGRATEd to the importing master,
+    // then the source's replica took over — without the MIGRATING flag (never replicated), so it
+    // serves the slot as if nothing had moved. A completed key sent again is refused (503), never
+    // claimed there; once the operator settles the slot (SETSLOT NODE, as `redis-cli --cluster fix`
+    // does) the same desk, not restarted, answers it from its record.
+    void failoverMidReshardIsRefusedUntilSettled()
+    {
+        QList<int> ports;
+        for (const QString &p : qEnvironmentVariable("IDEM_TEST_REDIS_CLUSTER_PORTS").split(u','))
+            ports << p.toInt();
+        if (ports.size() != 6)
+            QFAIL("IDEM_TEST_REDIS_CLUSTER_PORTS is not set: run the suite through ./dev test");
+        QVERIFY2(waitUntil([&] { return clusterWhole(ports); }, 30'000),
+                 "the cluster is not whole");
+
+        idem::test::CountingDownstream down;
+        const QByteArray prefix = "mr" + g_run + ":";
+        const QString url = qEnvironmentVariable("IDEM_TEST_REDIS_CLUSTER_URL") + u"?prefix="_qs +
+                            QString::fromLatin1(prefix);
+        idem::test::Desk desk =
+            idem::test::startDesk("{\"endpoints\": [{\"name\": \"mr\", \"forward_to\": \"" +
+                                      down.url().toString().toUtf8() + "\"}]}",
+                                  url);
+        // Three keys of one slot (a record's slot is its key's, "mr:<id>"), each completed.
+        const QByteArray base = "k" + g_run + "-";
+        const int slot = keySlot("mr:" + base + "0");
+        QList<QByteArray> ids{base + "0"};
+        for (int i = 1; ids.size() < 3; ++i)
+            if (keySlot("mr:" + base + QByteArray::number(i)) == slot)
+                ids << base + QByteArray::number(i);
+        auto deliver = [&](const QByteArray &id) {
+            return post(desk.port, "/hooks/mr", "{}", {{"Idempotency-Key", id}});
+        };
+        for (const QByteArray &id : std::as_const(ids)) {
+            const ClientResponse r = deliver(id);
+            QCOMPARE(r.status, 200);
+            QCOMPARE(down.count("mr:" + id), 1);
+        }
+
+        auto l = links();
+        QVERIFY(l->refresh().ok());
+        const ClusterNode from = *l->map().master(slot);
+        const QList<ClusterNode> masters = l->map().masters();
+        const ClusterNode to = masters.first() == from ? masters.at(1) : masters.first();
+        const QString s = QString::number(slot);
+        const QString fromId = QString::fromUtf8(nodeId(from.port)),
+                      toId = QString::fromUtf8(nodeId(to.port));
+        const QByteArray replication = cli(from.port, {u"INFO"_qs, u"replication"_qs});
+        const qsizetype at = replication.indexOf("slave0:");
+        QVERIFY2(at >= 0, replication.constData());
+        const int replicaPort =
+            replication.mid(replication.indexOf("port=", at) + 5).split(',').first().toInt();
+        QVERIFY(replicaPort > 0);
+
+        // Whatever happens, the slot ends settled on `to` (its keys are there): later tests need a
+        // whole cluster. Keys some other master holds in the slot (a duplicate claimed there) go.
+        auto settle = [&] {
+            QStringList answers;
+            answers << QString::fromUtf8(
+                cli(to.port, {u"CLUSTER"_qs, u"SETSLOT"_qs, s, u"NODE"_qs, toId}));
+            for (int port : std::as_const(ports)) {
+                if (port == to.port || !cli(port, {u"ROLE"_qs}).startsWith("master"))
+                    continue;
+                const QByteArray stray =
+                    cli(port, {u"CLUSTER"_qs, u"GETKEYSINSLOT"_qs, s, u"1000"_qs});
+                for (const QByteArray &key : stray.split('\n'))
+                    if (!key.isEmpty())
+                        cli(port, {u"DEL"_qs, QString::fromUtf8(key)});
+                answers << QString::fromUtf8(
+                    cli(port, {u"CLUSTER"_qs, u"SETSLOT"_qs, s, u"NODE"_qs, toId}));
+            }
+            return answers;
+        };
+        auto settled = qScopeGuard([&] { settle(); });
+
+        // Half-moved, as `redis-cli --cluster reshard` does it: IMPORTING, MIGRATING, MIGRATE.
+        QCOMPARE(cli(to.port, {u"CLUSTER"_qs, u"SETSLOT"_qs, s, u"IMPORTING"_qs, fromId}),
+                 QByteArray("OK"));
+        QCOMPARE(cli(from.port, {u"CLUSTER"_qs, u"SETSLOT"_qs, s, u"MIGRATING"_qs, toId}),
+                 QByteArray("OK"));
+        const QByteArray keys = cli(from.port, {u"CLUSTER"_qs, u"GETKEYSINSLOT"_qs, s, u"1000"_qs});
+        QVERIFY2(keys.contains(redis::recordKey(prefix, QString::fromUtf8("mr:" + ids.first()))),
+                 keys.constData());
+        for (const QByteArray &key : keys.split('\n'))
+            QCOMPARE(cli(from.port, {u"MIGRATE"_qs, u"127.0.0.1"_qs, QString::number(to.port),
+                                     QString::fromUtf8(key), u"0"_qs, u"5000"_qs}),
+                     QByteArray("OK"));
+        // The source's replica takes over before SETSLOT NODE.
+        QCOMPARE(cli(replicaPort, {u"CLUSTER"_qs, u"FAILOVER"_qs}), QByteArray("OK"));
+        // Asked of the two nodes themselves: the importing node ignores news of a slot it imports
+        // (it still names the old owner, and reports cluster_state:fail until settled).
+        QVERIFY2(waitUntil(
+                     [&] {
+                         return cli(replicaPort, {u"ROLE"_qs}).startsWith("master") &&
+                                cli(from.port, {u"ROLE"_qs}).startsWith("slave");
+                     },
+                     30'000),
+                 "the replica did not take over");
+
+        // Every completed key sent again: refused, run nowhere, claimed nowhere.
+        for (const QByteArray &id : std::as_const(ids)) {
+            const ClientResponse r = deliver(id);
+            QVERIFY2(r.status == 503, qPrintable(u"%1 %2"_qs.arg(r.status).arg(
+                                          QString::fromUtf8(r.body.left(300)))));
+            QCOMPARE(down.count("mr:" + id), 1);
+            QCOMPARE(cli(replicaPort, {u"EXISTS"_qs, QString::fromUtf8(redis::recordKey(
+                                                         prefix, QString::fromUtf8("mr:" + id)))}),
+                     QByteArray("0"));
+        }
+        {
+            // Told to run `--cluster fix` only once the state lasted across reads seconds apart
+            // (a reshard being set up looks the same for a moment).
+            ClusterLinks direct(m_seeds, 2000, 3000, {});
+            const QList<QByteArray> get{
+                "GET", redis::recordKey(prefix, QString::fromUtf8("mr:" + ids.first()))};
+            auto r = direct.command(get, false);
+            QVERIFY(!r.ok());
+            QCOMPARE(r.error().code, ErrorCode::Unavailable);
+            QVERIFY2(r.error().message.contains(u"half-moved"_qs) &&
+                         !r.error().message.contains(u"--cluster fix"_qs),
+                     qPrintable(r.error().message));
+            QString last;
+            QVERIFY2(waitUntil(
+                         [&] {
+                             auto again = direct.command(get, false);
+                             last = again ? u"served"_qs : again.error().message;
+                             return last.contains(u"redis-cli --cluster fix"_qs);
+                         },
+                         30'000),
+                     qPrintable(last));
+        }
+
+        // Settled: the same desk answers each from its record, run once in all.
+        const QStringList answers = settle();
+        QVERIFY2(std::all_of(answers.begin(), answers.end(),
+                             [](const QString &a) { return a == u"OK"_qs; }),
+                 qPrintable(answers.join(u"; "_qs)));
+        // (Until every node has the news a delivery may still be refused: 503, run nowhere.)
+        for (const QByteArray &id : std::as_const(ids)) {
+            ClientResponse r;
+            QVERIFY2(waitUntil([&] { return (r = deliver(id)).status != 503; }, 30'000),
+                     "the settled slot is not served again");
+            QCOMPARE(r.status, 200);
+            QCOMPARE(r.header("Idempotency-Outcome"), QByteArray("replayed"));
+            QCOMPARE(down.count("mr:" + id), 1);
+        }
+        QVERIFY2(waitUntil([&] { return clusterWhole(ports); }, 30'000),
+                 "the cluster is not whole again");
+    }
+
+    // The CLI checks the store's layout first. When the store cannot answer (here: the slot of
+    // the layout key half-moved, refused; a master down answers CLUSTERDOWN alike) it says so, not
+    // that the store holds records of an earlier layout.
+    void cliSaysTheStoreCannotAnswerNotThatItsLayoutIsOld()
+    {
+        auto l = links();
+        QVERIFY(l->refresh().ok());
+        const QByteArray prefix = "lay" + g_run + ":";
+        const int slot = keySlot(prefix + "layout");
+        const ClusterNode owner = *l->map().master(slot);
+        const QList<ClusterNode> masters = l->map().masters();
+        const ClusterNode importer = masters.first() == owner ? masters.at(1) : masters.first();
+        const QString s = QString::number(slot);
+        QCOMPARE(cli(importer.port, {u"CLUSTER"_qs, u"SETSLOT"_qs, s, u"IMPORTING"_qs,
+                                     QString::fromUtf8(nodeId(owner.port))}),
+                 QByteArray("OK"));
+        auto stable = qScopeGuard([&] {
+            cli(importer.port, {u"CLUSTER"_qs, u"SETSLOT"_qs, s, u"STABLE"_qs});
+        });
+        QProcess p;
+        p.start(QStringLiteral(IDEMDESK_BIN), {u"keys"_qs, u"list"_qs, u"--store"_qs,
+                                               qEnvironmentVariable("IDEM_TEST_REDIS_CLUSTER_URL") +
+                                                   u"?prefix="_qs + QString::fromLatin1(prefix)});
+        QVERIFY(p.waitForFinished(60'000));
+        const QByteArray err = p.readAllStandardError();
+        QVERIFY2(p.exitCode() != 0, err.constData());
+        QVERIFY2(!err.contains("earlier layout"), err.constData());
+        QVERIFY2(err.contains("cannot check or convert the store's layout") &&
+                     err.contains("half-moved"),
+                 err.constData());
+    }
+
     // A plain redis:// URL naming one cluster node is served as the cluster.
     void plainUrlAtAClusterNodeIsServedAsACluster()
     {
@@ -539,6 +771,199 @@ private Q_SLOTS:
         QCOMPARE(notReplayed, 0);
         if (waitReplicas)
             QCOMPARE(secondRuns, 0);
+    }
+
+    // A reshard sets a slot IMPORTING on its target a moment before MIGRATING on its owner: the
+    // slot is refused meanwhile, but not called a failover for `--cluster fix` (unsafe mid-move,
+    // and what the desk said during a normal rebalance); once the owner migrates it, it is served
+    // like any move (ASK), without a restart.
+    void aReshardBeingSetUpIsRefusedWithoutCallingForAFix()
+    {
+        auto l = links();
+        QVERIFY(l->refresh().ok());
+        const int slot = 5151;
+        const ClusterNode owner = *l->map().master(slot);
+        const QList<ClusterNode> masters = l->map().masters();
+        const ClusterNode importer = masters.first() == owner ? masters.at(1) : masters.first();
+        const QString s = QString::number(slot);
+        auto stable = qScopeGuard([&] {
+            for (const ClusterNode &m : {owner, importer})
+                cli(m.port, {u"CLUSTER"_qs, u"SETSLOT"_qs, s, u"STABLE"_qs});
+        });
+        QCOMPARE(cli(importer.port, {u"CLUSTER"_qs, u"SETSLOT"_qs, s, u"IMPORTING"_qs,
+                                     QString::fromUtf8(nodeId(owner.port))}),
+                 QByteArray("OK"));
+        const QList<QByteArray> get{"GET", keyInSlot(slot, ":setup")};
+        l = links(); // a desk reading the map now (one started, or after a MOVED)
+        auto r = l->command(get, false);
+        QVERIFY(!r.ok());
+        QCOMPARE(r.error().code, ErrorCode::Unavailable);
+        QVERIFY2(r.error().message.contains(u"half-moved"_qs) &&
+                     r.error().message.contains(u"reshard about to move it"_qs) &&
+                     !r.error().message.contains(u"--cluster fix"_qs),
+                 qPrintable(r.error().message));
+        QCOMPARE(cli(owner.port, {u"CLUSTER"_qs, u"SETSLOT"_qs, s, u"MIGRATING"_qs,
+                                  QString::fromUtf8(nodeId(importer.port))}),
+                 QByteArray("OK"));
+        QString last;
+        QVERIFY2(waitUntil(
+                     [&] {
+                         auto again = l->command(get, false);
+                         last = again ? QString() : again.error().message;
+                         return again.ok();
+                     },
+                     10'000),
+                 qPrintable(last));
+    }
+
+    // A node closes the desk's idle connections (a restart, CLIENT KILL, its idle timeout): each
+    // pool worker's next use of its link gets a new connection, not a 503 for the old one.
+    void linksClosedWhileIdleAreReplaced()
+    {
+        QVERIFY2(waitUntil([&] { return clusterWhole(m_ports); }, 30'000),
+                 "the cluster is not whole");
+        const auto killNormalClients = [&] {
+            int killed = 0;
+            for (int port : std::as_const(m_ports))
+                if (cli(port, {u"ROLE"_qs}).startsWith("master"))
+                    killed +=
+                        cli(port, {u"CLIENT"_qs, u"KILL"_qs, u"TYPE"_qs, u"normal"_qs}).toInt();
+            return killed;
+        };
+        {
+            // A command on no key (TIME) goes on the link used last: replaced as well.
+            auto l = links();
+            QVERIFY(l->command({"SET", "idle:" + g_run, "v"}, true).ok());
+            QVERIFY(killNormalClients() > 0);
+            auto time = l->command({"TIME"}, false);
+            QVERIFY2(time.ok(), time.ok() ? "" : qPrintable(time.error().message));
+        }
+        idem::test::CountingDownstream down;
+        const QByteArray prefix = "idle" + g_run + ":";
+        idem::test::Desk desk =
+            idem::test::startDesk("{\"endpoints\": [{\"name\": \"idle\", \"forward_to\": \"" +
+                                      down.url().toString().toUtf8() + "\"}]}",
+                                  qEnvironmentVariable("IDEM_TEST_REDIS_CLUSTER_URL") +
+                                      u"?prefix="_qs + QString::fromLatin1(prefix));
+        // Every worker gets a link to every master (deliveries on many slots, four at a time).
+        auto deliverAll = [&](const QByteArray &round) {
+            QStringList refused;
+            std::mutex mutex;
+            std::vector<std::thread> senders;
+            for (int t = 0; t < 4; ++t)
+                senders.emplace_back([&, t] {
+                    for (int i = 0; i < 10; ++i) {
+                        const QByteArray id =
+                            round + QByteArray::number(t) + "-" + QByteArray::number(i);
+                        const ClientResponse r =
+                            post(desk.port, "/hooks/idle", "{}", {{"Idempotency-Key", id}});
+                        if (r.status != 200) {
+                            std::lock_guard lock(mutex);
+                            refused << QString::number(r.status) + u" "_qs +
+                                           QString::fromUtf8(r.body.left(200));
+                        }
+                    }
+                });
+            for (auto &t : senders)
+                t.join();
+            return refused;
+        };
+        QStringList refused = deliverAll("warm");
+        QVERIFY2(refused.isEmpty(), qPrintable(refused.join(u"; "_qs)));
+        QVERIFY2(killNormalClients() > 0, "no connection of the desk was killed");
+        refused = deliverAll("after");
+        QVERIFY2(refused.isEmpty(),
+                 qPrintable(u"%1 refused: %2"_qs.arg(refused.size()).arg(refused.join(u"; "_qs))));
+    }
+
+    // One master hung (SIGSTOP; its replica may not take over here, and the cluster serves the
+    // other slots meanwhile). A request for its slot waits its own timeout and fails; requests
+    // for the other masters' slots then read the map and the moves from the others and never
+    // ask it: it was asked its moves on each of them (3 s waited each time, and its failure made
+    // the map stale again for the next), so every slot stalled behind it.
+    void aHungMasterIsNotWaitedOnByOtherSlots()
+    {
+        QVERIFY2(waitUntil([&] { return clusterWhole(m_ports); }, 30'000),
+                 "the cluster is not whole");
+        auto l = links();
+        QVERIFY(l->refresh().ok());
+        const QList<ClusterNode> masters = l->map().masters();
+        const ClusterNode victim = masters.last();
+        const qint64 pid = serverPid(victim.port);
+        const int replica = replicaPort(victim.port);
+        QVERIFY(pid > 0 && replica > 0);
+        const auto setAll = [&](const QString &name, const QString &value) {
+            for (int port : std::as_const(m_ports))
+                cli(port, {u"CONFIG"_qs, u"SET"_qs, name, value});
+        };
+        setAll(u"cluster-require-full-coverage"_qs, u"no"_qs);
+        cli(replica, {u"CONFIG"_qs, u"SET"_qs, u"cluster-replica-no-failover"_qs, u"yes"_qs});
+        auto resumed = qScopeGuard([&] {
+            ::kill(pid_t(pid), SIGCONT);
+            cli(replica, {u"CONFIG"_qs, u"SET"_qs, u"cluster-replica-no-failover"_qs, u"no"_qs});
+            setAll(u"cluster-require-full-coverage"_qs, u"yes"_qs);
+            waitUntil([&] { return clusterWhole(m_ports); }, 30'000);
+        });
+        int victimSlot = 0;
+        while (!(*l->map().master(victimSlot) == victim))
+            ++victimSlot;
+        QList<int> healthySlots; // on both other masters
+        for (int slot = 0; slot < kSlots && healthySlots.size() < 6; slot += 997)
+            if (!(*l->map().master(slot) == victim))
+                healthySlots << slot;
+        QCOMPARE(healthySlots.size(), 6);
+        const int callsBefore = clusterNodesCalls(victim.port);
+
+        QCOMPARE(::kill(pid_t(pid), SIGSTOP), 0);
+        auto onVictim = l->command({"GET", keyInSlot(victimSlot, ":hung")}, false);
+        QVERIFY(!onVictim.ok()); // its own timeout
+        QElapsedTimer took;
+        took.start();
+        int served = 0;
+        for (int slot : std::as_const(healthySlots))
+            served += l->command({"GET", keyInSlot(slot, ":healthy")}, false).ok();
+        qInfo("6 requests on the other masters' slots with one master hung: %lld ms",
+              qint64(took.elapsed()));
+        QCOMPARE(served, 6);
+        QCOMPARE(::kill(pid_t(pid), SIGCONT), 0);
+        // What it was asked while hung it runs once resumed, before the new connection of the
+        // count (the dropped connections' bytes were waiting).
+        QCOMPARE(clusterNodesCalls(victim.port) - callsBefore, 0);
+    }
+
+    // wait_replicas on a cluster waits for the record's master: with its replica paused, a new
+    // key is refused (503) and not run. The index writes after the claim took every write marked
+    // until then, the record's too, so no claim or finish was waited for (200, processed).
+    void waitReplicasWaitsForTheRecordsMaster()
+    {
+        QVERIFY2(waitUntil([&] { return clusterWhole(m_ports); }, 30'000),
+                 "the cluster is not whole");
+        idem::test::CountingDownstream down;
+        const QByteArray prefix = "wr" + g_run + ":";
+        idem::test::Desk desk = idem::test::startDesk(
+            "{\"endpoints\": [{\"name\": \"wr\", \"forward_to\": \"" +
+                down.url().toString().toUtf8() + "\"}]}",
+            qEnvironmentVariable("IDEM_TEST_REDIS_CLUSTER_URL") + u"?prefix="_qs +
+                QString::fromLatin1(prefix) + u"&wait_replicas=1&wait_timeout_ms=300"_qs);
+        auto deliver = [&](const QByteArray &id) {
+            return post(desk.port, "/hooks/wr", "{}", {{"Idempotency-Key", id}});
+        };
+        const QByteArray before = "k" + g_run + "-acked";
+        QCOMPARE(deliver(before).status, 200); // replicas acknowledge: served
+        const QByteArray id = "k" + g_run + "-paused";
+        auto l = links();
+        QVERIFY(l->refresh().ok());
+        const ClusterNode master = *l->map().master(keySlot("wr:" + id));
+        const qint64 replicaPid = serverPid(replicaPort(master.port));
+        QVERIFY(replicaPid > 0);
+        QCOMPARE(::kill(pid_t(replicaPid), SIGSTOP), 0);
+        auto resumed = qScopeGuard([&] { ::kill(pid_t(replicaPid), SIGCONT); });
+        const ClientResponse r = deliver(id);
+        QCOMPARE(::kill(pid_t(replicaPid), SIGCONT), 0);
+        resumed.dismiss();
+        QVERIFY2(r.status == 503,
+                 qPrintable(u"%1 %2"_qs.arg(r.status).arg(QString::fromUtf8(r.body.left(300)))));
+        QCOMPARE(down.count("wr:" + id), 0);
     }
 
     // No node reachable: an error naming what was tried, no hang.
