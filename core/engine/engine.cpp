@@ -223,10 +223,11 @@ IdempotencyEngine::IdempotencyEngine(Config config, std::shared_ptr<StorePool> p
         processor->setParent(this); // moves with the engine to the receiver thread
         m_processors.emplace(e.name, processor);
     }
-    m_payloadTokens = kPayloadsPerMinute; // a full burst to start with
-    m_payloadRefillMs = monotonicUs() / 1000;
-    m_rejections.resize(size_t(m_config.endpoints.size()),
-                        RejectionBudget{kRejectionBurst, m_payloadRefillMs, 0, 0, {}, {}});
+    const qint64 nowMs = monotonicUs() / 1000;
+    m_payloads = TokenBucket(kPayloadsPerMinute, kPayloadsPerMinute, nowMs);
+    m_rejections.resize(
+        size_t(m_config.endpoints.size()),
+        RejectionBudget{TokenBucket(kRejectionBurst, kRejectionsPerMinute, nowMs), 0, 0, {}, {}});
     m_logTimer.setInterval(200);
     m_logTimer.setParent(this);
     connect(&m_logTimer, &QTimer::timeout, this, &IdempotencyEngine::flushLog);
@@ -651,13 +652,8 @@ bool IdempotencyEngine::logRejection(const EndpointConfig &endpoint, const Deliv
         return true;
     RejectionBudget &b = m_rejections[size_t(i)];
     const qint64 now = monotonicUs() / 1000;
-    b.tokens = std::min(kRejectionBurst,
-                        b.tokens + double(now - b.refillMs) * kRejectionsPerMinute / 60'000);
-    b.refillMs = now;
-    if (b.tokens >= 1) {
-        b.tokens -= 1;
+    if (b.logged.take(now))
         return true;
-    }
     if (b.unlogged++ == 0) {
         b.sinceMs = now;
         b.first = event;
@@ -1090,15 +1086,7 @@ void IdempotencyEngine::trimLog()
 // One mismatch body more for the delivery log, within kPayloadsPerMinute (a token bucket)?
 bool IdempotencyEngine::keepPayload()
 {
-    const qint64 now = monotonicUs() / 1000;
-    m_payloadTokens =
-        std::min(kPayloadsPerMinute,
-                 m_payloadTokens + double(now - m_payloadRefillMs) * kPayloadsPerMinute / 60'000);
-    m_payloadRefillMs = now;
-    if (m_payloadTokens < 1)
-        return false;
-    m_payloadTokens -= 1;
-    return true;
+    return m_payloads.take(monotonicUs() / 1000);
 }
 
 void IdempotencyEngine::purge()

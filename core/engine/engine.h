@@ -5,6 +5,7 @@
 #include "metrics/metrics.h"
 #include "processing/processor.h"
 #include "store/storepool.h"
+#include "util/tokenbucket.h"
 
 #include <QDeadlineTimer>
 #include <QObject>
@@ -84,8 +85,7 @@ private:
     // are counted, and summariseRejections() writes one entry with their count per interval.
     struct RejectionBudget
     {
-        double tokens = 0;
-        qint64 refillMs = 0; // monotonic
+        TokenBucket logged;
         qint64 unlogged = 0; // rejected deliveries not logged one by one, since sinceMs
         qint64 sinceMs = 0;  // monotonic: when the first of them came
         DeliveryEvent first; // the first of them (its time is the summary's)
@@ -148,8 +148,7 @@ private:
     bool m_logDropping = false; // dropping the oldest since the last write that went through
     QDeadlineTimer m_logRetry;  // after a failed write: when to try again
     std::vector<RejectionBudget> m_rejections; // one per endpoint, in the config's order
-    double m_payloadTokens = 0; // mismatch bodies the log may keep now (keepPayload)
-    qint64 m_payloadRefillMs = 0;
+    TokenBucket m_payloads{0, 0, 0};           // mismatch bodies the log may keep (keepPayload)
     QTimer m_logTimer;
     QTimer m_purgeTimer;
 };
