@@ -9,6 +9,9 @@
 #include <QRegularExpression>
 #include <QSet>
 
+#include <optional>
+#include <vector>
+
 namespace idem {
 
 QStringList builtinProviders()
@@ -198,6 +201,76 @@ void readKeySpec(Reader &parent, const QJsonObject &object, const QString &path,
         parent.error = parent.error ? parent.error : r.error;
 }
 
+// The path of the first member named twice in one object ("endpoints[1].secret"), if any.
+// QJsonDocument keeps the last of the two without a word, so a config naming a secret twice
+// would run on one of them silently. `json` is valid JSON: QJsonDocument has read it.
+std::optional<QString> firstDuplicateMember(const QByteArray &json)
+{
+    struct Level
+    {
+        bool object = false;
+        QString path;
+        QSet<QString> names;
+        QString name;        // the object's member being read
+        qsizetype index = 0; // the array's element being read
+        bool expectName = false;
+    };
+    std::vector<Level> levels;
+    const auto childPath = [&levels] {
+        if (levels.empty())
+            return QString();
+        const Level &l = levels.back();
+        if (!l.object)
+            return l.path + u"[%1]"_qs.arg(l.index);
+        return l.path.isEmpty() ? l.name : l.path + u"."_qs + l.name;
+    };
+    for (qsizetype i = 0; i < json.size(); ++i) {
+        switch (json[i]) {
+        case '{':
+        case '[':
+            levels.push_back({json[i] == '{', childPath(), {}, {}, 0, json[i] == '{'});
+            break;
+        case '}':
+        case ']':
+            if (!levels.empty())
+                levels.pop_back();
+            break;
+        case ',':
+            if (levels.empty())
+                break;
+            if (levels.back().object)
+                levels.back().expectName = true;
+            else
+                ++levels.back().index;
+            break;
+        case '"': {
+            const qsizetype start = i;
+            for (++i; i < json.size() && json[i] != '"'; ++i)
+                if (json[i] == '\\')
+                    ++i;
+            if (levels.empty())
+                break;
+            Level &l = levels.back();
+            if (!l.object || !l.expectName)
+                break;
+            l.expectName = false;
+            // The name as JSON means it, escapes and all.
+            l.name = QJsonDocument::fromJson('[' + json.mid(start, i + 1 - start) + ']')
+                         .array()
+                         .at(0)
+                         .toString();
+            if (l.names.contains(l.name))
+                return childPath();
+            l.names.insert(l.name);
+            break;
+        }
+        default:
+            break;
+        }
+    }
+    return std::nullopt;
+}
+
 } // namespace
 
 Result<Config> Config::load(const QString &path)
@@ -227,6 +300,9 @@ Result<Config> Config::parse(const QByteArray &json, const QString &sourceName)
                                                  parseError.errorString()));
     if (!doc.isObject())
         return makeError(ErrorCode::Invalid, u"%1: the config must be a JSON object"_qs.arg(sourceName));
+    if (const auto twice = firstDuplicateMember(json))
+        return makeError(ErrorCode::Invalid,
+                         u"%1: %2: given twice (only one may be given)"_qs.arg(sourceName, *twice));
 
     Config config;
     config.sourceFile = sourceName;

@@ -125,6 +125,26 @@ private Q_SLOTS:
         QTest::newRow("bad max response") << QByteArray("{\"defaults\": {\"max_response_bytes\": 0}}")
                                           << QStringLiteral("c.json: defaults.max_response_bytes: must be an integer");
         QTest::newRow("empty secret") << QByteArray("{\"endpoints\": [{\"name\": \"a\", \"secret\": \"\"}]}") << QStringLiteral("c.json: endpoints[0].secret: must be a non-empty");
+        // A member named twice: JSON parsers keep one of the two without a word.
+        QTest::newRow("top member twice") << QByteArray("{\"store\": \"a\", \"listen\": \"127.0.0.1:1\", \"store\": \"b\"}") << QStringLiteral("c.json: store: given twice");
+        QTest::newRow("secret twice") << QByteArray("{\"endpoints\": [{\"name\": \"a\"}, {\"name\": \"b\", \"secret\": \"s1\", \"secret\": \"s2\"}]}")
+                                      << QStringLiteral("c.json: endpoints[1].secret: given twice");
+        QTest::newRow("twice, once escaped") << QByteArray("{\"defaults\": {\"ttl_seconds\": 90000, \"ttl_second\\u0073\": 1}}")
+                                             << QStringLiteral("c.json: defaults.ttl_seconds: given twice");
+        QTest::newRow("twice, deep in an array") << QByteArray("{\"endpoints\": [{\"name\": \"a\", \"secret\": [\"x\", \"y\"], \"key\": {\"header\": \"A\", \"header\": \"B\"}}]}")
+                                                 << QStringLiteral("c.json: endpoints[0].key.header: given twice");
+    }
+    // The same name in different objects, and names, braces and commas inside strings, are not
+    // a member given twice.
+    void sameNameInOtherObjectsIsNotTwice()
+    {
+        const QByteArray json =
+            "{\"endpoints\": [{\"name\": \"a\", \"secret\": \"s,{\\\"name\\\": ]\"},"
+            " {\"name\": \"b\", \"secret\": \"name\"}], \"defaults\": {\"ttl_seconds\": 90000}}";
+        auto c = Config::parse(json, QStringLiteral("c.json"));
+        QVERIFY2(c.ok(), c.ok() ? "" : qPrintable(c.error().message));
+        QCOMPARE(c->endpoints.size(), 2);
+        QCOMPARE(c->endpoints.at(0).secrets.value(0), QStringLiteral("s,{\"name\": ]"));
     }
     void errorsNameTheField()
     {
