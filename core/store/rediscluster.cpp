@@ -1,8 +1,7 @@
 #include "store/rediscluster.h"
+#include "store/redisprotocol.h"
 
 #include <hiredis.h>
-
-#include <poll.h>
 
 #include <algorithm>
 #include <array>
@@ -128,16 +127,6 @@ bool mayProbe(const QByteArray &address)
         return false;
     *it = now;
     return true;
-}
-
-// Something to read on a link with no command outstanding — the server closed it (a restart,
-// CLIENT KILL, its timeout) or wrote an error before closing: it cannot serve the next command.
-bool linkClosed(const redisContext *c)
-{
-    if (c->err || c->fd < 0)
-        return true;
-    pollfd p{c->fd, POLLIN | POLLRDHUP, 0};
-    return ::poll(&p, 1, 0) != 0;
 }
 
 constexpr std::array<quint16, 256> crcTable()

@@ -9,6 +9,7 @@
 #include <cstring>
 
 #include <hiredis.h>
+#include <poll.h>
 
 namespace idem::redis {
 
@@ -509,6 +510,14 @@ QList<QList<QByteArray>> IndexBatch::commands(const QByteArray &prefix) const
     if (endpoints.size() > 2)
         commands.append(endpoints);
     return commands;
+}
+
+bool linkClosed(const redisContext *c)
+{
+    if (c->err || c->fd < 0)
+        return true;
+    pollfd p{c->fd, POLLIN | POLLRDHUP, 0};
+    return ::poll(&p, 1, 0) != 0;
 }
 
 } // namespace idem::redis

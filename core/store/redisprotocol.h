@@ -10,6 +10,7 @@
 #include <vector>
 
 struct redisReply;
+struct redisContext;
 
 namespace idem::redis {
 
@@ -99,6 +100,9 @@ struct Argv
 };
 
 QByteArray text(const redisReply *reply);
+// Something to read on a link with no command outstanding — the server closed it (a restart,
+// CLIENT KILL, its timeout) or wrote an error before closing: it cannot serve the next command.
+bool linkClosed(const redisContext *c);
 // A record from its hash's fields (m h q s e, by HGETALL or HMGET); `key` is the desk's key.
 KeyRecord recordFrom(const QString &key, const QHash<QByteArray, QByteArray> &fields);
 // The meta line (field m) into its columns (state token attempts created updated lease_until

@@ -195,6 +195,11 @@ Result<RedisStore::Reply> RedisStore::command(const QList<QByteArray> &args, boo
     return reply;
 }
 
+bool RedisStore::connectionDropped()
+{
+    return !m_cluster && redis::linkClosed(m_context);
+}
+
 Result<void> RedisStore::loadScripts()
 {
     auto scripts = redis::scripts();

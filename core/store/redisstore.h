@@ -77,6 +77,10 @@ public:
     Result<void> appendDeliveries(const QList<DeliveryEvent> &events) override;
     Result<QList<DeliveryEvent>> deliveries(const DeliveryQuery &query) override;
     Result<void> ping() override;
+    // A single Redis that closed the link while it sat idle (a restart, CLIENT KILL, its
+    // timeout): the pool connects again rather than answer 503 (a cluster's links see to their
+    // own, ClusterLinks).
+    bool connectionDropped() override;
     // Ready when it answers and holds no records of layout v1 (idemdesk migrate converts them)
     // nor of layout v2, nor of a layout newer than this build's ("P layout" above 3).
     Result<void> ready() override;

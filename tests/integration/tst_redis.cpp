@@ -303,6 +303,25 @@ private Q_SLOTS:
         QVERIFY((*pool)->health().healthy);
     }
 
+    // A link Redis closed while it sat idle (CLIENT KILL here; a restart, its timeout) is
+    // replaced before the next call rather than failing it (a listing's error, a log write
+    // put off): the pool asks the store before each call, as it does PostgreSQL's.
+    void linksClosedWhileIdleAreReplaced()
+    {
+        auto pool = openStorePool(m_redis->url());
+        QVERIFY(pool.ok());
+        const auto count = [&] {
+            return (*pool)->run<StateCounts>([](IdempotencyStore &s) { return s.countKeys({}); });
+        };
+        for (int i = 0; i < 20; ++i)
+            QVERIFY(count().ok());
+        QVERIFY(redisCli(m_redis->port(), {u"CLIENT"_qs, u"KILL"_qs, u"TYPE"_qs, u"normal"_qs}));
+        for (int i = 0; i < 20; ++i) {
+            auto after = count();
+            QVERIFY2(after.ok(), after.ok() ? "" : qPrintable(after.error().message));
+        }
+    }
+
     void laneSpeaksTheStoreProtocol()
     {
         // Database 3 of the server: the lane selects it on connecting, as the store does.
