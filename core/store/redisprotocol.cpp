@@ -64,11 +64,11 @@ QByteArray requestHead(const StoredRequest &r)
 
 } // namespace
 
-Argv::Argv(const QList<QByteArray> &args)
+Argv::Argv(const QList<QByteArray> &args) : held(args)
 {
-    argv.reserve(size_t(args.size()));
-    lengths.reserve(size_t(args.size()));
-    for (const QByteArray &a : args) {
+    argv.reserve(size_t(held.size()));
+    lengths.reserve(size_t(held.size()));
+    for (const QByteArray &a : std::as_const(held)) {
         argv.push_back(a.constData());
         lengths.push_back(size_t(a.size()));
     }

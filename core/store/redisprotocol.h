@@ -90,11 +90,15 @@ private:
     std::map<QString, IndexMove> m_moves;
 };
 
-// A command's arguments as hiredis takes them (pointers into `args`, which must outlive it).
+// A command's arguments as hiredis takes them: pointers into `args`, which it holds (a shared
+// copy), so that a list built in the call, `Argv a({"SCAN", cursor, ...})`, outlives the command.
+// (Holding pointers alone, that list was freed before redisCommandArgv read it: a use after free
+// on every purge's SCAN, found by ASan.)
 struct Argv
 {
     explicit Argv(const QList<QByteArray> &args);
     int count() const { return int(argv.size()); }
+    QList<QByteArray> held;
     std::vector<const char *> argv;
     std::vector<size_t> lengths;
 };
