@@ -1,5 +1,5 @@
 #include "cli/common.h"
-#include "cli/stdoutlog.h"
+#include "cli/lineoutput.h"
 
 #include "engine/stats.h"
 #include "mainwindow.h"
@@ -17,12 +17,14 @@
 #include <QFile>
 #include <QJsonDocument>
 #include <QMessageBox>
+#include <QScopeGuard>
 #include <QSettings>
 #include <QSocketNotifier>
 #include <QTextStream>
 #include <QTimer>
 
 #include <algorithm>
+#include <atomic>
 #include <csignal>
 #include <cstdio>
 #include <malloc.h>
@@ -37,6 +39,22 @@ namespace idem::cli {
 namespace {
 
 int g_signalPipe[2] = {-1, -1};
+
+// serve's stderr while it serves: Qt's warnings, from any thread (the engine's "delivery log not
+// written" on the receiver thread), go through it and never block on a stalled descriptor.
+std::atomic<LineOutput *> g_errOutput = nullptr;
+
+void toErrOutput(QtMsgType type, const QMessageLogContext &context, const QString &message)
+{
+    const QByteArray line = qFormatLogMessage(type, context, message).toLocal8Bit() + '\n';
+    if (LineOutput *err = g_errOutput.load())
+        err->append(line);
+    else
+        std::fputs(line.constData(), stderr);
+}
+
+// At a stop, how long stdout and stderr are given, each, to take what still waits.
+constexpr int kStopOutputMs = 2000;
 
 void onSignal(int)
 {
@@ -147,6 +165,9 @@ int serve(const QStringList &arguments)
         printError(options.error().message);
         return 2;
     }
+    // A closed stdout or stderr (`serve | head`, `2>&1 | head`): its writes fail with EPIPE, serve
+    // goes on. Ignored before anything is written (the store's wait below writes to stderr).
+    std::signal(SIGPIPE, SIG_IGN);
     auto pool = openStorePoolWhenReachable(options->storeUrl);
     if (!pool) {
         printError(pool.error().message);
@@ -165,63 +186,65 @@ int serve(const QStringList &arguments)
         return 1;
     }
     receiver = std::make_unique<Receiver>(options->config, *pool);
+
+    // From here on serve writes to stdout and stderr only through LineOutput's threads: a
+    // descriptor nobody reads (`serve | less` paused, a stuck log shipper, journald pushing back,
+    // and `2>&1` into any of them) stalls neither the receiver nor a store worker nor this thread,
+    // which handles SIGTERM. Before, the stop's own "stopping" line blocked in a stalled `2>&1`
+    // pipe and SIGTERM was never acted on, and a warning of the engine blocked the receiver.
+    // One line per delivery, made on the receiver thread as the delivery ends (a direct
+    // connection: a queued signal per delivery woke this thread for each one, which cost more
+    // than the line itself) and written in slices (every 100 ms or 64 KB): under load the log
+    // must not cost more than the delivery. stderr into the same file keeps one writer, and its
+    // lines their order among the log's.
+    const bool json = format == u"json"_qs;
+    const bool stderrIsStdout = sameFile(STDOUT_FILENO, STDERR_FILENO);
+    std::shared_ptr<LineOutput> err =
+        stderrIsStdout ? nullptr : std::make_shared<LineOutput>(STDERR_FILENO, false);
+    auto out = std::make_shared<LineOutput>(STDOUT_FILENO, json, [err](const QString &why) {
+        // The first drop is said on stderr, unless stderr is the same stalled file.
+        if (err)
+            err->append(
+                "idemdesk: stdout takes no more log lines (its reader stalled?): " + why.toUtf8() +
+                "; lines are dropped, how many is said on stdout once it takes lines "
+                "again\n");
+    });
+    if (!err)
+        err = out;
+    const auto say = [err](const QString &message) {
+        err->append("idemdesk: " + escapeControls(message, true).toUtf8() + '\n');
+    };
+    g_errOutput = err.get();
+    const QtMessageHandler qtMessages = qInstallMessageHandler(toErrOutput);
+    auto restoreQtMessages = qScopeGuard([qtMessages] {
+        qInstallMessageHandler(qtMessages);
+        g_errOutput = nullptr;
+    });
+    QObject logContext;
+    QObject::connect(
+        receiver->engine(), &IdempotencyEngine::delivered, &logContext,
+        [json, out](const DeliveryEvent &e) { out->append(logLine(e, json).toUtf8() + '\n'); },
+        Qt::DirectConnection);
+
     auto bound = receiver->start(options->config.listen);
     if (!bound) {
-        printError(bound.error().message);
+        say(bound.error().message);
+        err->finish(2000);
         return 1;
     }
     if (!bound->host.isLoopback())
-        printError(u"warning: listening on %1, reachable from other machines"_qs.arg(bound->toString()));
-    std::fprintf(stderr, "idemdesk: receiving webhooks at http://%s/hooks/{%s} (store %s)\n",
-                 qPrintable(bound->toString()),
-                 qPrintable([&] {
-                     QStringList names;
-                     for (const auto &e : options->config.endpoints)
-                         names << e.name;
-                     return names.join(u","_qs);
-                 }()),
-                 qPrintable(storeDisplay));
+        say(u"warning: listening on %1, reachable from other machines"_qs.arg(bound->toString()));
+    QStringList endpoints;
+    for (const auto &e : options->config.endpoints)
+        endpoints << e.name;
+    say(u"receiving webhooks at http://%1/hooks/{%2} (store %3)"_qs.arg(
+        bound->toString(), endpoints.join(u","_qs), storeDisplay));
     for (const QString &warning : configWarnings(options->config))
-        printError(u"warning: "_qs + warning);
+        say(u"warning: "_qs + warning);
     // What may lose acknowledged records on this store (Redis eviction, no persistence).
     if (auto durability = (*pool)->run<QStringList>([](IdempotencyStore &s) { return s.durabilityWarnings(); }))
         for (const QString &warning : *durability)
-            printError(u"warning: "_qs + warning);
-    std::fflush(stderr);
-
-    const bool json = format == u"json"_qs;
-    // One line per delivery, made on the receiver thread as the delivery ends (a direct
-    // connection: a queued signal per delivery woke this thread for each one, which cost more
-    // than the line itself) and written by StdoutLog's thread in slices (every 100 ms or 64 KB):
-    // under load the log must not cost more than the delivery, and a stdout nobody reads must
-    // stall neither the deliveries nor this thread (it handles SIGTERM). Lines past its buffer
-    // are dropped and counted on stdout; the first drop is said on stderr too, here, unless
-    // stderr is the same stalled file (`2>&1`: writing there would stall this thread).
-    QObject logContext;
-    const bool stderrIsStdout = sameFile(STDOUT_FILENO, STDERR_FILENO);
-    auto stdoutLog =
-        std::make_shared<StdoutLog>(STDOUT_FILENO, json, [&logContext, stderrIsStdout] {
-            if (stderrIsStdout)
-                return;
-            QMetaObject::invokeMethod(
-                &logContext,
-                [] {
-                    std::fprintf(
-                        stderr,
-                        "idemdesk: stdout takes no more log lines (its reader stalled?): "
-                        "with %lld MiB of them waiting, lines are dropped; how many is said "
-                        "on stdout once it takes lines again\n",
-                        static_cast<long long>(StdoutLog::kBufferBytes / (1 << 20)));
-                    std::fflush(stderr);
-                },
-                Qt::QueuedConnection);
-        });
-    QObject::connect(
-        receiver->engine(), &IdempotencyEngine::delivered, &logContext,
-        [json, stdoutLog](const DeliveryEvent &e) {
-            stdoutLog->append(logLine(e, json).toUtf8() + '\n');
-        },
-        Qt::DirectConnection);
+            say(u"warning: "_qs + warning);
 
     QTimer trimTimer;
     trimTimer.setInterval(kTrimTickMs);
@@ -241,10 +264,10 @@ int serve(const QStringList &arguments)
 
     // SIGINT / SIGTERM / SIGHUP: stop accepting, let in-flight deliveries finish, exit 0. A hangup
     // (the terminal closed, a session ended) killed serve at once: in-flight keys were left
-    // leased to be run again, and the delivery log's last lines were lost. SIGPIPE (a closed
-    // stdout: `serve | head`) is ignored: the log's write fails, the receiver goes on.
+    // leased to be run again, and the delivery log's last lines were lost.
     if (::socketpair(AF_UNIX, SOCK_STREAM, 0, g_signalPipe) != 0) {
-        printError(u"cannot set up signal handling"_qs);
+        say(u"cannot set up signal handling"_qs);
+        err->finish(2000);
         return 1;
     }
     struct sigaction action = {};
@@ -257,7 +280,6 @@ int serve(const QStringList &arguments)
     struct sigaction hangup = {};
     if (sigaction(SIGHUP, nullptr, &hangup) == 0 && hangup.sa_handler != SIG_IGN)
         sigaction(SIGHUP, &action, nullptr);
-    std::signal(SIGPIPE, SIG_IGN);
     QSocketNotifier notifier(g_signalPipe[0], QSocketNotifier::Read);
     bool stopping = false;
     QObject::connect(&notifier, &QSocketNotifier::activated, &notifier, [&] {
@@ -265,26 +287,29 @@ int serve(const QStringList &arguments)
         [[maybe_unused]] ssize_t n = ::read(g_signalPipe[0], &byte, 1);
         if (std::exchange(stopping, true))
             return;
-        std::fprintf(stderr, "idemdesk: stopping: no new deliveries, finishing %lld in flight\n",
-                     static_cast<long long>(receiver->engine()->inFlight()));
         QCoreApplication::quit();
+        say(u"stopping: no new deliveries, finishing %1 in flight"_qs.arg(
+            receiver->engine()->inFlight()));
     });
     const int rc = QCoreApplication::exec();
     if (const qint64 left = receiver->drain(Receiver::drainGraceMs(options->config)))
-        std::fprintf(stderr,
-                     "idemdesk: %lld deliveries still in flight after the grace: their keys stay "
-                     "leased until their leases end\n",
-                     static_cast<long long>(left));
+        say(u"%1 deliveries still in flight after the grace: their keys stay leased until their "
+            u"leases end"_qs.arg(left));
     receiver.reset(); // joins the receiver thread and flushes the delivery log to the store
-    // The lines still waiting, if stdout takes them: a stdout that took nothing for 2 s is given
-    // up on (its reader stalled, its shipper stuck), and what it did not take said lost.
-    if (const qint64 lost = stdoutLog->finish(2000))
-        std::fprintf(stderr, "idemdesk: %lld log lines lost: stdout took none for 2 s\n",
-                     static_cast<long long>(lost));
-    QCoreApplication::sendPostedEvents(); // the first drop's note, if it came last
     metrics->reset(); // waits for its count, if one runs
     pool->reset();    // waits for queued store work
-    std::fprintf(stderr, "idemdesk: stopped\n");
+    restoreQtMessages.dismiss();
+    qInstallMessageHandler(qtMessages); // no thread is left to log through `err`
+    g_errOutput = nullptr;
+    // What still waits, if the descriptors take it within 2 s (in all: a reader taking a line a
+    // second does not hold the stop for minutes); what they do not take is said lost.
+    if (err != out) {
+        if (const qint64 lost = out->finish(kStopOutputMs))
+            say(u"%1 log lines lost: stdout did not take them within %2 s"_qs.arg(lost).arg(
+                kStopOutputMs / 1000));
+    }
+    say(u"stopped"_qs);
+    err->finish(kStopOutputMs); // `2>&1`: stdout's lines with stderr's; the count could not be said
     return rc;
 }
 

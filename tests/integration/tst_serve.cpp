@@ -57,6 +57,30 @@ class TestServe : public QObject
         s.process = startServe(QStringLiteral(IDEMDESK_BIN), args, s.port, &s.stderrText, true);
         return s;
     }
+    // Starts serve with its stdout and stderr both on `fd` (`serve 2>&1 | reader`), on a port
+    // chosen here (the line naming it goes to `fd` too); port 0 if it does not answer /healthz.
+    Served serveInto(int fd, const QStringList &args)
+    {
+        Served s;
+        const quint16 port = freePort();
+        s.process = std::make_unique<QProcess>();
+        s.process->setChildProcessModifier([fd] {
+            ::dup2(fd, STDOUT_FILENO);
+            ::dup2(fd, STDERR_FILENO);
+        });
+        s.process->start(QStringLiteral(IDEMDESK_BIN),
+                         QStringList{u"serve"_qs, u"--listen"_qs, u"127.0.0.1:%1"_qs.arg(port)} +
+                             args);
+        if (s.process->waitForStarted(5000) && QTest::qWaitFor(
+                                                   [&] {
+                                                       return s.process->state() !=
+                                                                  QProcess::Running ||
+                                                              get(port, "/healthz").status == 200;
+                                                   },
+                                                   20000))
+            s.port = s.process->state() == QProcess::Running ? port : 0;
+        return s;
+    }
     static int stop(Served &s, int signal = SIGTERM)
     {
         ::kill(pid_t(s.process->processId()), signal);
@@ -540,7 +564,7 @@ private Q_SLOTS:
         QCOMPARE(stop(s), 0);
         s.stderrText += s.process->readAllStandardError();
         static const QRegularExpression lostLine(
-            u"idemdesk: (\\d+) log lines lost: stdout took none"_qs);
+            u"idemdesk: (\\d+) log lines lost: stdout did not take them"_qs);
         const auto lost = lostLine.match(QString::fromUtf8(s.stderrText));
         QVERIFY2(lost.hasMatch(), s.stderrText.constData());
         readLog(0);
@@ -548,6 +572,77 @@ private Q_SLOTS:
               qPrintable(lost.captured(1)));
         QCOMPARE(lines + dropped + lost.captured(1).toLongLong(), qint64(sent));
         QVERIFY(log.endsWith('\n')); // whole lines only
+    }
+
+    // `serve 2>&1 | reader` with the reader stalled (journald too: stdout and stderr on one
+    // socket): a stop still stops, and what was in flight is finished and recorded. Before, the
+    // stop's own "stopping" line blocked the main thread in the full pipe: SIGTERM was never acted
+    // on, deliveries went on being taken, and a supervisor's SIGKILL then left keys processing.
+    void aStalledStderrStallsNoStop()
+    {
+        int out[2];
+        QVERIFY(::pipe2(out, O_CLOEXEC) == 0);
+        auto closeRead = qScopeGuard([&out] { ::close(out[0]); });
+        CountingDownstream down;
+        const QString db = m_dir.filePath(u"stalled-stderr.db"_qs);
+        const QString config = write(u"stalled-stderr.json"_qs,
+                                     "{\"endpoints\": [{\"name\": \"slow\", \"forward_to\": \"" +
+                                         down.url().toString().toUtf8() + "\"}]}");
+        Served s = serveInto(out[1], {u"--store"_qs, u"sqlite:"_qs + db, u"--config"_qs, config});
+        ::close(out[1]);
+        QVERIFY(s.port);
+        down.closeGate();
+        ClientResponse answer;
+        std::jthread inFlight([&] {
+            answer = post(s.port, "/hooks/slow", "{}", {{"Idempotency-Key", "g"}});
+        });
+        auto openGate =
+            qScopeGuard([&down] { down.openGate(); }); // on failure too, before the join
+        QTRY_COMPARE_WITH_TIMEOUT(down.count("slow:g"), 1, 5000);
+        // The pipe filled to its last byte (a write of a few bytes would otherwise still fit in
+        // its last page), through a file of the test's own: O_NONBLOCK there is not serve's.
+        const int filler =
+            ::open(QByteArray("/proc/self/fd/" + QByteArray::number(out[0])).constData(),
+                   O_WRONLY | O_NONBLOCK | O_CLOEXEC);
+        QVERIFY(filler >= 0);
+        const QByteArray page(4096, 'f');
+        while (::write(filler, page.constData(), size_t(page.size())) > 0) {
+        }
+        while (::write(filler, "f", 1) > 0) {
+        }
+        ::close(filler);
+
+        ::kill(pid_t(s.process->processId()), SIGTERM);
+        QTRY_COMPARE_WITH_TIMEOUT(get(s.port, "/healthz").status, 0, 10000); // no longer taking
+        down.openGate();
+        inFlight.join();
+        QCOMPARE(answer.status, 200);
+        QVERIFY(s.process->waitForFinished(20000));
+        QCOMPARE(s.process->exitStatus(), QProcess::NormalExit);
+        QCOMPARE(s.process->exitCode(), 0);
+        auto store = SqliteStore::open(db);
+        QVERIFY(store.ok());
+        QCOMPARE(name((*(*store)->key(u"slow:g"_qs))->state), name(KeyState::Completed));
+    }
+
+    // `serve 2>&1 | head -1` once head is gone: stdout and stderr both closed (EPIPE). serve goes
+    // on serving and stops cleanly. Before, SIGPIPE was ignored only after the first stderr lines
+    // (the address, warnings), and such a serve died of it at start.
+    void aClosedStdoutAndStderrAreIgnored()
+    {
+        int out[2];
+        QVERIFY(::pipe2(out, O_CLOEXEC) == 0);
+        ::close(out[0]);
+        Served s =
+            serveInto(out[1], {u"--store"_qs, u"sqlite:"_qs + m_dir.filePath(u"closed2.db"_qs)});
+        ::close(out[1]);
+        QVERIFY2(s.port, qPrintable(u"exit %1"_qs.arg(s.process->exitCode())));
+        for (int i = 0; i < 50; ++i)
+            QCOMPARE(
+                post(s.port, "/hooks/generic", "{}", {{"Idempotency-Key", QByteArray::number(i)}})
+                    .status,
+                200);
+        QCOMPARE(stop(s), 0);
     }
 
     // `serve | head`: once stdout is closed (EPIPE), its lines go without a word and the

@@ -1,4 +1,4 @@
-#include "cli/stdoutlog.h"
+#include "cli/lineoutput.h"
 
 #include "util/clock.h"
 #include "util/format.h"
@@ -9,6 +9,7 @@
 #include <cerrno>
 #include <chrono>
 #include <climits>
+#include <cstring>
 #include <poll.h>
 #include <unistd.h>
 
@@ -19,11 +20,9 @@ namespace {
 // Past this much waiting, the writer is woken before its 100 ms are up.
 constexpr qsizetype kWakeBytes = 64 * 1024;
 
-QByteArray droppedNotice(qint64 dropped, bool json)
+QByteArray droppedNotice(qint64 dropped, const QString &why, bool json)
 {
-    const QString detail =
-        u"%1 log lines dropped: stdout took none while %2 MiB of them waited"_qs.arg(dropped).arg(
-            StdoutLog::kBufferBytes / (1 << 20));
+    const QString detail = u"%1 log lines dropped: %2"_qs.arg(dropped).arg(why);
     if (json)
         return QJsonDocument(QJsonObject{{u"at"_qs, wallMs()},
                                          {u"dropped_lines"_qs, dropped},
@@ -33,30 +32,54 @@ QByteArray droppedNotice(qint64 dropped, bool json)
     return (formatTime(wallMs()) + u" idemdesk: "_qs + detail).toUtf8() + '\n';
 }
 
+// Why lines were dropped when the buffer was full.
+QString notTaken()
+{
+    return u"none was taken while %1 MiB of them waited"_qs.arg(LineOutput::kBufferBytes /
+                                                                (1 << 20));
+}
+
 } // namespace
 
-struct StdoutLog::Shared
+struct LineOutput::Shared
 {
     int fd;
     bool json;
-    std::function<void()> onFirstDrop;
+    std::function<void(const QString &)> onFirstDrop;
 
     std::mutex lock;
-    std::condition_variable wake;     // the writer: lines wait, or finish()
-    std::condition_variable progress; // finish(): a slice written, or the writer done
+    std::condition_variable wake; // the writer: lines wait, or finish()
+    std::condition_variable over; // finish(): the writer is done
     QByteArray pending;
     bool dropping = false; // from the first drop until the writer takes `pending`: the gap's place
-    qint64 dropped = 0;    // not yet told on stdout
+    qint64 dropped = 0;    // not yet told
+    QString dropReason;    // why the last of them were dropped
     bool everDropped = false;
     qint64 inHandLines = 0; // of the batch being written, not yet written
-    quint64 slicesWritten = 0;
-    bool closed = false; // EPIPE: nobody will read again
+    qint64 noticeCounts =
+        0;                // dropped lines the batch's last line (a notice) tells of, until written
+    bool refused = false; // the last write failed (not EPIPE): a stop does not try again
+    bool closed = false;  // EPIPE: nobody will read again
     bool stopping = false;
     bool abandoned = false; // finish() gave up: what is left was said lost
     bool done = false;
+
+    // The lines of the batch in hand not written, counting a notice not written as the lines it
+    // tells of.
+    qint64 unwrittenInHand() const
+    {
+        return inHandLines + (inHandLines > 0 && noticeCounts > 0 ? noticeCounts - 1 : 0);
+    }
+    // Under the lock. Whether this was the first drop (onFirstDrop is then due, outside it).
+    bool drop(qint64 lines, const QString &why)
+    {
+        dropped += lines;
+        dropReason = why;
+        return !std::exchange(everDropped, true);
+    }
 };
 
-StdoutLog::StdoutLog(int fd, bool json, std::function<void()> onFirstDrop)
+LineOutput::LineOutput(int fd, bool json, std::function<void(const QString &)> onFirstDrop)
     : m_shared(std::make_shared<Shared>())
 {
     m_shared->fd = fd;
@@ -74,10 +97,11 @@ StdoutLog::StdoutLog(int fd, bool json, std::function<void()> onFirstDrop)
                                 [&s] { return s.stopping || s.pending.size() >= kWakeBytes; });
                 if (s.closed)
                     s.pending.clear();
-                if ((s.pending.isEmpty() && s.dropped == 0) || s.closed || s.abandoned) {
+                const bool idle = s.pending.isEmpty() && s.dropped == 0;
+                if (idle || s.closed || s.abandoned || (s.stopping && s.refused)) {
                     if (s.stopping || s.abandoned) {
                         s.done = true;
-                        s.progress.notify_all();
+                        s.over.notify_all();
                         return;
                     }
                     continue;
@@ -85,8 +109,9 @@ StdoutLog::StdoutLog(int fd, bool json, std::function<void()> onFirstDrop)
                 batch.swap(s.pending);
                 s.dropping = false;
                 // Said where the gap is: after the lines that waited, before those that follow.
-                if (s.dropped > 0)
-                    batch += droppedNotice(std::exchange(s.dropped, 0), s.json);
+                s.noticeCounts = std::exchange(s.dropped, 0);
+                if (s.noticeCounts > 0)
+                    batch += droppedNotice(s.noticeCounts, s.dropReason, s.json);
                 s.inHandLines = batch.count('\n');
             }
             // Slices of whole lines, at most PIPE_BUF bytes where lines allow: a pipe takes each
@@ -106,29 +131,42 @@ StdoutLog::StdoutLog(int fd, bool json, std::function<void()> onFirstDrop)
                     ::poll(&out, 1, -1);
                     continue;
                 }
-                std::lock_guard locked(s.lock);
-                if (n < 0) { // EPIPE (`serve | head`) or a failing file: the lines are gone
-                    s.closed = s.closed || error == EPIPE;
-                    s.inHandLines = 0;
+                std::unique_lock locked(s.lock);
+                if (n < 0 && error == EPIPE) { // `serve | head`: the lines are gone, unsaid
+                    s.closed = true;
+                    s.inHandLines = s.noticeCounts = 0;
                     break;
                 }
+                if (n < 0) { // refused (a full disk, /dev/full): dropped, told once it takes some
+                    const bool first = s.drop(s.unwrittenInHand(),
+                                              u"the output refused them: %1"_qs.arg(
+                                                  QString::fromLocal8Bit(std::strerror(error))));
+                    s.inHandLines = s.noticeCounts = 0;
+                    s.refused = true;
+                    const QString why = s.dropReason;
+                    locked.unlock();
+                    if (first && s.onFirstDrop)
+                        s.onFirstDrop(why);
+                    break;
+                }
+                s.refused = false;
                 s.inHandLines -= batch.mid(at, n).count('\n');
-                ++s.slicesWritten;
-                s.progress.notify_all();
+                if (s.inHandLines == 0)
+                    s.noticeCounts = 0;
                 if (s.abandoned)
                     break;
-                at += n;
+                at += n; // short of the slice only on a file filling up: the rest goes next
             }
         }
     });
 }
 
-StdoutLog::~StdoutLog()
+LineOutput::~LineOutput()
 {
     finish(0);
 }
 
-void StdoutLog::append(const QByteArray &line)
+void LineOutput::append(const QByteArray &line)
 {
     Shared &s = *m_shared;
     bool first = false;
@@ -138,8 +176,7 @@ void StdoutLog::append(const QByteArray &line)
             return;
         if (s.dropping || s.pending.size() + line.size() > kBufferBytes) {
             s.dropping = true;
-            ++s.dropped;
-            first = !std::exchange(s.everDropped, true);
+            first = s.drop(1, notTaken());
         } else {
             const bool wake =
                 s.pending.size() < kWakeBytes && s.pending.size() + line.size() >= kWakeBytes;
@@ -149,10 +186,10 @@ void StdoutLog::append(const QByteArray &line)
         }
     }
     if (first && s.onFirstDrop)
-        s.onFirstDrop();
+        s.onFirstDrop(notTaken());
 }
 
-qint64 StdoutLog::finish(int idleMs)
+qint64 LineOutput::finish(int ms)
 {
     if (std::exchange(m_finished, true))
         return 0;
@@ -160,20 +197,14 @@ qint64 StdoutLog::finish(int idleMs)
     std::unique_lock locked(s.lock);
     s.stopping = true;
     s.wake.notify_one();
-    for (quint64 seen = s.slicesWritten; !s.done;) {
-        s.progress.wait_for(locked, std::chrono::milliseconds(idleMs),
-                            [&s, seen] { return s.done || s.slicesWritten != seen; });
-        if (!s.done && s.slicesWritten == seen)
-            break; // nothing taken for idleMs
-        seen = s.slicesWritten;
-    }
+    s.over.wait_for(locked, std::chrono::milliseconds(ms), [&s] { return s.done; });
     if (s.done) {
         locked.unlock();
         m_thread.join();
         return s.closed ? 0 : s.dropped;
     }
     s.abandoned = true;
-    const qint64 lost = s.closed ? 0 : s.inHandLines + s.pending.count('\n') + s.dropped;
+    const qint64 lost = s.closed ? 0 : s.unwrittenInHand() + s.pending.count('\n') + s.dropped;
     locked.unlock();
     m_thread.detach(); // blocked in write(): it ends with the process
     return lost;
