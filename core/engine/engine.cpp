@@ -669,7 +669,10 @@ void IdempotencyEngine::summariseRejections(bool all)
         if (b.unlogged == 0 || (!all && now - b.sinceMs < kRejectionSummaryMs))
             continue;
         DeliveryEvent summary = b.last;
-        summary.atMs = b.first.atMs; // the interval's start: the summary's deliveries follow it
+        // Dated when written, as a rejection is (it takes no time): later than the entries written
+        // before it. Dated at its first rejection, up to a second earlier, it stopped a reader of
+        // Redis's stream (newest first, up to the first entry older than asked) short of them.
+        summary.atMs = nowMs();
         summary.key.clear();
         summary.latencyUs = 0;
         summary.token = 0;
@@ -1005,9 +1008,11 @@ void IdempotencyEngine::drainLog()
         auto written =
             m_pool->run<Ok>([part](IdempotencyStore &store) { return appendLog(store, part); });
         if (!written) {
+            qint64 lost = 0; // deliveries, a summary's all of them
+            for (const DeliveryEvent &e : part + m_logBuffer)
+                lost += e.count;
             qCWarning(lcEngine, "delivery log: %lld deliveries not written at shutdown, lost: %s",
-                      qint64(part.size() + m_logBuffer.size()),
-                      qPrintable(written.error().message));
+                      lost, qPrintable(written.error().message));
             m_logBuffer.clear();
             m_logBytes = 0;
             return;

@@ -115,6 +115,15 @@ struct DeliveryEvent
     qint64 count = 1;
 };
 
+// A stored count as readers add it up: at least 1 (less is damage: an entry stands for its own
+// delivery at least), at most kMaxDeliveryCount, so that the sums of a log's entries never
+// overflow.
+constexpr qint64 kMaxDeliveryCount = 1'000'000'000'000;
+constexpr qint64 deliveryCount(qint64 stored)
+{
+    return stored < 1 ? 1 : stored > kMaxDeliveryCount ? kMaxDeliveryCount : stored;
+}
+
 QJsonObject deliveryToJson(const DeliveryEvent &event);
 
 } // namespace idem

@@ -649,7 +649,7 @@ Result<QList<DeliveryEvent>> PostgresStore::deliveries(const DeliveryQuery &q)
             e.instance = text(row[7]);
             e.detail = text(row[8]);
             e.payload = bytes(row[9]);
-            e.count = row[10].as<qint64>();
+            e.count = deliveryCount(row[10].as<qint64>());
             events.append(e);
         }
         return events;

@@ -1439,7 +1439,9 @@ Result<QList<DeliveryEvent>> RedisStore::deliveries(const DeliveryQuery &q)
             e.instance = QString::fromUtf8(f.value("i"));
             e.detail = QString::fromUtf8(f.value("d"));
             e.payload = f.value("b");
-            e.count = f.value("n", "1").toLongLong();
+            bool numeric = false;
+            const qint64 n = f.value("n", "1").toLongLong(&numeric);
+            e.count = numeric ? deliveryCount(n) : 1;
             events.append(e);
         }
         scanned += qint64(array->elements);

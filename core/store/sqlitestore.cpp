@@ -741,7 +741,7 @@ Result<QList<DeliveryEvent>> SqliteStore::deliveries(const DeliveryQuery &q)
         e.instance = select.text(7);
         e.detail = select.text(8);
         e.payload = select.bytes(9);
-        e.count = select.i64(10);
+        e.count = deliveryCount(select.i64(10));
         events.append(std::move(e));
     }
     if (rc != SQLITE_DONE)

@@ -24,6 +24,8 @@
 #include <QTemporaryDir>
 #include <QTest>
 
+#include <limits>
+
 #include <thread>
 
 #include <sqlite3.h>
@@ -899,6 +901,31 @@ private Q_SLOTS:
         QCOMPARE(found.first().count, 4987); // newest first
         QCOMPARE(found.first().detail, summary.detail);
         QCOMPARE(found.last().count, 1);
+    }
+
+    // A count out of range (damage, or a hand-made entry) is read as one a reader can add up:
+    // at least 1, at most kMaxDeliveryCount (sums of many never overflow).
+    void deliveryCountsAreReadInRange()
+    {
+        const QString ep = endpoint();
+        QList<DeliveryEvent> events;
+        for (const qint64 count : {qint64(-5000), qint64(0), std::numeric_limits<qint64>::max()}) {
+            DeliveryEvent e;
+            e.atMs = wallMs() + events.size();
+            e.endpoint = ep;
+            e.outcome = Outcome::Rejected;
+            e.status = 401;
+            e.count = count;
+            events.append(e);
+        }
+        QVERIFY(m_store->appendDeliveries(events).ok());
+        DeliveryQuery q;
+        q.endpoint = ep;
+        const auto found = *m_store->deliveries(q);
+        QCOMPARE(found.size(), 3);
+        QCOMPARE(found.at(0).count, kMaxDeliveryCount); // newest first
+        QCOMPARE(found.at(1).count, 1);
+        QCOMPARE(found.at(2).count, 1);
     }
 
     // A store whose schema is from before the count (SQLite 3, PostgreSQL 2), with a log entry
