@@ -17,9 +17,6 @@ namespace idem::cli {
 
 namespace {
 
-// Past this much waiting, the writer is woken before its 100 ms are up.
-constexpr qsizetype kWakeBytes = 64 * 1024;
-
 QByteArray droppedNotice(qint64 dropped, const QString &why, bool json)
 {
     const QString detail = u"%1 log lines dropped: %2"_qs.arg(dropped).arg(why);
@@ -93,19 +90,23 @@ LineOutput::LineOutput(int fd, bool json, std::function<void(const QString &)> o
             QByteArray batch;
             {
                 std::unique_lock locked(s.lock);
-                s.wake.wait_for(locked, std::chrono::milliseconds(100),
-                                [&s] { return s.stopping || s.pending.size() >= kWakeBytes; });
-                if (s.closed)
+                // No timed wait: the lines batch themselves while a write is under way, and a
+                // clock moved by libfaketime (the skew tests) would hold a timed one for as long.
+                s.wake.wait(locked, [&s] {
+                    return s.stopping || s.abandoned || s.closed || !s.pending.isEmpty() ||
+                           (s.dropped > 0 && !s.refused);
+                });
+                const bool idle = s.pending.isEmpty() && (s.dropped == 0 || s.refused);
+                if (s.closed || s.abandoned || (s.stopping && (idle || s.refused))) {
+                    if (!s.closed && s.refused) // a stop does not try a refusing descriptor again
+                        s.dropped += s.pending.count('\n');
                     s.pending.clear();
-                const bool idle = s.pending.isEmpty() && s.dropped == 0;
-                if (idle || s.closed || s.abandoned || (s.stopping && s.refused)) {
-                    if (s.stopping || s.abandoned) {
-                        s.done = true;
-                        s.over.notify_all();
-                        return;
-                    }
-                    continue;
+                    s.done = true;
+                    s.over.notify_all();
+                    return;
                 }
+                if (idle)
+                    continue;
                 batch.swap(s.pending);
                 s.dropping = false;
                 // Said where the gap is: after the lines that waited, before those that follow.
@@ -178,8 +179,7 @@ void LineOutput::append(const QByteArray &line)
             s.dropping = true;
             first = s.drop(1, notTaken());
         } else {
-            const bool wake =
-                s.pending.size() < kWakeBytes && s.pending.size() + line.size() >= kWakeBytes;
+            const bool wake = s.pending.isEmpty(); // else the writer is on its way
             s.pending += line;
             if (wake)
                 s.wake.notify_one();

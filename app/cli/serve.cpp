@@ -194,7 +194,8 @@ int serve(const QStringList &arguments)
     // pipe and SIGTERM was never acted on, and a warning of the engine blocked the receiver.
     // One line per delivery, made on the receiver thread as the delivery ends (a direct
     // connection: a queued signal per delivery woke this thread for each one, which cost more
-    // than the line itself) and written in slices (every 100 ms or 64 KB): under load the log
+    // than the line itself) and written in slices of what waits as the writer comes back for more
+    // (no timer: a write under way is what batches them): under load the log
     // must not cost more than the delivery. stderr into the same file keeps one writer, and its
     // lines their order among the log's.
     const bool json = format == u"json"_qs;
