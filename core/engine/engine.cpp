@@ -227,7 +227,7 @@ IdempotencyEngine::IdempotencyEngine(Config config, std::shared_ptr<StorePool> p
     m_payloads = TokenBucket(kPayloadsPerMinute, kPayloadsPerMinute, nowMs);
     m_rejections.resize(
         size_t(m_config.endpoints.size()),
-        RejectionBudget{TokenBucket(kRejectionBurst, kRejectionsPerMinute, nowMs), 0, 0, {}, {}});
+        RejectionBudget{TokenBucket(kRejectionBurst, kRejectionsPerMinute, nowMs), {}});
     m_logTimer.setInterval(200);
     m_logTimer.setParent(this);
     connect(&m_logTimer, &QTimer::timeout, this, &IdempotencyEngine::flushLog);
@@ -654,11 +654,12 @@ bool IdempotencyEngine::logRejection(const EndpointConfig &endpoint, const Deliv
     const qint64 now = monotonicUs() / 1000;
     if (b.logged.take(now))
         return true;
-    if (b.unlogged++ == 0) {
-        b.sinceMs = now;
-        b.first = event;
+    Unlogged &u = b.byStatus[event.status];
+    if (u.count++ == 0) {
+        u.sinceMs = now;
+        u.first = event;
     }
-    b.last = event;
+    u.last = event;
     return false;
 }
 
@@ -666,29 +667,35 @@ void IdempotencyEngine::summariseRejections(bool all)
 {
     const qint64 now = monotonicUs() / 1000;
     for (RejectionBudget &b : m_rejections) {
-        if (b.unlogged == 0 || (!all && now - b.sinceMs < kRejectionSummaryMs))
-            continue;
-        DeliveryEvent summary = b.last;
-        // Dated when written, as a rejection is (it takes no time): later than the entries written
-        // before it. Dated at its first rejection, up to a second earlier, it stopped a reader of
-        // Redis's stream (newest first, up to the first entry older than asked) short of them.
-        summary.atMs = nowMs();
-        summary.key.clear();
-        summary.latencyUs = 0;
-        summary.token = 0;
-        summary.payload.clear();
-        summary.count = b.unlogged;
-        summary.detail = capped(
-            u"%1 in %2 s not logged one by one (more than %3 a minute to this endpoint); the "
-            u"last: %4 %5"_qs.arg(countOf(b.unlogged, u"rejected delivery", u"rejected deliveries"))
-                .arg(double(std::max<qint64>(b.last.atMs - b.first.atMs, 0)) / 1000, 0, 'f', 1)
-                .arg(kRejectionsPerMinute)
-                .arg(b.last.status)
-                .arg(b.last.detail),
-            kDetailChars);
-        b.unlogged = 0;
-        b.first = b.last = {};
-        appendToLog(summary);
+        for (auto it = b.byStatus.begin(); it != b.byStatus.end();) {
+            const Unlogged &u = it->second;
+            if (!all && now - u.sinceMs < kRejectionSummaryMs) {
+                ++it;
+                continue;
+            }
+            DeliveryEvent summary = u.last;
+            // Dated when written, as a rejection is (it takes no time): later than the entries
+            // written before it. Dated at its first rejection, up to a second earlier, it stopped a
+            // reader of Redis's stream (newest first, up to the first entry older than asked)
+            // short of them.
+            summary.atMs = nowMs();
+            summary.key.clear();
+            summary.latencyUs = 0;
+            summary.token = 0;
+            summary.payload.clear();
+            summary.count = u.count;
+            summary.detail = capped(
+                u"%1 %2 in %3 s not logged one by one (more than %4 a minute to this endpoint); "
+                u"the last: %5"_qs
+                    .arg(countOf(u.count, u"rejected delivery", u"rejected deliveries"))
+                    .arg(u.last.status)
+                    .arg(double(std::max<qint64>(u.last.atMs - u.first.atMs, 0)) / 1000, 0, 'f', 1)
+                    .arg(kRejectionsPerMinute)
+                    .arg(u.last.detail),
+                kDetailChars);
+            it = b.byStatus.erase(it);
+            appendToLog(summary);
+        }
     }
 }
 

@@ -82,14 +82,19 @@ private:
     void appendToLog(const DeliveryEvent &event);
     bool keepPayload();
     // Rejected deliveries to one endpoint are logged one by one within a budget; past it they
-    // are counted, and summariseRejections() writes one entry with their count per interval.
+    // are counted per status, and summariseRejections() writes one entry with their count per
+    // status and interval: a flood of one kind (cheap 405s) hides no other (a real sender's 401s).
+    struct Unlogged
+    {
+        qint64 count = 0;    // rejected deliveries not logged one by one, since sinceMs
+        qint64 sinceMs = 0;  // monotonic: when the first of them came
+        DeliveryEvent first; // the first of them
+        DeliveryEvent last;  // the last of them (its reason is the summary's)
+    };
     struct RejectionBudget
     {
         TokenBucket logged;
-        qint64 unlogged = 0; // rejected deliveries not logged one by one, since sinceMs
-        qint64 sinceMs = 0;  // monotonic: when the first of them came
-        DeliveryEvent first; // the first of them (its time is the summary's)
-        DeliveryEvent last;  // the last of them (its status and reason are the summary's)
+        std::map<int, Unlogged> byStatus; // the few a rejection can have (400, 401, 405, 413 …)
     };
     bool logRejection(const EndpointConfig &endpoint, const DeliveryEvent &event);
     // Writes a summary for each endpoint whose interval is over (all: each with one pending).

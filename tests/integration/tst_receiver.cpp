@@ -669,7 +669,7 @@ private Q_SLOTS:
             ++summaries;
             QVERIFY2(e.count > 1 && e.key.isEmpty() &&
                          e.detail.contains(u"not logged one by one"_qs) &&
-                         e.detail.contains(u"the last: 401"_qs),
+                         e.detail.contains(u"rejected deliveries 401 in"_qs),
                      qPrintable(e.detail));
         }
         qInfo("%d rejected: %lld logged one by one, %lld summaries, in %lld s", kFlood, singles,
@@ -755,6 +755,47 @@ private Q_SLOTS:
         };
         QTRY_COMPARE_WITH_TIMEOUT(counted(logOf(flood, since - 60'000)), qint64(150), 30'000);
         QCOMPARE(logOf(other, since).size(), 20);
+    }
+
+    // Past the budget, each status has its summary: a flood of cheap 405s, sent last, does not
+    // turn a real sender's 401s (a wrong secret) into 405s in the log. (One summary an endpoint
+    // carried the last one's status and reason for all of them.)
+    void eachStatusHasItsSummary()
+    {
+        Desk desk =
+            start("[{\"name\": \"mixed\", \"provider\": \"github\", \"secret\": \"s3cret\"}]");
+        RawConnection c(desk.port);
+        QVERIFY(c.isOpen());
+        const QByteArray badSignature = buildPost("/hooks/mixed", "{}",
+                                                  {{"X-GitHub-Hook-ID", "1"},
+                                                   {"X-GitHub-Delivery", "d"},
+                                                   {"X-Hub-Signature-256", "sha256=00"}},
+                                                  false);
+        const QByteArray notPost = "GET /hooks/mixed HTTP/1.1\r\nHost: x\r\n\r\n";
+        for (int i = 0; i < 250; ++i) { // 100 of them the burst, the rest each with a 405 after it
+            QVERIFY(c.send(badSignature));
+            QCOMPARE(c.readResponse().status, 401);
+            if (i < 100)
+                continue;
+            QVERIFY(c.send(notPost));
+            QCOMPARE(c.readResponse().status, 405);
+        }
+        const auto byStatus = [&] {
+            DeliveryQuery q;
+            q.endpoint = u"mixed"_qs;
+            q.limit = 100'000;
+            QMap<int, qint64> counted;
+            const auto log = desk.pool->run<QList<DeliveryEvent>>(
+                [&](IdempotencyStore &s) { return s.deliveries(q); });
+            if (!log)
+                return counted;
+            for (const DeliveryEvent &e : *log)
+                counted[e.status] += e.count;
+            return counted;
+        };
+        QTRY_COMPARE_WITH_TIMEOUT(byStatus().value(405), qint64(150), 10'000);
+        QCOMPARE(byStatus().value(401), qint64(250));
+        QCOMPARE(byStatus().size(), 2);
     }
 
     void deliveriesAreLogged()
