@@ -205,6 +205,15 @@ std::optional<Redirect> redirectFrom(QByteArrayView error)
     return r;
 }
 
+bool ranNothing(QByteArrayView error)
+{
+    for (const char *prefix : {"MOVED ", "ASK ", "CLUSTERDOWN", "TRYAGAIN", "NOSCRIPT", "BUSY ",
+                               "LOADING", "READONLY", "MASTERDOWN"})
+        if (error.startsWith(prefix))
+            return true;
+    return false;
+}
+
 int commandSlot(const QList<QByteArray> &args)
 {
     if (args.size() < 2)
@@ -366,6 +375,13 @@ void ClusterLinks::markWritten(redisContext *context)
 {
     if (m_markingWrites && !m_written.contains(context))
         m_written.append(context);
+}
+
+void ClusterLinks::startMarking()
+{
+    m_written.clear();
+    m_writtenLost = false;
+    m_markingWrites = true;
 }
 
 Result<QList<redisContext *>> ClusterLinks::takeWritten()
@@ -649,11 +665,15 @@ Result<ClusterLinks::Reply> ClusterLinks::command(const QList<QByteArray> &args,
         }
         Reply reply(static_cast<redisReply *>(raw), freeReplyObject);
         answered(c);
-        if (writes)
+        const QByteArray error =
+            reply->type == REDIS_REPLY_ERROR ? textOf(reply.get()) : QByteArray();
+        // Marked only when it may have run here: after a MOVED the old master (a replica now, after
+        // a failover) was waited on and refused the WAIT, so a claim written was refused (503) and
+        // then answered 409, a lease nobody runs; after an ASK the old owner's replicas were too.
+        if (writes && !(reply->type == REDIS_REPLY_ERROR && ranNothing(error)))
             markWritten(c);
         if (reply->type != REDIS_REPLY_ERROR)
             return reply;
-        const QByteArray error = textOf(reply.get());
         if (error.startsWith("CLUSTERDOWN") || error.startsWith("TRYAGAIN")) {
             // Not run: the cluster cannot serve the slot now (a failover, a migration).
             m_stale = true;

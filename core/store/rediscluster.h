@@ -50,6 +50,10 @@ struct Redirect
 };
 std::optional<Redirect> redirectFrom(QByteArrayView error);
 
+// An error reply saying the node ran nothing: a redirect, CLUSTERDOWN, TRYAGAIN, NOSCRIPT, BUSY,
+// LOADING, READONLY, MASTERDOWN. Such a node was not written to (wait_replicas asks it nothing).
+bool ranNothing(QByteArrayView error);
+
 // Which slot a command touches: EVAL/EVALSHA route by KEYS[1], or — with no keys declared — by
 // their first argument (every script of ours takes the key prefix first); other commands by
 // their first argument. -1 for commands on no key (PING, TIME, WAIT, SCRIPT, CONFIG, …).
@@ -131,11 +135,15 @@ public:
     Result<Reply> command(const QList<QByteArray> &args, bool writes);
     // The connection to one node (a master from map()), connected on first use.
     Result<redisContext *> linkTo(const ClusterNode &node) { return connectTo(node); }
-    // The masters written to since the last takeWritten() (WAIT goes to each). Unavailable when
-    // the link of one was dropped meanwhile: a WAIT on a new link would wait for nothing.
+    // The masters a claim's or finish's own writes went to (WAIT goes to each), marked from
+    // startMarking() until setMarkingWrites(false); other writes (the delivery log, the index, a
+    // purge) are never marked. Unavailable when the link of one was dropped meanwhile: a WAIT on a
+    // new link would wait for nothing. A write whose answer ran nothing (ranNothing()) is not
+    // marked: the node that redirected it was not written to.
     void markWritten(redisContext *context);
     Result<QList<redisContext *>> takeWritten();
-    // While off, writes are not marked: the index writes, a derived view never waited for.
+    // Marking on, from nothing marked and nothing lost: what earlier writes left goes.
+    void startMarking();
     void setMarkingWrites(bool on) { m_markingWrites = on; }
     // A lost connection: drop it, mark its node failed, re-read the map before the next command.
     void broken(redisContext *context);
@@ -172,7 +180,7 @@ private:
     redisContext *m_current = nullptr;
     QList<redisContext *> m_written;
     bool m_writtenLost = false; // a link in m_written was dropped
-    bool m_markingWrites = true;
+    bool m_markingWrites = false;         // on only around a claim's or finish's own writes
     QHash<QByteArray, SlotMoves> m_moves; // by master address: what each said of itself last
     QHash<int, ClusterNode> m_unsettled;  // slot → the master importing it
     QHash<int, QElapsedTimer> m_unsettledSince; // since when, by the same importer

@@ -28,6 +28,31 @@ QByteArray num(qint64 v)
     return QByteArray::number(v);
 }
 
+// wait_replicas on a cluster waits on the masters a claim's or finish's own scripts wrote to, and
+// on those alone: marked from a clean slate when it starts (a delivery log write, a purge, a link
+// replaced since, left nothing that a claim then waited on or was refused for), not once its
+// scripts have answered (stop(): the index writes after them are a derived view), nor after.
+class MarkedWrites
+{
+public:
+    explicit MarkedWrites(redis::ClusterLinks *cluster) : m_cluster(cluster)
+    {
+        if (m_cluster)
+            m_cluster->startMarking();
+    }
+    ~MarkedWrites() { stop(); }
+    MarkedWrites(const MarkedWrites &) = delete;
+    MarkedWrites &operator=(const MarkedWrites &) = delete;
+    void stop()
+    {
+        if (m_cluster)
+            m_cluster->setMarkingWrites(false);
+    }
+
+private:
+    redis::ClusterLinks *m_cluster;
+};
+
 // Expired keys made tombstones per endpoint and round trip: by the purge (the engine's, every
 // minute, and `keys purge-expired`), a slice after another; by a count, one small slice, so that
 // a store where many keys expired at once (a burst a TTL ago, a desk that was stopped) keeps its
@@ -290,7 +315,13 @@ Result<std::vector<RedisStore::Reply>> RedisStore::clusterPipeline(const QList<Q
             replies[size_t(i)].reset(static_cast<redisReply *>(raw));
         }
         m_cluster->answered(c);
-        if (writes)
+        // Written to only if one of its commands may have run there (see ClusterLinks::command).
+        const QList<qsizetype> sent = byNode.value(c);
+        if (writes && std::any_of(sent.begin(), sent.end(), [&](qsizetype i) {
+                const redisReply *r = replies[size_t(i)].get();
+                return r->type != REDIS_REPLY_ERROR ||
+                       !redis::ranNothing(QByteArrayView(r->str, qsizetype(r->len)));
+            }))
             m_cluster->markWritten(c);
     }
     // A slot that moved (MOVED/ASK): the node did not run the command; it goes again, alone,
@@ -312,13 +343,8 @@ void RedisStore::writeIndexes(const redis::IndexBatch &batch)
 {
     if (batch.isEmpty())
         return;
-    // A derived view: not waited for (wait_replicas). Only these writes are left unmarked —
-    // taking every write here took the record's too, so no claim or finish was waited for.
-    if (m_cluster)
-        m_cluster->setMarkingWrites(false);
+    // A derived view: not waited for (wait_replicas; its writes are not marked, see MarkedWrites).
     (void)pipeline(batch.commands(m_prefix), true); // lost: listing and purge repair it
-    if (m_cluster)
-        m_cluster->setMarkingWrites(true);
 }
 
 Result<RedisStore::Reply> RedisStore::script(const char *name, const QList<QByteArray> &args,
@@ -385,7 +411,9 @@ Result<void> RedisStore::waitForReplicas()
 
 Result<ClaimResult> RedisStore::claim(const ClaimRequest &req)
 {
+    MarkedWrites marked(m_cluster.get());
     auto r = script("claim", redis::claimArgs(m_prefix, req), true);
+    marked.stop();
     if (!r)
         return answerUnwritten(req, r.error());
     auto result = redis::claimResult(r->get(), req);
@@ -404,7 +432,9 @@ Result<ClaimResult> RedisStore::claim(const ClaimRequest &req)
 
 Result<FinishVerdict> RedisStore::finish(const FinishRequest &req)
 {
+    MarkedWrites marked(m_cluster.get());
     auto r = script("finish", redis::finishArgs(m_prefix, req), true);
+    marked.stop();
     if (!r)
         return r.error();
     redis::IndexMove move;
@@ -478,7 +508,9 @@ Result<QList<ClaimResult>> RedisStore::claimBatch(const QList<ClaimRequest> &req
     QList<QList<QByteArray>> args;
     for (const ClaimRequest &req : requests)
         args.append(redis::claimArgs(m_prefix, req));
+    MarkedWrites marked(m_cluster.get());
     auto exec = scriptsInTransaction("claim", args);
+    marked.stop();
     if (!exec) // a transaction Redis refused (EXECABORT): none of them ran
         return answerUnwritten(requests, exec.error());
     QList<ClaimResult> results;
@@ -502,7 +534,9 @@ Result<QList<FinishVerdict>> RedisStore::finishBatch(const QList<FinishRequest> 
     QList<QList<QByteArray>> args;
     for (const FinishRequest &req : requests)
         args.append(redis::finishArgs(m_prefix, req));
+    MarkedWrites marked(m_cluster.get());
     auto exec = scriptsInTransaction("finish", args);
+    marked.stop();
     if (!exec)
         return exec.error();
     QList<FinishVerdict> verdicts;

@@ -140,6 +140,28 @@ class TestRedisCluster : public QObject
         return std::make_unique<ClusterLinks>(m_seeds, 2000, 3000, ClusterLinks::Setup());
     }
 
+    // A store on the cluster with wait_replicas=1, its keys under `prefix`.
+    std::unique_ptr<RedisStore> waitingStore(const QByteArray &prefix)
+    {
+        auto url = StoreUrl::parse(qEnvironmentVariable("IDEM_TEST_REDIS_CLUSTER_URL") +
+                                   u"?prefix="_qs + QString::fromLatin1(prefix) +
+                                   u"&wait_replicas=1&wait_timeout_ms=500"_qs);
+        if (!url)
+            return nullptr;
+        auto store = RedisStore::connect(*url);
+        return store ? std::move(*store) : nullptr;
+    }
+
+    static ClaimRequest claimOf(const QString &key)
+    {
+        ClaimRequest claim;
+        claim.key = key;
+        claim.endpoint = u"ep"_qs;
+        claim.provider = u"generic"_qs;
+        claim.fingerprint = "f";
+        return claim;
+    }
+
 private Q_SLOTS:
     void initTestCase()
     {
@@ -964,6 +986,106 @@ private Q_SLOTS:
         QVERIFY2(r.status == 503,
                  qPrintable(u"%1 %2"_qs.arg(r.status).arg(QString::fromUtf8(r.body.left(300)))));
         QCOMPARE(down.count("wr:" + id), 0);
+    }
+
+    // A claim answered MOVED by its slot's old master (a replica since a clean manual failover)
+    // is run on the new one and waited on there alone: the old one was marked written before the
+    // answer was looked at, its WAIT refused ("cannot be used with replica instances", counted -1),
+    // so the claim, written, was answered 503, and 409 when sent again (a lease nobody runs).
+    void aRedirectedClaimIsWaitedOnWhereItRan()
+    {
+        QVERIFY2(waitUntil([&] { return clusterWhole(m_ports); }, 30'000),
+                 "the cluster is not whole");
+        const QByteArray prefix = "wm" + g_run + ":";
+        auto store = waitingStore(prefix);
+        QVERIFY(store);
+        const QString first = u"ep:first"_qs;
+        auto warm = store->claim(claimOf(first)); // its map read, its link to the master made
+        QVERIFY2(warm.ok(), warm.ok() ? "" : qPrintable(warm.error().message));
+        auto l = links();
+        QVERIFY(l->refresh().ok());
+        const ClusterNode master = *l->map().master(keySlot(first.toUtf8()));
+        const int replica = replicaPort(master.port);
+        QVERIFY(replica > 0);
+        QCOMPARE(cli(replica, {u"CLUSTER"_qs, u"FAILOVER"_qs}), QByteArray("OK"));
+        QVERIFY2(waitUntil(
+                     [&] {
+                         return cli(replica, {u"ROLE"_qs}).startsWith("master") &&
+                                cli(master.port, {u"ROLE"_qs}).startsWith("slave") &&
+                                clusterWhole(m_ports);
+                     },
+                     30'000),
+                 "the replica did not take over");
+        // A new key of the same slot: sent to the old master first (the store's map is old).
+        QString key;
+        for (int i = 0; key.isEmpty(); ++i)
+            if (keySlot("ep:" + QByteArray::number(i)) == keySlot(first.toUtf8()))
+                key = u"ep:%1"_qs.arg(i);
+        auto claimed = store->claim(claimOf(key));
+        QVERIFY2(claimed.ok(), claimed.ok() ? "" : qPrintable(claimed.error().message));
+        QVERIFY(claimed->claimed());
+    }
+
+    // wait_replicas waits on the masters a claim's own script wrote to, not on those of writes
+    // before it: a delivery log write left the log stream's master marked until the worker's next
+    // claim, which then waited on it too — with that master's replica paused, a claim whose
+    // record lives on a healthy master was refused ("only 0 of 1 replicas acknowledged").
+    void aClaimIsNotWaitedOnTheLogsMaster()
+    {
+        QVERIFY2(waitUntil([&] { return clusterWhole(m_ports); }, 30'000),
+                 "the cluster is not whole");
+        const QByteArray prefix = "wl" + g_run + ":";
+        auto store = waitingStore(prefix);
+        QVERIFY(store);
+        auto l = links();
+        QVERIFY(l->refresh().ok());
+        const ClusterNode logMaster = *l->map().master(keySlot(prefix + "log"));
+        QString key; // its record on another master
+        for (int i = 0; key.isEmpty(); ++i)
+            if (!(*l->map().master(keySlot("ep:" + QByteArray::number(i))) == logMaster))
+                key = u"ep:%1"_qs.arg(i);
+        DeliveryEvent event;
+        event.atMs = QDateTime::currentMSecsSinceEpoch();
+        event.endpoint = u"ep"_qs;
+        event.key = u"ep:logged"_qs;
+        QVERIFY(store->appendDeliveries({event}).ok());
+        const qint64 replicaPid = serverPid(replicaPort(logMaster.port));
+        QVERIFY(replicaPid > 0);
+        QCOMPARE(::kill(pid_t(replicaPid), SIGSTOP), 0);
+        auto resumed = qScopeGuard([&] { ::kill(pid_t(replicaPid), SIGCONT); });
+        auto claimed = store->claim(claimOf(key));
+        QVERIFY2(claimed.ok(), claimed.ok() ? "" : qPrintable(claimed.error().message));
+        QVERIFY(claimed->claimed());
+    }
+
+    // A delivery log write's link killed (CLIENT KILL on every node) and replaced by the next
+    // claim on that master: the link was still marked written, so its replacement refused the
+    // claim after it ran ("a master written to was disconnected before its replicas could be
+    // asked"): 503, then 409 when sent again.
+    void aLogLinkReplacedDoesNotRefuseTheNextClaim()
+    {
+        QVERIFY2(waitUntil([&] { return clusterWhole(m_ports); }, 30'000),
+                 "the cluster is not whole");
+        const QByteArray prefix = "wk" + g_run + ":";
+        auto store = waitingStore(prefix);
+        QVERIFY(store);
+        auto l = links();
+        QVERIFY(l->refresh().ok());
+        const ClusterNode logMaster = *l->map().master(keySlot(prefix + "log"));
+        QString key; // its record on the log stream's master
+        for (int i = 0; key.isEmpty(); ++i)
+            if (*l->map().master(keySlot("ep:" + QByteArray::number(i))) == logMaster)
+                key = u"ep:%1"_qs.arg(i);
+        DeliveryEvent event;
+        event.atMs = QDateTime::currentMSecsSinceEpoch();
+        event.endpoint = u"ep"_qs;
+        event.key = u"ep:logged"_qs;
+        QVERIFY(store->appendDeliveries({event}).ok());
+        for (int port : std::as_const(m_ports))
+            cli(port, {u"CLIENT"_qs, u"KILL"_qs, u"TYPE"_qs, u"normal"_qs});
+        auto claimed = store->claim(claimOf(key));
+        QVERIFY2(claimed.ok(), claimed.ok() ? "" : qPrintable(claimed.error().message));
+        QVERIFY(claimed->claimed());
     }
 
     // No node reachable: an error naming what was tried, no hang.
