@@ -129,6 +129,28 @@ bool mayProbe(const QByteArray &address)
     return true;
 }
 
+// What each master of a cluster said of its slot moves last (any ClusterLinks of this process:
+// a new one starts with them, as with the marks above), and the slot map of the last moves read
+// every master answered. Where a master's answer is missing from a read, a slot whose owner is not
+// the one of that map may be half-moved without our knowing (that master imports it, the owner
+// failed over): it is refused until a read is complete again.
+struct MovesOfCluster
+{
+    QHash<QByteArray, QPair<qint64, SlotMoves>> byMaster; // address → (when asked, its moves)
+    std::shared_ptr<const SlotMap> settled; // else the first map read (see readMoves())
+};
+struct KnownMoves
+{
+    std::mutex mutex;
+    QHash<QByteArray, MovesOfCluster> byCluster;
+};
+// Never destroyed, as known().
+KnownMoves &knownMoves()
+{
+    static auto *moves = new KnownMoves;
+    return *moves;
+}
+
 constexpr std::array<quint16, 256> crcTable()
 {
     std::array<quint16, 256> table{};
@@ -488,40 +510,68 @@ void ClusterLinks::readMoves()
     // requests find out whether it is gone): what it said last stands meanwhile — where it owns
     // a slot another master imports, that slot stays refused.
     const QList<ClusterNode> masters = m_map.masters();
+    const qint64 askedAt = nowMs();
+    QStringList unread; // masters whose moves this read lacks
     QList<QPair<ClusterNode, redisContext *>> asked;
     for (const ClusterNode &node : masters) {
-        if (!mayProbe(node.address()))
+        auto c = mayProbe(node.address()) ? connectTo(node) : Result<redisContext *>(nullptr);
+        if (!c || !*c) {
+            unread << QString::fromUtf8(node.address());
             continue;
-        auto c = connectTo(node);
-        if (!c)
-            continue;
+        }
         redisAppendCommand(*c, "CLUSTER NODES");
         int done = 0;
         while (!done && redisBufferWrite(*c, &done) == REDIS_OK) {
         }
         asked.append({node, *c});
     }
+    QHash<QByteArray, SlotMoves> answers;
     for (const auto &[node, c] : std::as_const(asked)) {
         void *raw = nullptr;
         redisSetTimeout(c, timeout(std::min(m_commandTimeoutMs, kMapReadTimeoutMs)));
         if (redisGetReply(c, &raw) != REDIS_OK || !raw) {
             drop(c, true);
+            unread << QString::fromUtf8(node.address());
             continue;
         }
         redisSetTimeout(c, timeout(m_commandTimeoutMs));
         markAnswered(node.address());
         Reply reply(static_cast<redisReply *>(raw), freeReplyObject);
-        if (reply->type != REDIS_REPLY_STRING)
-            continue;
-        if (auto moves = SlotMoves::fromClusterNodes(textOf(reply.get())))
-            m_moves.insert(node.address(), *moves);
-    }
-    for (auto it = m_moves.begin(); it != m_moves.end();) {
-        if (std::any_of(masters.begin(), masters.end(),
-                        [&](const ClusterNode &m) { return m.address() == it.key(); }))
-            ++it;
+        const auto moves = reply->type == REDIS_REPLY_STRING
+                               ? SlotMoves::fromClusterNodes(textOf(reply.get()))
+                               : std::nullopt;
+        if (moves)
+            answers.insert(node.address(), *moves);
         else
-            it = m_moves.erase(it);
+            unread << QString::fromUtf8(node.address());
+    }
+    std::shared_ptr<const SlotMap> settled;
+    {
+        std::lock_guard lock(knownMoves().mutex);
+        MovesOfCluster &cluster = knownMoves().byCluster[clusterId(m_seeds)];
+        for (auto it = answers.cbegin(); it != answers.cend(); ++it) {
+            auto &last = cluster.byMaster[it.key()];
+            if (last.first <= askedAt) // not over a later read's (another worker's)
+                last = {askedAt, it.value()};
+        }
+        if (unread.isEmpty()) {
+            for (auto it = cluster.byMaster.begin(); it != cluster.byMaster.end();) {
+                if (std::any_of(masters.begin(), masters.end(),
+                                [&](const ClusterNode &m) { return m.address() == it.key(); }))
+                    ++it;
+                else
+                    it = cluster.byMaster.erase(it);
+            }
+            cluster.settled = std::make_shared<const SlotMap>(m_map);
+        } else if (!cluster.settled) {
+            // No read of this process was complete yet: the first map stands for one (a desk
+            // started while a master does not answer is not refused everything meanwhile).
+            cluster.settled = std::make_shared<const SlotMap>(m_map);
+        }
+        m_moves.clear();
+        for (auto it = cluster.byMaster.cbegin(); it != cluster.byMaster.cend(); ++it)
+            m_moves.insert(it.key(), it.value().second);
+        settled = cluster.settled;
     }
     // A slot some master imports is settled while its owner migrates it to that master (ASK
     // sends each key the owner no longer holds there). Otherwise — the owner failed over
@@ -545,6 +595,19 @@ void ClusterLinks::readMoves()
             m_unsettled.insert(slot, node);
         }
     }
+    // A master's answer missing (hung for a moment, failed lately): what it said last may be from
+    // before a reshard began, or nothing (a new ClusterLinks). A slot whose owner changed since the
+    // last complete read (a MOVED, a failover) is then not taken as settled: the owner may lack
+    // the records that master imported. Refused until a read has every master's answer.
+    m_unconfirmed.clear();
+    m_unread = unread.join(u", "_qs);
+    if (!unread.isEmpty()) {
+        for (int slot = 0; slot < kSlots; ++slot) {
+            const auto owner = m_map.master(slot);
+            if (owner && !(settled->master(slot) == owner))
+                m_unconfirmed.insert(slot);
+        }
+    }
     // Since when each is so (the same importer on every read since): a reshard sets a slot
     // IMPORTING on its target a moment before MIGRATING on its owner, so only a state that
     // lasts is worth an operator's `--cluster fix`.
@@ -562,14 +625,21 @@ void ClusterLinks::readMoves()
 
 std::optional<Error> ClusterLinks::unsettledError(int slot)
 {
-    if (m_unsettled.isEmpty())
+    if (m_unsettled.isEmpty() && m_unconfirmed.isEmpty())
         return std::nullopt;
     if (m_movesRead.elapsed() >= 1000)
         (void)refresh(); // settled meanwhile? (unanswered: what we know stands)
-    const auto importer = m_unsettled.constFind(slot);
-    if (importer == m_unsettled.cend())
-        return std::nullopt;
     const auto owner = m_map.master(slot);
+    const auto importer = m_unsettled.constFind(slot);
+    if (importer == m_unsettled.cend()) {
+        if (!m_unconfirmed.contains(slot))
+            return std::nullopt;
+        return unavailable(
+            u"slot %1 changed owner (now %2) while %3 did not tell its slot moves (no answer in "
+            u"time, or failed lately): it may import the slot's records; nothing is decided on it "
+            u"until every master answers"_qs.arg(slot)
+                .arg(owner ? QString::fromUtf8(owner->address()) : u"(none)"_qs, m_unread));
+    }
     QString why =
         u"slot %1 is half-moved: %2 imports it but its owner %3 does not migrate it there (a "
         u"reshard about to move it, or the owner failed over mid-reshard and lacks the records "

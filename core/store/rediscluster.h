@@ -8,6 +8,8 @@
 #include <QElapsedTimer>
 #include <QHash>
 #include <QList>
+#include <QSet>
+#include <QString>
 
 #include <functional>
 #include <memory>
@@ -49,7 +51,6 @@ struct Redirect
     ClusterNode node;
 };
 std::optional<Redirect> redirectFrom(QByteArrayView error);
-
 // An error reply saying the node ran nothing: a redirect, CLUSTERDOWN, TRYAGAIN, NOSCRIPT, BUSY,
 // LOADING, READONLY, MASTERDOWN. Such a node was not written to (wait_replicas asks it nothing).
 bool ranNothing(QByteArrayView error);
@@ -102,10 +103,13 @@ void learnNodes(const QList<ClusterNode> &seeds, const QList<ClusterNode> &nodes
 // not migrating it there (the owner failed over during a reshard: its replica never had the
 // MIGRATING flag nor the moved records) is refused until it is settled. A node that failed
 // (process-wide, for 10 s or until it answers) is not asked for the moves: requests for other
-// masters' slots never wait on a hung one. Errors are values: ErrorCode::Unavailable (503) when
-// nothing ran, InDoubt for a write whose answer was lost — never retried here.
-// Contexts handed out stay valid only until the next call that may read the map (link(),
-// current(), command(), refresh(), linkTo()): hold an address, not a context, across those.
+// masters' slots never wait on a hung one. While a master's moves are missing from the last read
+// (not asked, or no answer in 1 s), a slot whose owner is not the one of the last read every
+// master answered (process-wide) is refused too: it may be half-moved to that master. Errors are
+// values: ErrorCode::Unavailable (503) when nothing ran, InDoubt for a write whose answer was lost
+// — never retried here. Contexts handed out stay valid only until the next call that may read the
+// map (link(), current(), command(), refresh(), linkTo()): hold an address, not a context, across
+// those.
 class ClusterLinks
 {
 public:
@@ -118,11 +122,13 @@ public:
     // Reads CLUSTER SLOTS from the first node that answers it within 1 s, then each master's own
     // CLUSTER NODES line (pipelined, each answer waited for up to 1 s) for the slots half-moved
     // without their owner's migration. A master that does not answer, or failed lately, keeps what
-    // it said last; that alone does not make the map stale.
+    // it said last (any ClusterLinks of the process); that alone does not make the map stale, but
+    // refuses the slots whose owner changed since the last read all masters answered.
     Result<void> refresh();
     // The connection to the slot's master (connected on first use); refreshes a stale map first.
-    // A half-moved slot (see above) is Unavailable; while there is one, the state is re-read at
-    // most once a second on use, so the slot is served again once it is settled.
+    // A half-moved slot (see above) is Unavailable; while there is one (or one refused for a
+    // missing answer), the state is re-read at most once a second on use, so the slot is served
+    // again once it is settled (and every master answered).
     Result<redisContext *> link(int slot);
     // The connection used last (for commands on no key: WAIT after a write, SCRIPT LOAD after a
     // NOSCRIPT), else any master's.
@@ -183,6 +189,8 @@ private:
     bool m_markingWrites = false;         // on only around a claim's or finish's own writes
     QHash<QByteArray, SlotMoves> m_moves; // by master address: what each said of itself last
     QHash<int, ClusterNode> m_unsettled;  // slot → the master importing it
+    QSet<int> m_unconfirmed; // slots whose owner changed while a master's moves went unread
+    QString m_unread;        // those masters, for the error
     QHash<int, QElapsedTimer> m_unsettledSince; // since when, by the same importer
     QElapsedTimer m_movesRead;            // since the moves were read
     quint64 m_dropped = 0;                // connections dropped (broken())

@@ -551,6 +551,167 @@ private Q_SLOTS:
                  "the cluster is not whole again");
     }
 
+    // As above, but the importing master stalls for a moment (SIGSTOP; no failover meanwhile)
+    // while the completed keys are sent again. Its moves went unread and what the desk knew of
+    // them was from before the reshard: the slot counted as settled, the MOVED was followed to the
+    // new owner, which lacks the moved records, and each key ran a second time — then answered
+    // `replayed` from that owner for good, the moves never read again. Now a slot whose owner
+    // changed is refused while a master's moves are missing, and served once all answer.
+    void aStalledImporterDoesNotLetAHalfMovedSlotRunAgain()
+    {
+        QList<int> ports;
+        for (const QString &p : qEnvironmentVariable("IDEM_TEST_REDIS_CLUSTER_PORTS").split(u','))
+            ports << p.toInt();
+        if (ports.size() != 6)
+            QFAIL("IDEM_TEST_REDIS_CLUSTER_PORTS is not set: run the suite through ./dev test");
+        QVERIFY2(waitUntil([&] { return clusterWhole(ports); }, 30'000),
+                 "the cluster is not whole");
+
+        idem::test::CountingDownstream down;
+        const QByteArray prefix = "si" + g_run + ":";
+        idem::test::Desk desk =
+            idem::test::startDesk("{\"endpoints\": [{\"name\": \"si\", \"forward_to\": \"" +
+                                      down.url().toString().toUtf8() + "\"}]}",
+                                  qEnvironmentVariable("IDEM_TEST_REDIS_CLUSTER_URL") +
+                                      u"?prefix="_qs + QString::fromLatin1(prefix));
+        const QByteArray base = "k" + g_run + "-";
+        const int slot = keySlot("si:" + base + "0");
+        QList<QByteArray> ids{base + "0"};
+        for (int i = 1; ids.size() < 3; ++i)
+            if (keySlot("si:" + base + QByteArray::number(i)) == slot)
+                ids << base + QByteArray::number(i);
+        auto deliver = [&](const QByteArray &id) {
+            return post(desk.port, "/hooks/si", "{}", {{"Idempotency-Key", id}});
+        };
+        for (const QByteArray &id : std::as_const(ids)) {
+            QCOMPARE(deliver(id).status, 200);
+            QCOMPARE(down.count("si:" + id), 1);
+        }
+
+        auto l = links();
+        QVERIFY(l->refresh().ok());
+        const ClusterNode from = *l->map().master(slot);
+        const QList<ClusterNode> masters = l->map().masters();
+        const ClusterNode to = masters.first() == from ? masters.at(1) : masters.first();
+        const QString s = QString::number(slot);
+        const QString fromId = QString::fromUtf8(nodeId(from.port)),
+                      toId = QString::fromUtf8(nodeId(to.port));
+        // Links of a cluster named by other seeds (what this process knows of it is their own —
+        // the desk's workers may read the moves meanwhile): each master answers before the
+        // reshard, none after it while the importer stalls.
+        const QList<ClusterNode> otherSeeds{m_seeds.at(1)};
+        ClusterLinks before(otherSeeds, 2000, 3000, {});
+        QVERIFY(before.refresh().ok());
+        const QList<QByteArray> get{
+            "GET", redis::recordKey(prefix, QString::fromUtf8("si:" + ids.first()))};
+        const int fromReplica = replicaPort(from.port);
+        const qint64 toPid = serverPid(to.port);
+        QVERIFY(fromReplica > 0 && toPid > 0);
+        auto settle = [&] {
+            QStringList answers;
+            answers << QString::fromUtf8(
+                cli(to.port, {u"CLUSTER"_qs, u"SETSLOT"_qs, s, u"NODE"_qs, toId}));
+            for (int port : std::as_const(ports)) {
+                if (port == to.port || !cli(port, {u"ROLE"_qs}).startsWith("master"))
+                    continue;
+                const QByteArray stray =
+                    cli(port, {u"CLUSTER"_qs, u"GETKEYSINSLOT"_qs, s, u"1000"_qs});
+                for (const QByteArray &key : stray.split('\n'))
+                    if (!key.isEmpty())
+                        cli(port, {u"DEL"_qs, QString::fromUtf8(key)});
+                answers << QString::fromUtf8(
+                    cli(port, {u"CLUSTER"_qs, u"SETSLOT"_qs, s, u"NODE"_qs, toId}));
+            }
+            return answers;
+        };
+        auto settled = qScopeGuard([&] { settle(); });
+
+        // Half-moved and the owner failed over, as in failoverMidReshardIsRefusedUntilSettled.
+        QCOMPARE(cli(to.port, {u"CLUSTER"_qs, u"SETSLOT"_qs, s, u"IMPORTING"_qs, fromId}),
+                 QByteArray("OK"));
+        QCOMPARE(cli(from.port, {u"CLUSTER"_qs, u"SETSLOT"_qs, s, u"MIGRATING"_qs, toId}),
+                 QByteArray("OK"));
+        const QByteArray keys = cli(from.port, {u"CLUSTER"_qs, u"GETKEYSINSLOT"_qs, s, u"1000"_qs});
+        QVERIFY2(keys.contains(redis::recordKey(prefix, QString::fromUtf8("si:" + ids.first()))),
+                 keys.constData());
+        for (const QByteArray &key : keys.split('\n'))
+            QCOMPARE(cli(from.port, {u"MIGRATE"_qs, u"127.0.0.1"_qs, QString::number(to.port),
+                                     QString::fromUtf8(key), u"0"_qs, u"5000"_qs}),
+                     QByteArray("OK"));
+        QCOMPARE(cli(fromReplica, {u"CLUSTER"_qs, u"FAILOVER"_qs}), QByteArray("OK"));
+        QVERIFY2(waitUntil(
+                     [&] {
+                         return cli(fromReplica, {u"ROLE"_qs}).startsWith("master") &&
+                                cli(from.port, {u"ROLE"_qs}).startsWith("slave");
+                     },
+                     30'000),
+                 "the replica did not take over");
+
+        // The importer stalls (the node timeout raised meanwhile: a slow machine must not turn the
+        // stall into a failover) while every completed key is sent again: refused, run nowhere.
+        const QByteArray nodeTimeout =
+            cli(to.port, {u"CONFIG"_qs, u"GET"_qs, u"cluster-node-timeout"_qs}).split('\n').last();
+        QVERIFY(nodeTimeout.toInt() > 0);
+        const auto setNodeTimeout = [&](const QString &ms) {
+            for (int port : std::as_const(ports))
+                cli(port, {u"CONFIG"_qs, u"SET"_qs, u"cluster-node-timeout"_qs, ms});
+        };
+        setNodeTimeout(u"30000"_qs);
+        auto resumed = qScopeGuard([&] {
+            ::kill(pid_t(toPid), SIGCONT);
+            setNodeTimeout(QString::fromUtf8(nodeTimeout));
+        });
+        QCOMPARE(::kill(pid_t(toPid), SIGSTOP), 0);
+        QList<ClientResponse> stalled;
+        for (const QByteArray &id : std::as_const(ids))
+            stalled << deliver(id);
+        // The MOVED followed by links whose map is from before; new links alike: refused.
+        auto moved = before.command(get, false);
+        auto fresh = ClusterLinks(otherSeeds, 2000, 3000, {}).command(get, false);
+        QCOMPARE(::kill(pid_t(toPid), SIGCONT), 0);
+        for (const auto *r : {&moved, &fresh}) {
+            QVERIFY2(!r->ok(), "served by the new owner");
+            QCOMPARE(r->error().code, ErrorCode::Unavailable);
+            QVERIFY2(r->error().message.contains(u"until every master answers"_qs) &&
+                         r->error().message.contains(QString::fromUtf8(to.address())),
+                     qPrintable(r->error().message));
+        }
+        for (qsizetype i = 0; i < ids.size(); ++i) {
+            QVERIFY2(stalled.at(i).status == 503,
+                     qPrintable(u"%1 %2"_qs.arg(stalled.at(i).status)
+                                    .arg(QString::fromUtf8(stalled.at(i).body.left(300)))));
+            QCOMPARE(down.count("si:" + ids.at(i)), 1);
+        }
+        // Answering again: still half-moved, still refused; nothing claimed on the new owner.
+        for (const QByteArray &id : std::as_const(ids)) {
+            const ClientResponse r = deliver(id);
+            QVERIFY2(r.status == 503, qPrintable(u"%1 %2"_qs.arg(r.status).arg(
+                                          QString::fromUtf8(r.body.left(300)))));
+            QCOMPARE(down.count("si:" + id), 1);
+            QCOMPARE(cli(fromReplica, {u"EXISTS"_qs, QString::fromUtf8(redis::recordKey(
+                                                         prefix, QString::fromUtf8("si:" + id)))}),
+                     QByteArray("0"));
+        }
+        setNodeTimeout(QString::fromUtf8(nodeTimeout));
+        resumed.dismiss();
+
+        // Settled: served again (once every master answered), from the records, run once in all.
+        const QStringList answers = settle();
+        QVERIFY2(std::all_of(answers.begin(), answers.end(),
+                             [](const QString &a) { return a == u"OK"_qs; }),
+                 qPrintable(answers.join(u"; "_qs)));
+        for (const QByteArray &id : std::as_const(ids)) {
+            ClientResponse r;
+            QVERIFY2(waitUntil([&] { return (r = deliver(id)).status != 503; }, 30'000),
+                     "the settled slot is not served again");
+            QCOMPARE(r.status, 200);
+            QCOMPARE(r.header("Idempotency-Outcome"), QByteArray("replayed"));
+            QCOMPARE(down.count("si:" + id), 1);
+        }
+        QVERIFY2(waitUntil([&] { return clusterWhole(ports); }, 30'000),
+                 "the cluster is not whole again");
+    }
+
     // The CLI checks the store's layout first. When the store cannot answer (here: the slot of
     // the layout key half-moved, refused; a master down answers CLUSTERDOWN alike) it says so, not
     // that the store holds records of an earlier layout.
