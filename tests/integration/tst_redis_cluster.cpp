@@ -115,6 +115,69 @@ int replicaPort(int port)
     return replication.mid(replication.indexOf("port=", at) + 5).split(',').first().toInt();
 }
 
+// Three idempotency keys whose records ("<endpoint>:<id>") share one slot.
+QList<QByteArray> idsInOneSlot(const QByteArray &endpoint, const QByteArray &base)
+{
+    const int slot = keySlot(endpoint + ":" + base + "0");
+    QList<QByteArray> ids{base + "0"};
+    for (int i = 1; ids.size() < 3; ++i)
+        if (keySlot(endpoint + ":" + base + QByteArray::number(i)) == slot)
+            ids << base + QByteArray::number(i);
+    return ids;
+}
+
+// Slot `s` half-moved from `from` to `to` by a reshard cut short by a failover, as `redis-cli
+// --cluster reshard` starts it (IMPORTING, MIGRATING, every key MIGRATEd) before the source's
+// replica takes over, ahead of SETSLOT NODE. What went wrong, empty if nothing.
+QString halfMoveThenFailOver(const ClusterNode &from, const ClusterNode &to, int fromReplica,
+                             const QString &s, const QByteArray &oneKey)
+{
+    const QString fromId = QString::fromUtf8(nodeId(from.port)),
+                  toId = QString::fromUtf8(nodeId(to.port));
+    if (cli(to.port, {u"CLUSTER"_qs, u"SETSLOT"_qs, s, u"IMPORTING"_qs, fromId}) != "OK" ||
+        cli(from.port, {u"CLUSTER"_qs, u"SETSLOT"_qs, s, u"MIGRATING"_qs, toId}) != "OK")
+        return u"SETSLOT IMPORTING / MIGRATING refused"_qs;
+    const QByteArray keys = cli(from.port, {u"CLUSTER"_qs, u"GETKEYSINSLOT"_qs, s, u"1000"_qs});
+    if (!keys.contains(oneKey))
+        return u"not in the slot: "_qs + QString::fromUtf8(keys);
+    for (const QByteArray &key : keys.split('\n'))
+        if (cli(from.port, {u"MIGRATE"_qs, u"127.0.0.1"_qs, QString::number(to.port),
+                            QString::fromUtf8(key), u"0"_qs, u"5000"_qs}) != "OK")
+            return u"MIGRATE refused"_qs;
+    if (cli(fromReplica, {u"CLUSTER"_qs, u"FAILOVER"_qs}) != "OK")
+        return u"CLUSTER FAILOVER refused"_qs;
+    // Asked of the two nodes themselves: the importing node ignores news of a slot it imports
+    // (it still names the old owner, and reports cluster_state:fail until settled).
+    if (!waitUntil(
+            [&] {
+                return cli(fromReplica, {u"ROLE"_qs}).startsWith("master") &&
+                       cli(from.port, {u"ROLE"_qs}).startsWith("slave");
+            },
+            30'000))
+        return u"the replica did not take over"_qs;
+    return {};
+}
+
+// Slot `s` settled on `to` (its keys are there), as `redis-cli --cluster fix` ends it; keys some
+// other master holds in the slot (a duplicate claimed there) go. Each master's answer.
+QStringList settleSlot(const QList<int> &ports, const ClusterNode &to, const QString &s)
+{
+    const QString toId = QString::fromUtf8(nodeId(to.port));
+    QStringList answers;
+    answers << QString::fromUtf8(cli(to.port, {u"CLUSTER"_qs, u"SETSLOT"_qs, s, u"NODE"_qs, toId}));
+    for (int port : std::as_const(ports)) {
+        if (port == to.port || !cli(port, {u"ROLE"_qs}).startsWith("master"))
+            continue;
+        const QByteArray stray = cli(port, {u"CLUSTER"_qs, u"GETKEYSINSLOT"_qs, s, u"1000"_qs});
+        for (const QByteArray &key : stray.split('\n'))
+            if (!key.isEmpty())
+                cli(port, {u"DEL"_qs, QString::fromUtf8(key)});
+        answers << QString::fromUtf8(
+            cli(port, {u"CLUSTER"_qs, u"SETSLOT"_qs, s, u"NODE"_qs, toId}));
+    }
+    return answers;
+}
+
 // A key (hash-tagged) whose slot is `slot`.
 QByteArray keyInSlot(int slot, const QByteArray &suffix)
 {
@@ -425,12 +488,8 @@ private Q_SLOTS:
                                       down.url().toString().toUtf8() + "\"}]}",
                                   url);
         // Three keys of one slot (a record's slot is its key's, "mr:<id>"), each completed.
-        const QByteArray base = "k" + g_run + "-";
-        const int slot = keySlot("mr:" + base + "0");
-        QList<QByteArray> ids{base + "0"};
-        for (int i = 1; ids.size() < 3; ++i)
-            if (keySlot("mr:" + base + QByteArray::number(i)) == slot)
-                ids << base + QByteArray::number(i);
+        const QList<QByteArray> ids = idsInOneSlot("mr", "k" + g_run + "-");
+        const int slot = keySlot("mr:" + ids.first());
         auto deliver = [&](const QByteArray &id) {
             return post(desk.port, "/hooks/mr", "{}", {{"Idempotency-Key", id}});
         };
@@ -446,59 +505,15 @@ private Q_SLOTS:
         const QList<ClusterNode> masters = l->map().masters();
         const ClusterNode to = masters.first() == from ? masters.at(1) : masters.first();
         const QString s = QString::number(slot);
-        const QString fromId = QString::fromUtf8(nodeId(from.port)),
-                      toId = QString::fromUtf8(nodeId(to.port));
-        const QByteArray replication = cli(from.port, {u"INFO"_qs, u"replication"_qs});
-        const qsizetype at = replication.indexOf("slave0:");
-        QVERIFY2(at >= 0, replication.constData());
-        const int replicaPort =
-            replication.mid(replication.indexOf("port=", at) + 5).split(',').first().toInt();
-        QVERIFY(replicaPort > 0);
-
-        // Whatever happens, the slot ends settled on `to` (its keys are there): later tests need a
-        // whole cluster. Keys some other master holds in the slot (a duplicate claimed there) go.
-        auto settle = [&] {
-            QStringList answers;
-            answers << QString::fromUtf8(
-                cli(to.port, {u"CLUSTER"_qs, u"SETSLOT"_qs, s, u"NODE"_qs, toId}));
-            for (int port : std::as_const(ports)) {
-                if (port == to.port || !cli(port, {u"ROLE"_qs}).startsWith("master"))
-                    continue;
-                const QByteArray stray =
-                    cli(port, {u"CLUSTER"_qs, u"GETKEYSINSLOT"_qs, s, u"1000"_qs});
-                for (const QByteArray &key : stray.split('\n'))
-                    if (!key.isEmpty())
-                        cli(port, {u"DEL"_qs, QString::fromUtf8(key)});
-                answers << QString::fromUtf8(
-                    cli(port, {u"CLUSTER"_qs, u"SETSLOT"_qs, s, u"NODE"_qs, toId}));
-            }
-            return answers;
-        };
+        const int fromReplica = replicaPort(from.port);
+        QVERIFY(fromReplica > 0);
+        // Whatever happens, the slot ends settled on `to`: later tests need a whole cluster.
+        const auto settle = [&] { return settleSlot(ports, to, s); };
         auto settled = qScopeGuard([&] { settle(); });
-
-        // Half-moved, as `redis-cli --cluster reshard` does it: IMPORTING, MIGRATING, MIGRATE.
-        QCOMPARE(cli(to.port, {u"CLUSTER"_qs, u"SETSLOT"_qs, s, u"IMPORTING"_qs, fromId}),
-                 QByteArray("OK"));
-        QCOMPARE(cli(from.port, {u"CLUSTER"_qs, u"SETSLOT"_qs, s, u"MIGRATING"_qs, toId}),
-                 QByteArray("OK"));
-        const QByteArray keys = cli(from.port, {u"CLUSTER"_qs, u"GETKEYSINSLOT"_qs, s, u"1000"_qs});
-        QVERIFY2(keys.contains(redis::recordKey(prefix, QString::fromUtf8("mr:" + ids.first()))),
-                 keys.constData());
-        for (const QByteArray &key : keys.split('\n'))
-            QCOMPARE(cli(from.port, {u"MIGRATE"_qs, u"127.0.0.1"_qs, QString::number(to.port),
-                                     QString::fromUtf8(key), u"0"_qs, u"5000"_qs}),
-                     QByteArray("OK"));
-        // The source's replica takes over before SETSLOT NODE.
-        QCOMPARE(cli(replicaPort, {u"CLUSTER"_qs, u"FAILOVER"_qs}), QByteArray("OK"));
-        // Asked of the two nodes themselves: the importing node ignores news of a slot it imports
-        // (it still names the old owner, and reports cluster_state:fail until settled).
-        QVERIFY2(waitUntil(
-                     [&] {
-                         return cli(replicaPort, {u"ROLE"_qs}).startsWith("master") &&
-                                cli(from.port, {u"ROLE"_qs}).startsWith("slave");
-                     },
-                     30'000),
-                 "the replica did not take over");
+        const QString halfMoved =
+            halfMoveThenFailOver(from, to, fromReplica, s,
+                                 redis::recordKey(prefix, QString::fromUtf8("mr:" + ids.first())));
+        QVERIFY2(halfMoved.isEmpty(), qPrintable(halfMoved));
 
         // Every completed key sent again: refused, run nowhere, claimed nowhere.
         for (const QByteArray &id : std::as_const(ids)) {
@@ -506,7 +521,7 @@ private Q_SLOTS:
             QVERIFY2(r.status == 503, qPrintable(u"%1 %2"_qs.arg(r.status).arg(
                                           QString::fromUtf8(r.body.left(300)))));
             QCOMPARE(down.count("mr:" + id), 1);
-            QCOMPARE(cli(replicaPort, {u"EXISTS"_qs, QString::fromUtf8(redis::recordKey(
+            QCOMPARE(cli(fromReplica, {u"EXISTS"_qs, QString::fromUtf8(redis::recordKey(
                                                          prefix, QString::fromUtf8("mr:" + id)))}),
                      QByteArray("0"));
         }
@@ -574,12 +589,8 @@ private Q_SLOTS:
                                       down.url().toString().toUtf8() + "\"}]}",
                                   qEnvironmentVariable("IDEM_TEST_REDIS_CLUSTER_URL") +
                                       u"?prefix="_qs + QString::fromLatin1(prefix));
-        const QByteArray base = "k" + g_run + "-";
-        const int slot = keySlot("si:" + base + "0");
-        QList<QByteArray> ids{base + "0"};
-        for (int i = 1; ids.size() < 3; ++i)
-            if (keySlot("si:" + base + QByteArray::number(i)) == slot)
-                ids << base + QByteArray::number(i);
+        const QList<QByteArray> ids = idsInOneSlot("si", "k" + g_run + "-");
+        const int slot = keySlot("si:" + ids.first());
         auto deliver = [&](const QByteArray &id) {
             return post(desk.port, "/hooks/si", "{}", {{"Idempotency-Key", id}});
         };
@@ -594,8 +605,6 @@ private Q_SLOTS:
         const QList<ClusterNode> masters = l->map().masters();
         const ClusterNode to = masters.first() == from ? masters.at(1) : masters.first();
         const QString s = QString::number(slot);
-        const QString fromId = QString::fromUtf8(nodeId(from.port)),
-                      toId = QString::fromUtf8(nodeId(to.port));
         // Links of a cluster named by other seeds (what this process knows of it is their own —
         // the desk's workers may read the moves meanwhile): each master answers before the
         // reshard, none after it while the importer stalls.
@@ -607,45 +616,13 @@ private Q_SLOTS:
         const int fromReplica = replicaPort(from.port);
         const qint64 toPid = serverPid(to.port);
         QVERIFY(fromReplica > 0 && toPid > 0);
-        auto settle = [&] {
-            QStringList answers;
-            answers << QString::fromUtf8(
-                cli(to.port, {u"CLUSTER"_qs, u"SETSLOT"_qs, s, u"NODE"_qs, toId}));
-            for (int port : std::as_const(ports)) {
-                if (port == to.port || !cli(port, {u"ROLE"_qs}).startsWith("master"))
-                    continue;
-                const QByteArray stray =
-                    cli(port, {u"CLUSTER"_qs, u"GETKEYSINSLOT"_qs, s, u"1000"_qs});
-                for (const QByteArray &key : stray.split('\n'))
-                    if (!key.isEmpty())
-                        cli(port, {u"DEL"_qs, QString::fromUtf8(key)});
-                answers << QString::fromUtf8(
-                    cli(port, {u"CLUSTER"_qs, u"SETSLOT"_qs, s, u"NODE"_qs, toId}));
-            }
-            return answers;
-        };
+        const auto settle = [&] { return settleSlot(ports, to, s); };
         auto settled = qScopeGuard([&] { settle(); });
-
         // Half-moved and the owner failed over, as in failoverMidReshardIsRefusedUntilSettled.
-        QCOMPARE(cli(to.port, {u"CLUSTER"_qs, u"SETSLOT"_qs, s, u"IMPORTING"_qs, fromId}),
-                 QByteArray("OK"));
-        QCOMPARE(cli(from.port, {u"CLUSTER"_qs, u"SETSLOT"_qs, s, u"MIGRATING"_qs, toId}),
-                 QByteArray("OK"));
-        const QByteArray keys = cli(from.port, {u"CLUSTER"_qs, u"GETKEYSINSLOT"_qs, s, u"1000"_qs});
-        QVERIFY2(keys.contains(redis::recordKey(prefix, QString::fromUtf8("si:" + ids.first()))),
-                 keys.constData());
-        for (const QByteArray &key : keys.split('\n'))
-            QCOMPARE(cli(from.port, {u"MIGRATE"_qs, u"127.0.0.1"_qs, QString::number(to.port),
-                                     QString::fromUtf8(key), u"0"_qs, u"5000"_qs}),
-                     QByteArray("OK"));
-        QCOMPARE(cli(fromReplica, {u"CLUSTER"_qs, u"FAILOVER"_qs}), QByteArray("OK"));
-        QVERIFY2(waitUntil(
-                     [&] {
-                         return cli(fromReplica, {u"ROLE"_qs}).startsWith("master") &&
-                                cli(from.port, {u"ROLE"_qs}).startsWith("slave");
-                     },
-                     30'000),
-                 "the replica did not take over");
+        const QString halfMoved =
+            halfMoveThenFailOver(from, to, fromReplica, s,
+                                 redis::recordKey(prefix, QString::fromUtf8("si:" + ids.first())));
+        QVERIFY2(halfMoved.isEmpty(), qPrintable(halfMoved));
 
         // The importer stalls (the node timeout raised meanwhile: a slow machine must not turn the
         // stall into a failover) while every completed key is sent again: refused, run nowhere.
