@@ -32,8 +32,7 @@ QByteArray droppedNotice(qint64 dropped, const QString &why, bool json)
 // Why lines were dropped when the buffer was full.
 QString notTaken()
 {
-    return u"none was taken while %1 MiB of them waited"_qs.arg(LineOutput::kBufferBytes /
-                                                                (1 << 20));
+    return u"none taken while %1 MiB of them waited"_qs.arg(LineOutput::kBufferBytes / (1 << 20));
 }
 
 } // namespace
@@ -139,9 +138,9 @@ LineOutput::LineOutput(int fd, bool json, std::function<void(const QString &)> o
                     break;
                 }
                 if (n < 0) { // refused (a full disk, /dev/full): dropped, told once it takes some
-                    const bool first = s.drop(s.unwrittenInHand(),
-                                              u"the output refused them: %1"_qs.arg(
-                                                  QString::fromLocal8Bit(std::strerror(error))));
+                    const bool first =
+                        s.drop(s.unwrittenInHand(),
+                               u"refused: %1"_qs.arg(QString::fromLocal8Bit(std::strerror(error))));
                     s.inHandLines = s.noticeCounts = 0;
                     s.refused = true;
                     const QString why = s.dropReason;
@@ -189,7 +188,7 @@ void LineOutput::append(const QByteArray &line)
         s.onFirstDrop(notTaken());
 }
 
-qint64 LineOutput::finish(int ms)
+qint64 LineOutput::finish(int ms, QString *why)
 {
     if (std::exchange(m_finished, true))
         return 0;
@@ -201,8 +200,12 @@ qint64 LineOutput::finish(int ms)
     if (s.done) {
         locked.unlock();
         m_thread.join();
+        if (why)
+            *why = s.dropReason;
         return s.closed ? 0 : s.dropped;
     }
+    if (why)
+        why->clear();
     s.abandoned = true;
     const qint64 lost = s.closed ? 0 : s.unwrittenInHand() + s.pending.count('\n') + s.dropped;
     locked.unlock();

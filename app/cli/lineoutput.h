@@ -27,7 +27,9 @@ namespace idem::cli {
 // word, as before.
 //
 // Thread safety: append() from any thread; finish() from one thread, once. Writes are slices of at
-// most PIPE_BUF bytes, all-or-nothing on a pipe, so what finish() says lost is exact there.
+// most PIPE_BUF bytes, all-or-nothing on a pipe, so what finish() says lost is exact there — but
+// for the slice the writer is blocked on when finish() gives up: should the reader take it before
+// the process ends, the count was over by that slice's lines (4096 bytes at most).
 class LineOutput final
 {
 public:
@@ -45,8 +47,9 @@ public:
     // Writes what waits for at most `ms` in all, then stops the thread (left to block in write()
     // when the descriptor takes nothing: it dies with the process). Returns the number of lines
     // not written: those left then and those dropped and not yet told (0: all written, or the
-    // descriptor closed).
-    qint64 finish(int ms);
+    // descriptor closed). `why`, when lines are lost: the reason they were dropped (the
+    // descriptor refused them, its buffer was full), or empty when the time ran out.
+    qint64 finish(int ms, QString *why = nullptr);
 
 private:
     struct Shared;

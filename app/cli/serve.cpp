@@ -47,7 +47,8 @@ std::atomic<LineOutput *> g_errOutput = nullptr;
 void toErrOutput(QtMsgType type, const QMessageLogContext &context, const QString &message)
 {
     const QByteArray line = qFormatLogMessage(type, context, message).toLocal8Bit() + '\n';
-    if (LineOutput *err = g_errOutput.load())
+    LineOutput *err = g_errOutput.load();
+    if (err && type != QtFatalMsg) // a fatal one is said now: the process aborts next
         err->append(line);
     else
         std::fputs(line.constData(), stderr);
@@ -206,9 +207,8 @@ int serve(const QStringList &arguments)
         // The first drop is said on stderr, unless stderr is the same stalled file.
         if (err)
             err->append(
-                "idemdesk: stdout takes no more log lines (its reader stalled?): " + why.toUtf8() +
-                "; lines are dropped, how many is said on stdout once it takes lines "
-                "again\n");
+                "idemdesk: stdout takes no more log lines (" + why.toUtf8() +
+                "): lines are dropped, how many is said on stdout once it takes lines again\n");
     });
     if (!err)
         err = out;
@@ -217,6 +217,13 @@ int serve(const QStringList &arguments)
     };
     g_errOutput = err.get();
     const QtMessageHandler qtMessages = qInstallMessageHandler(toErrOutput);
+    // Qt's messages back to Qt's own handler, then what waits on stderr written for at most `ms`:
+    // nothing is appended to `err` once it finishes.
+    const auto finishErr = [&err, qtMessages](int ms) {
+        qInstallMessageHandler(qtMessages);
+        g_errOutput = nullptr;
+        return err->finish(ms);
+    };
     auto restoreQtMessages = qScopeGuard([qtMessages] {
         qInstallMessageHandler(qtMessages);
         g_errOutput = nullptr;
@@ -230,7 +237,7 @@ int serve(const QStringList &arguments)
     auto bound = receiver->start(options->config.listen);
     if (!bound) {
         say(bound.error().message);
-        err->finish(2000);
+        finishErr(kStopOutputMs);
         return 1;
     }
     if (!bound->host.isLoopback())
@@ -268,7 +275,7 @@ int serve(const QStringList &arguments)
     // leased to be run again, and the delivery log's last lines were lost.
     if (::socketpair(AF_UNIX, SOCK_STREAM, 0, g_signalPipe) != 0) {
         say(u"cannot set up signal handling"_qs);
-        err->finish(2000);
+        finishErr(kStopOutputMs);
         return 1;
     }
     struct sigaction action = {};
@@ -299,18 +306,18 @@ int serve(const QStringList &arguments)
     receiver.reset(); // joins the receiver thread and flushes the delivery log to the store
     metrics->reset(); // waits for its count, if one runs
     pool->reset();    // waits for queued store work
-    restoreQtMessages.dismiss();
-    qInstallMessageHandler(qtMessages); // no thread is left to log through `err`
-    g_errOutput = nullptr;
     // What still waits, if the descriptors take it within 2 s (in all: a reader taking a line a
-    // second does not hold the stop for minutes); what they do not take is said lost.
+    // second does not hold the stop for minutes); what they do not take is said lost, and why.
     if (err != out) {
-        if (const qint64 lost = out->finish(kStopOutputMs))
-            say(u"%1 log lines lost: stdout did not take them within %2 s"_qs.arg(lost).arg(
-                kStopOutputMs / 1000));
+        QString why;
+        if (const qint64 lost = out->finish(kStopOutputMs, &why))
+            say(u"%1 log lines lost: stdout %2"_qs.arg(lost).arg(
+                why.isEmpty() ? u"did not take them within %1 s"_qs.arg(kStopOutputMs / 1000)
+                              : u"dropped them, "_qs + why));
     }
     say(u"stopped"_qs);
-    err->finish(kStopOutputMs); // `2>&1`: stdout's lines with stderr's; the count could not be said
+    restoreQtMessages.dismiss();
+    finishErr(kStopOutputMs); // `2>&1`: stdout's lines with stderr's; a count could not be said
     return rc;
 }
 
