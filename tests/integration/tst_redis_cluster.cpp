@@ -1164,6 +1164,30 @@ private Q_SLOTS:
         QVERIFY(claimed->claimed());
     }
 
+    // A key of endpoint "ep" whose record lives on the master of the delivery log's stream
+    // (`onLogMaster`) or on another one, and the store's first log write made: the state the
+    // two tests below start a claim from. Empty if the map or the log write failed.
+    QString afterALogWrite(RedisStore &store, const QByteArray &prefix, bool onLogMaster,
+                           ClusterNode *logMaster)
+    {
+        auto l = links();
+        if (!l->refresh().ok())
+            return {};
+        *logMaster = *l->map().master(keySlot(prefix + "log"));
+        QString key;
+        for (int i = 0; key.isEmpty(); ++i)
+            if ((*l->map().master(keySlot("ep:" + QByteArray::number(i))) == *logMaster) ==
+                onLogMaster)
+                key = u"ep:%1"_qs.arg(i);
+        DeliveryEvent event;
+        event.atMs = QDateTime::currentMSecsSinceEpoch();
+        event.endpoint = u"ep"_qs;
+        event.key = u"ep:logged"_qs;
+        if (!store.appendDeliveries({event}).ok())
+            return {};
+        return key;
+    }
+
     // wait_replicas waits on the masters a claim's own script wrote to, not on those of writes
     // before it: a delivery log write left the log stream's master marked until the worker's next
     // claim, which then waited on it too — with that master's replica paused, a claim whose
@@ -1175,18 +1199,9 @@ private Q_SLOTS:
         const QByteArray prefix = "wl" + g_run + ":";
         auto store = waitingStore(prefix);
         QVERIFY(store);
-        auto l = links();
-        QVERIFY(l->refresh().ok());
-        const ClusterNode logMaster = *l->map().master(keySlot(prefix + "log"));
-        QString key; // its record on another master
-        for (int i = 0; key.isEmpty(); ++i)
-            if (!(*l->map().master(keySlot("ep:" + QByteArray::number(i))) == logMaster))
-                key = u"ep:%1"_qs.arg(i);
-        DeliveryEvent event;
-        event.atMs = QDateTime::currentMSecsSinceEpoch();
-        event.endpoint = u"ep"_qs;
-        event.key = u"ep:logged"_qs;
-        QVERIFY(store->appendDeliveries({event}).ok());
+        ClusterNode logMaster;
+        const QString key = afterALogWrite(*store, prefix, false, &logMaster); // another master's
+        QVERIFY(!key.isEmpty());
         const qint64 replicaPid = serverPid(replicaPort(logMaster.port));
         QVERIFY(replicaPid > 0);
         QCOMPARE(::kill(pid_t(replicaPid), SIGSTOP), 0);
@@ -1207,18 +1222,9 @@ private Q_SLOTS:
         const QByteArray prefix = "wk" + g_run + ":";
         auto store = waitingStore(prefix);
         QVERIFY(store);
-        auto l = links();
-        QVERIFY(l->refresh().ok());
-        const ClusterNode logMaster = *l->map().master(keySlot(prefix + "log"));
-        QString key; // its record on the log stream's master
-        for (int i = 0; key.isEmpty(); ++i)
-            if (*l->map().master(keySlot("ep:" + QByteArray::number(i))) == logMaster)
-                key = u"ep:%1"_qs.arg(i);
-        DeliveryEvent event;
-        event.atMs = QDateTime::currentMSecsSinceEpoch();
-        event.endpoint = u"ep"_qs;
-        event.key = u"ep:logged"_qs;
-        QVERIFY(store->appendDeliveries({event}).ok());
+        ClusterNode logMaster;
+        const QString key = afterALogWrite(*store, prefix, true, &logMaster); // the log's master's
+        QVERIFY(!key.isEmpty());
         for (int port : std::as_const(m_ports))
             cli(port, {u"CLIENT"_qs, u"KILL"_qs, u"TYPE"_qs, u"normal"_qs});
         auto claimed = store->claim(claimOf(key));
