@@ -86,6 +86,12 @@ struct SlotMoves
     QByteArray id;
     QHash<int, QByteArray> importing; // slot → the id of the node it comes from
     QHash<int, QByteArray> migrating; // slot → the id of the node it goes to
+    // From the other lines of the same answer: every master it lists that it does not hold failed
+    // (a master owning no slot yet, as after `--cluster add-node`, is not in CLUSTER SLOTS but may
+    // import one), and the addresses of those it holds failed (FAIL: the cluster agreed it is
+    // down; not a suspicion, PFAIL).
+    QList<ClusterNode> masters;
+    QList<QByteArray> failed;
     static std::optional<SlotMoves> fromClusterNodes(QByteArrayView text);
 };
 
@@ -125,6 +131,9 @@ public:
     // it said last (any ClusterLinks of the process); that alone does not make the map stale, but
     // refuses the slots whose owner changed since the last read all masters answered.
     Result<void> refresh();
+    // The slot moves are read again at least this often while the links are used, all settled
+    // or not: what a failover and a failback mid-reshard did shows within it.
+    static constexpr qint64 kMovesRereadMs = 1000;
     // The connection to the slot's master (connected on first use); refreshes a stale map first.
     // A half-moved slot (see above) is Unavailable; while there is one (or one refused for a
     // missing answer), the state is re-read at most once a second on use, so the slot is served
