@@ -260,8 +260,7 @@ std::optional<SlotMoves> SlotMoves::fromClusterNodes(QByteArrayView text)
     // <id> <ip:port@cport[,hostname]> <flags> <master> <ping> <pong> <epoch> <link> <slot>…, one
     // node a line.
     std::optional<SlotMoves> mine;
-    QList<ClusterNode> masters;
-    QList<QByteArray> failed;
+    QList<QPair<QByteArray, ClusterNode>> masters;
     for (const QByteArray &line : text.toByteArray().split('\n')) {
         const QList<QByteArray> fields = line.trimmed().split(' ');
         if (fields.size() < 8)
@@ -272,12 +271,9 @@ std::optional<SlotMoves> SlotMoves::fromClusterNodes(QByteArrayView text)
         bool portOk = false;
         const ClusterNode node{address.first(std::max<qsizetype>(colon, 0)),
                                colon > 0 ? address.sliced(colon + 1).toInt(&portOk) : 0};
-        if (flags.contains("master") && portOk && node.port > 0) {
-            if (flags.contains("fail"))
-                failed << node.address();
-            else if (!flags.contains("noaddr") && !flags.contains("handshake"))
-                masters << node;
-        }
+        if (flags.contains("master") && portOk && node.port > 0 && !flags.contains("fail") &&
+            !flags.contains("noaddr") && !flags.contains("handshake"))
+            masters.append({fields.at(0), node});
         if (!flags.contains("myself"))
             continue;
         SlotMoves &moves = mine.emplace();
@@ -296,10 +292,8 @@ std::optional<SlotMoves> SlotMoves::fromClusterNodes(QByteArrayView text)
             (importing ? moves.importing : moves.migrating).insert(slot, inner.sliced(arrow + 3));
         }
     }
-    if (mine) {
+    if (mine)
         mine->masters = masters;
-        mine->failed = failed;
-    }
     return mine;
 }
 
@@ -536,7 +530,6 @@ void ClusterLinks::readMoves()
     const qint64 askedAt = nowMs();
     QStringList unread; // masters whose moves this read lacks
     QHash<QByteArray, SlotMoves> answers;
-    QSet<QByteArray> failed; // masters an answer says the cluster holds failed
     const auto ask = [&](const QList<ClusterNode> &nodes) {
         QList<QPair<ClusterNode, redisContext *>> asked;
         for (const ClusterNode &node : nodes) {
@@ -565,31 +558,32 @@ void ClusterLinks::readMoves()
             const auto moves = reply->type == REDIS_REPLY_STRING
                                    ? SlotMoves::fromClusterNodes(textOf(reply.get()))
                                    : std::nullopt;
-            if (moves) {
+            if (moves)
                 answers.insert(node.address(), *moves);
-                for (const QByteArray &f : moves->failed)
-                    failed.insert(f);
-            } else {
+            else
                 unread << QString::fromUtf8(node.address());
-            }
         }
     };
     ask(masters);
+    // Told apart by id: CLUSTER SLOTS may name a master by its hostname where CLUSTER NODES has
+    // its IP (cluster-preferred-endpoint-type hostname).
+    QSet<QByteArray> answeredIds;
+    for (const SlotMoves &moves : std::as_const(answers))
+        answeredIds.insert(moves.id);
     QList<ClusterNode> slotless;
     for (const SlotMoves &moves : std::as_const(answers))
-        for (const ClusterNode &m : moves.masters)
-            if (!masters.contains(m) && !slotless.contains(m))
+        for (const auto &[id, m] : moves.masters)
+            if (!answeredIds.contains(id) && !masters.contains(m) && !slotless.contains(m))
                 slotless << m;
     if (!slotless.isEmpty()) {
         ask(slotless);
         masters += slotless;
     }
-    // A master the cluster itself holds failed (FAIL, agreed by its masters) is known to be down,
-    // not missing from this read: its slots are served by the replica that took over, or by no
-    // one. (Were it the importer of a half-moved slot, nothing shows that slot half-moved: see
-    // README, Not guaranteed.) Counted missing, a master down for good with no replica refused
-    // every owner change after it, a finish in flight included, until CLUSTER FORGET.
-    unread.removeIf([&](const QString &address) { return failed.contains(address.toUtf8()); });
+    // A master that owns slots and does not answer counts as missing even when the cluster holds
+    // it failed (FAIL): a paused process or VM is flagged so as a dead one is, and comes back
+    // with its IMPORTING state and the moved records (taken for known down, a completed key ran
+    // again). So a master down for good with no replica to take over refuses every later owner
+    // change until the operator forgets it (`redis-cli --cluster forget`, or `--cluster fix`).
     std::shared_ptr<const SlotMap> settled;
     {
         std::lock_guard lock(knownMoves().mutex);

@@ -86,12 +86,10 @@ struct SlotMoves
     QByteArray id;
     QHash<int, QByteArray> importing; // slot → the id of the node it comes from
     QHash<int, QByteArray> migrating; // slot → the id of the node it goes to
-    // From the other lines of the same answer: every master it lists that it does not hold failed
-    // (a master owning no slot yet, as after `--cluster add-node`, is not in CLUSTER SLOTS but may
-    // import one), and the addresses of those it holds failed (FAIL: the cluster agreed it is
-    // down; not a suspicion, PFAIL).
-    QList<ClusterNode> masters;
-    QList<QByteArray> failed;
+    // From the other lines of the same answer: every master it lists (its id and address) but
+    // those it holds failed (FAIL) or not yet joined: a master owning no slot yet, as after
+    // `--cluster add-node`, is not in CLUSTER SLOTS but may import one.
+    QList<QPair<QByteArray, ClusterNode>> masters;
     static std::optional<SlotMoves> fromClusterNodes(QByteArrayView text);
 };
 

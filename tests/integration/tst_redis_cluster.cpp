@@ -462,8 +462,8 @@ private Q_SLOTS:
         QCOMPARE(moves->importing.value(1002),
                  QByteArray("67ed2db8d677e59ec4a4cefb06858cf2a1a89fa1"));
         QVERIFY(!SlotMoves::fromClusterNodes(other)); // not the node's own line
-        // The other masters it lists, a slotless one too; those it holds failed apart; nodes
-        // in handshake, replicas and its own line's address kept as they are.
+        // The masters it lists, with their ids: a slotless one too; not one it holds failed, one
+        // in handshake, or a replica.
         const QByteArray empty = "aaaa 127.0.0.1:30007@40007 master - 0 1 7 connected\n";
         const QByteArray dead =
             "bbbb 127.0.0.1:30008@40008 master,fail - 0 1 8 disconnected 16001\n";
@@ -471,10 +471,11 @@ private Q_SLOTS:
         const QByteArray replica = "dddd 127.0.0.1:30010@40010 slave e7d1 0 1 1 connected\n";
         moves = SlotMoves::fromClusterNodes(other + empty + dead + joining + replica + mine);
         QVERIFY(moves);
-        QCOMPARE(
-            moves->masters,
-            (QList<ClusterNode>{{"127.0.0.1", 30004}, {"127.0.0.1", 30007}, {"127.0.0.1", 30001}}));
-        QCOMPARE(moves->failed, QList<QByteArray>{"127.0.0.1:30008"});
+        const QList<QPair<QByteArray, ClusterNode>> listed{
+            {"07c37dfeb235213a872192d90877d0cd55635b91", {"127.0.0.1", 30004}},
+            {"aaaa", {"127.0.0.1", 30007}},
+            {"e7d1eecce10fd6bb5eb35b9f99a514335d9ba9ca", {"127.0.0.1", 30001}}};
+        QCOMPARE(moves->masters, listed);
     }
 
     // A reshard cut short by a failover: the slot's records were MIGRATEd to the importing master,
