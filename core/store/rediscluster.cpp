@@ -227,8 +227,11 @@ std::optional<Redirect> redirectFrom(QByteArrayView error)
     return r;
 }
 
-bool ranNothing(QByteArrayView error)
+bool ranNothing(const redisReply *reply)
 {
+    if (reply->type != REDIS_REPLY_ERROR)
+        return false;
+    const QByteArrayView error(reply->str, qsizetype(reply->len));
     for (const char *prefix : {"MOVED ", "ASK ", "CLUSTERDOWN", "TRYAGAIN", "NOSCRIPT", "BUSY ",
                                "LOADING", "READONLY", "MASTERDOWN"})
         if (error.startsWith(prefix))
@@ -528,7 +531,13 @@ void ClusterLinks::readMoves()
     // yet, as after `--cluster add-node`, may import a slot all the same).
     QList<ClusterNode> masters = m_map.masters();
     const qint64 askedAt = nowMs();
-    QStringList unread; // masters whose moves this read lacks
+    // Masters whose moves this read lacks. One that owns slots and does not answer counts so even
+    // when the cluster holds it failed (FAIL): a paused process or VM is flagged so as a dead one
+    // is, and comes back with its IMPORTING state and the moved records (taken for known down, a
+    // completed key ran again). So a master down for good with no replica to take over refuses
+    // every later owner change until the operator forgets it (`redis-cli --cluster forget`, or
+    // `--cluster fix`).
+    QStringList unread;
     QHash<QByteArray, SlotMoves> answers;
     const auto ask = [&](const QList<ClusterNode> &nodes) {
         QList<QPair<ClusterNode, redisContext *>> asked;
@@ -579,11 +588,6 @@ void ClusterLinks::readMoves()
         ask(slotless);
         masters += slotless;
     }
-    // A master that owns slots and does not answer counts as missing even when the cluster holds
-    // it failed (FAIL): a paused process or VM is flagged so as a dead one is, and comes back
-    // with its IMPORTING state and the moved records (taken for known down, a completed key ran
-    // again). So a master down for good with no replica to take over refuses every later owner
-    // change until the operator forgets it (`redis-cli --cluster forget`, or `--cluster fix`).
     std::shared_ptr<const SlotMap> settled;
     {
         std::lock_guard lock(knownMoves().mutex);
@@ -782,15 +786,14 @@ Result<ClusterLinks::Reply> ClusterLinks::command(const QList<QByteArray> &args,
         }
         Reply reply(static_cast<redisReply *>(raw), freeReplyObject);
         answered(c);
-        const QByteArray error =
-            reply->type == REDIS_REPLY_ERROR ? textOf(reply.get()) : QByteArray();
         // Marked only when it may have run here: after a MOVED the old master (a replica now, after
         // a failover) was waited on and refused the WAIT, so a claim written was refused (503) and
         // then answered 409, a lease nobody runs; after an ASK the old owner's replicas were too.
-        if (writes && !(reply->type == REDIS_REPLY_ERROR && ranNothing(error)))
+        if (writes && !ranNothing(reply.get()))
             markWritten(c);
         if (reply->type != REDIS_REPLY_ERROR)
             return reply;
+        const QByteArray error = textOf(reply.get());
         if (error.startsWith("CLUSTERDOWN") || error.startsWith("TRYAGAIN")) {
             // Not run: the cluster cannot serve the slot now (a failover, a migration).
             m_stale = true;

@@ -53,7 +53,7 @@ struct Redirect
 std::optional<Redirect> redirectFrom(QByteArrayView error);
 // An error reply saying the node ran nothing: a redirect, CLUSTERDOWN, TRYAGAIN, NOSCRIPT, BUSY,
 // LOADING, READONLY, MASTERDOWN. Such a node was not written to (wait_replicas asks it nothing).
-bool ranNothing(QByteArrayView error);
+bool ranNothing(const redisReply *reply);
 
 // Which slot a command touches: EVAL/EVALSHA route by KEYS[1], or — with no keys declared — by
 // their first argument (every script of ours takes the key prefix first); other commands by

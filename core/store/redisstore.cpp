@@ -318,9 +318,7 @@ Result<std::vector<RedisStore::Reply>> RedisStore::clusterPipeline(const QList<Q
         // Written to only if one of its commands may have run there (see ClusterLinks::command).
         const QList<qsizetype> sent = byNode.value(c);
         if (writes && std::any_of(sent.begin(), sent.end(), [&](qsizetype i) {
-                const redisReply *r = replies[size_t(i)].get();
-                return r->type != REDIS_REPLY_ERROR ||
-                       !redis::ranNothing(QByteArrayView(r->str, qsizetype(r->len)));
+                return !redis::ranNothing(replies[size_t(i)].get());
             }))
             m_cluster->markWritten(c);
     }
