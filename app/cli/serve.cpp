@@ -217,17 +217,18 @@ int serve(const QStringList &arguments)
     };
     g_errOutput = err.get();
     const QtMessageHandler qtMessages = qInstallMessageHandler(toErrOutput);
-    // Qt's messages back to Qt's own handler, then what waits on stderr written for at most `ms`:
-    // nothing is appended to `err` once it finishes.
-    const auto finishErr = [&err, qtMessages](int ms) {
+    // Qt's messages back to Qt's own handler: before `err` finishes (nothing is appended to it
+    // then) and, whatever the way out, before it goes.
+    const auto restoreQtMessages = [qtMessages] {
         qInstallMessageHandler(qtMessages);
         g_errOutput = nullptr;
+    };
+    auto restoredAtExit = qScopeGuard(restoreQtMessages);
+    // What waits on stderr, written for at most `ms`.
+    const auto finishErr = [&err, &restoreQtMessages](int ms) {
+        restoreQtMessages();
         return err->finish(ms);
     };
-    auto restoreQtMessages = qScopeGuard([qtMessages] {
-        qInstallMessageHandler(qtMessages);
-        g_errOutput = nullptr;
-    });
     QObject logContext;
     QObject::connect(
         receiver->engine(), &IdempotencyEngine::delivered, &logContext,
@@ -316,7 +317,6 @@ int serve(const QStringList &arguments)
                               : u"dropped them, "_qs + why));
     }
     say(u"stopped"_qs);
-    restoreQtMessages.dismiss();
     finishErr(kStopOutputMs); // `2>&1`: stdout's lines with stderr's; a count could not be said
     return rc;
 }

@@ -75,10 +75,11 @@ constexpr qsizetype kDetailChars = 2048;
 constexpr qsizetype kNoteChars = 256;
 // Rejected deliveries (401, 400, 405, 413, 508, ...: before any key is claimed, so from anyone
 // who can reach the port) are logged one by one for at most kRejectionsPerMinute per endpoint,
-// a burst of kRejectionBurst; past that each endpoint's are counted and written as one summary
-// entry per kRejectionSummaryMs, with their count and the last one's status and reason. A flood
-// of bad signatures (16k a second here, ~9 GB an hour of SQL log) so writes at most about two
-// entries a second per endpoint (~35 MB a day), and takes a Redis stream of 100,000 entries
+// a burst of kRejectionBurst; past that each endpoint's are counted per status and written as
+// one summary entry per status and kRejectionSummaryMs, with their count and the last one's
+// reason. A flood of bad signatures (16k a second here, ~9 GB an hour of SQL log) so writes at
+// most about two entries a second per endpoint and status (~35 MB a day), and takes a Redis
+// stream of 100,000 entries
 // more than half a day to turn over. A sender misconfigured for real (a wrong secret on a busy
 // endpoint) is still seen whole: every rejection counted, one a second in full, each summary
 // saying why. The burst lets a short episode (a rotated secret, someone trying a few requests)
@@ -657,7 +658,7 @@ bool IdempotencyEngine::logRejection(const EndpointConfig &endpoint, const Deliv
     Unlogged &u = b.byStatus[event.status];
     if (u.count++ == 0) {
         u.sinceMs = now;
-        u.first = event;
+        u.firstAtMs = event.atMs;
     }
     u.last = event;
     return false;
@@ -689,7 +690,7 @@ void IdempotencyEngine::summariseRejections(bool all)
                 u"the last: %5"_qs
                     .arg(countOf(u.count, u"rejected delivery", u"rejected deliveries"))
                     .arg(u.last.status)
-                    .arg(double(std::max<qint64>(u.last.atMs - u.first.atMs, 0)) / 1000, 0, 'f', 1)
+                    .arg(double(std::max<qint64>(u.last.atMs - u.firstAtMs, 0)) / 1000, 0, 'f', 1)
                     .arg(kRejectionsPerMinute)
                     .arg(u.last.detail),
                 kDetailChars);

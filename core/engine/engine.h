@@ -88,8 +88,8 @@ private:
     {
         qint64 count = 0;    // rejected deliveries not logged one by one, since sinceMs
         qint64 sinceMs = 0;  // monotonic: when the first of them came
-        DeliveryEvent first; // the first of them
-        DeliveryEvent last;  // the last of them (its reason is the summary's)
+        qint64 firstAtMs = 0; // the first one's time (the summary says the span)
+        DeliveryEvent last;   // the last of them (its reason is the summary's)
     };
     struct RejectionBudget
     {
@@ -97,7 +97,7 @@ private:
         std::map<int, Unlogged> byStatus; // the few a rejection can have (400, 401, 405, 413 …)
     };
     bool logRejection(const EndpointConfig &endpoint, const DeliveryEvent &event);
-    // Writes a summary for each endpoint whose interval is over (all: each with one pending).
+    // Writes a summary for each endpoint and status whose interval is over (all: each pending).
     void summariseRejections(bool all);
     void record(const DeliveryPtr &d, const QString &key, Outcome outcome, int status, qint64 token,
                 const QString &detail);
