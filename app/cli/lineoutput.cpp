@@ -47,6 +47,7 @@ struct LineOutput::Shared
     std::condition_variable wake; // the writer: lines wait, or finish()
     std::condition_variable over; // finish(): the writer is done
     QByteArray pending;
+    bool owed = false;     // the lines waiting are appendQuietly()'s: not taken until a wake
     bool dropping = false; // from the first drop until the writer takes `pending`: the gap's place
     qint64 dropped = 0;    // not yet told
     QString dropReason;    // why the last of them were dropped
@@ -92,8 +93,8 @@ LineOutput::LineOutput(int fd, bool json, std::function<void(const QString &)> o
                 // No timed wait: the lines batch themselves while a write is under way, and a
                 // clock moved by libfaketime (the skew tests) would hold a timed one for as long.
                 s.wake.wait(locked, [&s] {
-                    return s.stopping || s.abandoned || s.closed || !s.pending.isEmpty() ||
-                           (s.dropped > 0 && !s.refused);
+                    return s.stopping || s.abandoned || s.closed ||
+                           (!s.pending.isEmpty() && !s.owed) || (s.dropped > 0 && !s.refused);
                 });
                 const bool idle = s.pending.isEmpty() && (s.dropped == 0 || s.refused);
                 if (s.closed || s.abandoned || (s.stopping && (idle || s.refused))) {
@@ -107,6 +108,7 @@ LineOutput::LineOutput(int fd, bool json, std::function<void(const QString &)> o
                 if (idle)
                     continue;
                 batch.swap(s.pending);
+                s.owed = false; // taken: nothing waits
                 s.dropping = false;
                 // Said where the gap is: after the lines that waited, before those that follow.
                 s.noticeCounts = std::exchange(s.dropped, 0);
@@ -168,6 +170,16 @@ LineOutput::~LineOutput()
 
 void LineOutput::append(const QByteArray &line)
 {
+    add(line, true);
+}
+
+void LineOutput::appendQuietly(const QByteArray &line)
+{
+    add(line, false);
+}
+
+void LineOutput::add(const QByteArray &line, bool wakeNow)
+{
     Shared &s = *m_shared;
     bool first = false;
     {
@@ -178,14 +190,25 @@ void LineOutput::append(const QByteArray &line)
             s.dropping = true;
             first = s.drop(1, notTaken());
         } else {
-            const bool wake = s.pending.isEmpty(); // else the writer is on its way
+            if (s.pending.isEmpty()) // else they go with those that wait (woken for, or owed)
+                s.owed = true;
             s.pending += line;
-            if (wake)
+            if (s.owed && (wakeNow || s.pending.size() >= kWakeBytes)) {
+                s.owed = false;
                 s.wake.notify_one();
+            }
         }
     }
     if (first && s.onFirstDrop)
         s.onFirstDrop(notTaken());
+}
+
+void LineOutput::wake()
+{
+    Shared &s = *m_shared;
+    std::lock_guard locked(s.lock);
+    if (std::exchange(s.owed, false))
+        s.wake.notify_one();
 }
 
 qint64 LineOutput::finish(int ms, QString *why)

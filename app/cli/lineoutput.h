@@ -43,6 +43,14 @@ public:
 
     // One line, with its '\n'. Never blocks on the file descriptor. Ignored once finishing.
     void append(const QByteArray &line);
+    // The same, without waking the writer for it: wake() does, once the caller's burst of lines is
+    // over (serve: once a turn of the receiver thread's loop, where a wake per line cost more
+    // than the line itself: a futex wake, a switch to the writer and a write per delivery, when
+    // the reader keeps up). Past kWakeBytes waiting, the writer is woken all the same.
+    void appendQuietly(const QByteArray &line);
+    // Wakes the writer for the lines appendQuietly() left waiting; nothing when none wait.
+    void wake();
+    static constexpr qsizetype kWakeBytes = 64 * 1024;
 
     // Writes what waits for at most `ms` in all, then stops the thread (left to block in write()
     // when the descriptor takes nothing: it dies with the process). Returns the number of lines
@@ -53,6 +61,7 @@ public:
 
 private:
     struct Shared;
+    void add(const QByteArray &line, bool wakeNow);
 
     std::shared_ptr<Shared> m_shared;
     std::thread m_thread;

@@ -4,6 +4,7 @@
 #include "engine/engine.h"
 #include "http/httpserver.h"
 
+#include <QAbstractEventDispatcher>
 #include <QObject>
 #include <QThread>
 
@@ -32,6 +33,9 @@ public:
     static qint64 drainGraceMs(const Config &config);
     // The engine lives on the receiver thread: connect to its signals with a context object.
     IdempotencyEngine *engine() const { return m_engine; }
+    // The receiver thread's event loop: its awake() signal, emitted on that thread, marks a turn
+    // (serve wakes its log writer once a turn, not once a delivery).
+    QAbstractEventDispatcher *loop() const { return m_thread.eventDispatcher(); }
     const std::shared_ptr<StorePool> &pool() const { return m_pool; }
     ListenAddress address() const { return m_address; }
     // Open connections, from any thread (tests wait on it).

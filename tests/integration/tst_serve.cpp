@@ -403,6 +403,30 @@ private Q_SLOTS:
         QVERIFY2(wrongDb.readAllStandardError().contains("out of range"), "DB index");
     }
 
+    // Each delivery's line is written while serve runs, the receiver then idle: its writer is
+    // woken once a turn of the receiver's loop, not once a line, and a quiet receiver still turns.
+    // (Without the wake the lines waited for the stop, or for 64 KiB of others.)
+    void eachDeliveryIsLoggedWhileServeRuns()
+    {
+        Served s = serve({u"--store"_qs, u"sqlite:"_qs + m_dir.filePath(u"live.db"_qs)});
+        QVERIFY2(s.port, s.stderrText.constData());
+        QByteArray log;
+        for (const QByteArray key : {"live1", "live2"}) {
+            const ClientResponse r =
+                post(s.port, "/hooks/generic", "{}", {{"Idempotency-Key", key}});
+            QCOMPARE(r.status, 200);
+            QVERIFY2(QTest::qWaitFor(
+                         [&] {
+                             log += s.process->readAllStandardOutput();
+                             return log.contains(" generic:" + key + " processed 200 ");
+                         },
+                         20000),
+                     log.constData());
+        }
+        QCOMPARE(s.process->state(), QProcess::Running);
+        QCOMPARE(stop(s), 0);
+    }
+
     void completedRecordsSurviveARestart()
     {
         const QString store = u"sqlite:"_qs + m_dir.filePath(u"restart.db"_qs);

@@ -100,6 +100,51 @@ private Q_SLOTS:
         QVERIFY(read.lines + lost <= sent + 4);
     }
 
+    // appendQuietly() leaves the writer asleep until wake() (serve: once a turn of the receiver's
+    // loop, not once a delivery), or a plain append(), which takes the quiet lines with it.
+    void quietLinesWaitForAWake()
+    {
+        int pipe[2];
+        QVERIFY(::pipe2(pipe, O_CLOEXEC) == 0);
+        auto closePipe = qScopeGuard([&pipe] { ::close(pipe[0]); });
+        LineOutput out(pipe[1], false);
+        for (int i = 0; i < 5; ++i)
+            out.appendQuietly(line(i));
+        Read read;
+        read.take(pipe[0], 300);
+        QCOMPARE(read.lines, 0); // woken per line: all 5 here
+        out.wake();
+        QTRY_VERIFY_WITH_TIMEOUT((read.take(pipe[0], 50), read.lines == 5), 10000);
+        out.wake(); // none owed: nothing
+        for (int i = 5; i < 8; ++i)
+            out.appendQuietly(line(i));
+        out.append(line(8));
+        QTRY_VERIFY_WITH_TIMEOUT((read.take(pipe[0], 50), read.lines == 9), 10000);
+        QCOMPARE(out.finish(2000), 0);
+        QVERIFY(read.bytes.contains("line 8 "));
+    }
+
+    // Quiet lines past kWakeBytes wake the writer without wake(): a caller that never wakes it
+    // (a loop that never turns) loses nothing to the buffer's bound. And a stop writes what
+    // waits, woken or not.
+    void quietLinesWakeTheWriterPastABound()
+    {
+        int pipe[2];
+        QVERIFY(::pipe2(pipe, O_CLOEXEC) == 0);
+        auto closePipe = qScopeGuard([&pipe] { ::close(pipe[0]); });
+        LineOutput out(pipe[1], false);
+        const int many = int(LineOutput::kWakeBytes / line(0).size()) + 1;
+        for (int i = 0; i < many; ++i)
+            out.appendQuietly(line(i));
+        Read read;
+        QTRY_VERIFY_WITH_TIMEOUT((read.take(pipe[0], 50), read.lines == many), 10000);
+        for (int i = many; i < many + 3; ++i)
+            out.appendQuietly(line(i));
+        QCOMPARE(out.finish(2000), 0);
+        read.take(pipe[0], 200);
+        QCOMPARE(read.lines, many + 3);
+    }
+
     // A reader taking a little now and then: a stop waits 300 ms for it in all, not 300 ms for
     // each slice it takes (it held a stop for minutes: 2 MiB at a few KB a second).
     void aSlowReaderHoldsAStopABoundedTime()
