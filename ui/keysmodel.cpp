@@ -7,6 +7,8 @@
 #include <QBrush>
 #include <QColor>
 #include <QDateTime>
+#include <QHash>
+#include <QSet>
 
 #include <algorithm>
 
@@ -144,7 +146,7 @@ void KeysModel::fetchMore(const QModelIndex &parent)
     if (!canFetchMore(parent))
         return;
     m_loading = true;
-    const KeyQuery q = query(int(m_rows.size()), m_pageSize);
+    const KeyQuery q = query(int(m_rows.size() + m_shift), m_pageSize);
     const quint64 generation = m_generation;
     m_pool->submit<QList<KeyRecord>>(
         this, [q](IdempotencyStore &s) { return s.listKeys(q); },
@@ -160,11 +162,23 @@ void KeysModel::fetchMore(const QModelIndex &parent)
                 return;
             }
             m_atEnd = page->size() < q.limit;
-            if (!page->isEmpty()) {
+            // Keys that arrived since the last refresh pushed the list down: the page starts
+            // with rows loaded already. Not shown twice, and the next page is asked that much
+            // further on (the same page again, under traffic, and never the end of it).
+            QSet<QString> known;
+            known.reserve(m_rows.size());
+            for (const KeyRecord &r : std::as_const(m_rows))
+                known.insert(r.key);
+            QList<KeyRecord> added;
+            for (const KeyRecord &r : std::as_const(*page))
+                if (!known.contains(r.key))
+                    added.append(r);
+            m_shift += page->size() - added.size();
+            if (!added.isEmpty()) {
                 // Still "loading" while the rows go in: a view asking for more from inside
                 // the insertion must not fetch the same offset again.
-                beginInsertRows({}, int(m_rows.size()), int(m_rows.size() + page->size()) - 1);
-                m_rows += *page;
+                beginInsertRows({}, int(m_rows.size()), int(m_rows.size() + added.size()) - 1);
+                m_rows += added;
                 endInsertRows();
             }
             m_loading = false;
@@ -184,6 +198,7 @@ void KeysModel::setFilter(std::optional<KeyState> state, const QString &endpoint
     m_endpoint = endpoint;
     m_glob = glob;
     m_rows.clear();
+    m_shift = 0;
     m_atEnd = false;
     m_loading = false;
     m_pageFailedAtMs = 0;
@@ -250,13 +265,72 @@ void KeysModel::refresh()
                 if (n)
                     Q_EMIT dataChanged(index(0, 0), index(int(n) - 1, ColumnCount - 1));
             } else {
-                beginResetModel();
-                m_rows = *rows;
-                m_atEnd = rows->size() < q.limit;
-                endResetModel();
+                if (n < q.limit)
+                    m_atEnd = true; // the whole list
+                else if (m_rows.size() <= q.limit)
+                    m_atEnd = false;
+                moveTo(*rows, q.limit);
             }
             Q_EMIT loaded();
         });
+}
+
+// The rows as a refresh read them (`fresh`, the first `window` of the list), followed by the
+// loaded rows the list has pushed past the window, as one change of the layout: the selection
+// and the current row follow their keys, the view keeps its place, and rows loaded past the
+// window stay. A reset did it before: under traffic (a new key is the newest) the view went back
+// to the top every second, the rows past 5000 were dropped and loaded again.
+void KeysModel::moveTo(const QList<KeyRecord> &fresh, qsizetype window)
+{
+    QHash<QString, int> rowOf;
+    rowOf.reserve(fresh.size());
+    for (qsizetype i = 0; i < fresh.size(); ++i)
+        rowOf.insert(fresh.at(i).key, int(i));
+    // Activity only grows, so a loaded row now past the window was after the window's last row:
+    // those after it that are not in the window follow it (a row before it that is not in the
+    // window is gone). A window shorter than asked is the whole list.
+    qsizetype pushed = m_rows.size();
+    if (fresh.size() >= window && !fresh.isEmpty()) {
+        pushed = 0; // the window's last row is new: every loaded row is past it
+        for (qsizetype i = m_rows.size() - 1; i >= 0; --i)
+            if (m_rows.at(i).key == fresh.last().key) {
+                pushed = i + 1;
+                break;
+            }
+    }
+    QList<KeyRecord> rows = fresh;
+    for (qsizetype i = pushed; i < m_rows.size(); ++i)
+        if (!rowOf.contains(m_rows.at(i).key)) {
+            rowOf.insert(m_rows.at(i).key, int(rows.size()));
+            rows.append(m_rows.at(i));
+        }
+    // The count changes outside the layout change: rows are added at the end before it and
+    // taken from the end after it (blank meanwhile, never drawn).
+    const qsizetype was = m_rows.size();
+    if (rows.size() > was) {
+        beginInsertRows({}, int(was), int(rows.size()) - 1);
+        m_rows.resize(rows.size());
+        endInsertRows();
+    }
+    const qsizetype kept = rows.size();
+    rows.resize(m_rows.size());
+    Q_EMIT layoutAboutToBeChanged();
+    const QModelIndexList from = persistentIndexList();
+    QModelIndexList to;
+    to.reserve(from.size());
+    for (const QModelIndex &i : from) {
+        const int row = i.row() < was ? rowOf.value(m_rows.at(i.row()).key, -1) : -1;
+        to.append(row < 0 ? QModelIndex() : index(row, i.column()));
+    }
+    m_rows = std::move(rows);
+    m_shift = 0; // the keys that pushed the list down are among the rows now
+    changePersistentIndexList(from, to);
+    Q_EMIT layoutChanged();
+    if (kept < m_rows.size()) {
+        beginRemoveRows({}, int(kept), int(m_rows.size()) - 1);
+        m_rows.resize(kept);
+        endRemoveRows();
+    }
 }
 
 const KeyRecord *KeysModel::record(int row) const

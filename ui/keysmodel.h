@@ -48,6 +48,7 @@ Q_SIGNALS:
 
 private:
     void requestCounts();
+    void moveTo(const QList<KeyRecord> &fresh, qsizetype window);
     KeyQuery query(int offset, int limit) const;
 
     std::shared_ptr<StorePool> m_pool;
@@ -56,6 +57,8 @@ private:
     std::optional<KeyState> m_state;
     QString m_endpoint;
     QString m_glob;
+    qsizetype m_shift =
+        0; // rows loaded twice by the pages since the last refresh: the list moved down
     bool m_atEnd = false;
     bool m_loading = false;
     qint64 m_pageFailedAtMs = 0; // a page the store refused is asked for again a second later

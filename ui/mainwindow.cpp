@@ -197,6 +197,8 @@ MainWindow::MainWindow(DeskSession session, QWidget *parent)
     connect(m_textFilter, &QLineEdit::textChanged, m_filterDelay, qOverload<>(&QTimer::start));
     connect(m_filterDelay, &QTimer::timeout, this, &MainWindow::applyFilter);
     connect(m_table->selectionModel(), &QItemSelectionModel::selectionChanged, this, [this] {
+        if (m_selectedBeforeMove)
+            return; // a refresh moved rows, the selection followed its keys (or lost one)
         m_keptSelection.clear(); // the user chose (a model reset clears it without a signal)
         updateActions();
         loadDetail();
@@ -644,6 +646,25 @@ void MainWindow::keepSelectionAcrossReset()
     };
     connect(m_sorted, &QAbstractItemModel::modelReset, this, restore);
     connect(m_keys, &KeysModel::loaded, this, restore);
+    // A refresh moves rows as a change of layout (and takes rows from the end after it): the
+    // selection follows its keys by itself. A selected key the move took out of the list (a
+    // reset on the failed tab) is kept for the actions and the detail, as across a reset.
+    const auto moving = [this] {
+        if (!m_selectedBeforeMove)
+            m_selectedBeforeMove = selectedKeys();
+    };
+    const auto moved = [this] {
+        if (!m_selectedBeforeMove)
+            return;
+        const QStringList before = *std::exchange(m_selectedBeforeMove, std::nullopt);
+        if (selectedKeys().isEmpty() && !before.isEmpty())
+            m_keptSelection = before;
+        updateActions();
+    };
+    connect(m_sorted, &QAbstractItemModel::layoutAboutToBeChanged, this, moving);
+    connect(m_sorted, &QAbstractItemModel::layoutChanged, this, moved);
+    connect(m_sorted, &QAbstractItemModel::rowsAboutToBeRemoved, this, moving);
+    connect(m_sorted, &QAbstractItemModel::rowsRemoved, this, moved);
 }
 
 void MainWindow::showWarnings(const QStringList &warnings)

@@ -9,6 +9,7 @@
 #include <atomic>
 #include <functional>
 #include <memory>
+#include <optional>
 
 class QAction;
 class QComboBox;
@@ -194,6 +195,9 @@ private:
     QSplitter *m_split = nullptr;
     QStringList m_keptSelection; // selected keys to bring back after the model was reset
     QString m_keptCurrent;
+    // While the model moves rows (a refresh: new keys on top, a key out of the filter), what
+    // was selected before; the selection the move drops is not the user's choice.
+    std::optional<QStringList> m_selectedBeforeMove;
     int m_fittedKeyWidth = 0; // the Key column's width as fitted last (another: the user's)
     quint64 m_detailGeneration = 0;
     bool m_detailLoading = false;

@@ -1370,6 +1370,74 @@ private Q_SLOTS:
         QCOMPARE(window.keysTable()->selectionModel()->selectedRows().size(), 1);
     }
 
+    // New keys under traffic join the top of the table as a change of its layout, not a reset:
+    // the rows loaded past the 5000 a refresh reads stay, the selection and the view's place
+    // stay, and a page read after the list moved down shows no key twice. (A reset every second:
+    // back to the top and to 5000 rows, then the same rows loaded again.)
+    void newKeysKeepTheTablesPlace()
+    {
+        const Generated g = generated(u"traffic"_qs, 5400);
+        MainWindow &window = *g.window;
+        KeysModel *keys = window.keys();
+        QAbstractItemModelTester tester(keys,
+                                        QAbstractItemModelTester::FailureReportingMode::QtTest);
+        QSignalSpy loaded(keys, &KeysModel::loaded);
+        for (int page = 0; page < 60 && keys->rowCount() < 5000; ++page) {
+            if (keys->canFetchMore({}))
+                keys->fetchMore({});
+            loaded.wait(5000);
+        }
+        QCOMPARE(keys->rowCount(), 5000);
+        const auto claim = [&g](const QString &id) {
+            ClaimRequest c;
+            c.key = u"big:"_qs + id;
+            c.endpoint = u"big"_qs;
+            c.provider = u"generic"_qs;
+            c.fingerprint = "f";
+            c.policy.leaseMs = 60'000;
+            return g.pool->run<ClaimResult>([&](IdempotencyStore &s) { return s.claim(c); }).ok();
+        };
+        // The list moves down by 30 before the next page: it starts with rows loaded already.
+        for (int i = 0; i < 30; ++i)
+            QVERIFY(claim(u"early_%1"_qs.arg(i)));
+        const auto whole = [keys] {
+            return keys->rowCount() >= 5430 &&
+                   keys->index(0, KeysModel::Key).data().toString().contains(u"early"_qs);
+        };
+        const auto shownOnce = [keys] {
+            QSet<QString> shown;
+            for (int row = 0; row < keys->rowCount(); ++row)
+                shown.insert(keys->index(row, KeysModel::Key).data().toString());
+            return shown.size() == keys->rowCount();
+        };
+        for (int page = 0; page < 100 && !whole(); ++page) {
+            if (keys->canFetchMore({}))
+                keys->fetchMore({});
+            loaded.wait(2000);
+            QVERIFY(shownOnce()); // a page that arrived before the refresh, too
+        }
+        QCOMPARE(keys->rowCount(), 5430);
+        const QString deep = keys->index(5429, KeysModel::Key).data().toString();
+        selectAndWait(window, deep);
+        QTableView *table = window.keysTable();
+        table->scrollToBottom();
+        QTRY_VERIFY(table->verticalScrollBar()->value() > 0);
+        const int at = table->verticalScrollBar()->value();
+        QSignalSpy resets(keys, &QAbstractItemModel::modelReset);
+        QVERIFY(claim(u"new_1"_qs));
+        QTRY_COMPARE_WITH_TIMEOUT(keys->index(0, KeysModel::Key).data().toString(), u"big:new_1"_qs,
+                                  10000);
+        QCOMPARE(resets.count(), 0);
+        QCOMPARE(keys->rowCount(), 5431);
+        QVERIFY(shownOnce());
+        QCOMPARE(window.detail()->currentKey(), deep);
+        const QModelIndexList selected = table->selectionModel()->selectedRows();
+        QCOMPARE(selected.size(), 1);
+        QCOMPARE(selected.first().data().toString(), deep);
+        QVERIFY2(table->verticalScrollBar()->value() >= at,
+                 qPrintable(u"%1 < %2"_qs.arg(table->verticalScrollBar()->value()).arg(at)));
+    }
+
     // The detail is shown again every second, but what did not change is not drawn again: the
     // body stays scrolled where the user left it (it went back to the top, its selection lost,
     // and a megabyte body held the window over a second each time). A body is shown up to 256K
