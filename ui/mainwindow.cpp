@@ -188,6 +188,7 @@ MainWindow::MainWindow(DeskSession session, QWidget *parent)
 
     statusBar()->addWidget(m_counts, 1);
     statusBar()->addPermanentWidget(m_warnings);
+    m_storeLabel->setObjectName(u"storeHealth"_qs);
     statusBar()->addPermanentWidget(m_storeLabel);
 
     connect(m_stateTabs, &QTabBar::currentChanged, this, &MainWindow::applyFilter);
@@ -204,9 +205,10 @@ MainWindow::MainWindow(DeskSession session, QWidget *parent)
         loadDetail();
     });
     connect(m_keys, &KeysModel::countsChanged, this, &MainWindow::updateStatus);
-    connect(m_keys, &KeysModel::storeError, this, [this](const QString &message) {
-        m_storeLabel->setText(tr("<span style='color:%2'>store unavailable: %1</span>").arg(message.toHtmlEscaped(), stateColour(KeyState::Failed).name()));
-    });
+    // A refused read is said at once, as the last 10 s of calls tell it (one refused page among
+    // good ones is "degraded", its error in the tooltip; it said "store unavailable" until the
+    // next refresh).
+    connect(m_keys, &KeysModel::storeError, this, &MainWindow::updateStatus);
     connect(m_keys, &QAbstractItemModel::modelReset, this, [this] { updateActions(); });
     keepSelectionAcrossReset();
     connect(m_keys, &KeysModel::loaded, this, &MainWindow::fitKeyColumn);
@@ -803,9 +805,43 @@ void MainWindow::updateStatus()
     const QString store = StoreUrl::parse(m_session.storeUrl).ok()
                               ? StoreUrl::parse(m_session.storeUrl)->display()
                               : displayUrl(m_session.storeUrl);
-    m_storeLabel->setText(health.healthy ? tr("Store %1 <span style='color:%2'>● healthy</span>").arg(store.toHtmlEscaped(), stateColour(KeyState::Completed).name())
-                                         : tr("Store %1 <span style='color:%2'>● unavailable</span>").arg(store.toHtmlEscaped(), stateColour(KeyState::Failed).name()));
-    m_storeLabel->setToolTip(health.healthy ? QString() : health.lastError);
+    // Over the last 10 s of calls, not the last one alone: with one part of the store failing
+    // (a Redis Cluster master of three) it flapped between healthy and unavailable.
+    const qint64 now = QDateTime::currentMSecsSinceEpoch();
+    QString verdict;
+    KeyState colour = KeyState::Failed;
+    QString why;
+    const auto lastError = [&health] {
+        return tr("last error (%1): %2")
+            .arg(QDateTime::fromMSecsSinceEpoch(health.lastErrorAtMs).toString(u"hh:mm:ss"_qs),
+                 health.lastError);
+    };
+    switch (health.verdict(now)) {
+    case StoreHealth::Verdict::Healthy:
+        verdict = tr("healthy");
+        colour = KeyState::Completed;
+        break;
+    case StoreHealth::Verdict::Degraded:
+        verdict = tr("degraded");
+        colour = KeyState::Processing;
+        why = tr("%1 of the last %2 calls failed in %3 s; %4")
+                  .arg(health.recentFailures)
+                  .arg(health.recentCalls)
+                  .arg(StoreHealth::kRecentSeconds)
+                  .arg(lastError());
+        break;
+    case StoreHealth::Verdict::RefusingWrites:
+        verdict = tr("refusing writes");
+        why = tr("new deliveries get 503: %1").arg(health.lastWriteError);
+        break;
+    case StoreHealth::Verdict::Unavailable:
+        verdict = tr("unavailable");
+        why = lastError();
+        break;
+    }
+    m_storeLabel->setText(tr("Store %1 <span style='color:%2'>● %3</span>")
+                              .arg(store.toHtmlEscaped(), stateColour(colour).name(), verdict));
+    m_storeLabel->setToolTip(why);
 }
 
 QString MainWindow::statusText() const

@@ -1,6 +1,7 @@
 #include "store/storepool.h"
 
 #include "metrics/metrics.h"
+#include "util/clock.h"
 
 #include <QDateTime>
 
@@ -209,7 +210,14 @@ void StorePool::reportHealth(bool healthy, const QString &error, bool write)
     if (Metrics *metrics =
             Metrics::instance()) // every call to the store, the lanes' too, reports here
         metrics->storeCall(healthy);
+    const qint64 second =
+        monotonicUs() / 1'000'000; // a clock that steps (NTP, faketime) moves no call
     std::lock_guard lock(m_mutex);
+    Second &recent = m_recent[size_t(second % StoreHealth::kRecentSeconds)];
+    if (recent.at != second)
+        recent = {second, 0, 0};
+    ++recent.calls;
+    recent.failures += healthy ? 0 : 1;
     const qint64 now = QDateTime::currentMSecsSinceEpoch();
     m_health.healthy = healthy;
     if (!healthy) {
@@ -268,9 +276,20 @@ std::unique_ptr<StoreLane> StorePool::lane(QObject *context)
 
 StoreHealth StorePool::health() const
 {
+    const qint64 second = monotonicUs() / 1'000'000;
     std::lock_guard lock(m_mutex);
     StoreHealth h = m_health;
     h.queued = qint64(m_jobs.size() + m_finishes.size());
+    for (const Second &recent : m_recent) {
+        if (recent.at > second - StoreHealth::kRecentSeconds) {
+            h.recentCalls += recent.calls;
+            h.recentFailures += recent.failures;
+        }
+        if (recent.at > second - StoreHealth::kLatestSeconds) {
+            h.latestCalls += recent.calls;
+            h.latestFailures += recent.failures;
+        }
+    }
     return h;
 }
 

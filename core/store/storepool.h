@@ -7,6 +7,7 @@
 #include <QObject>
 #include <QPointer>
 
+#include <array>
 #include <atomic>
 #include <condition_variable>
 #include <deque>
@@ -41,6 +42,27 @@ struct StoreHealth
     bool writesFailing(qint64 nowMs, qint64 windowMs = 10'000) const
     {
         return lastWriteFailed && nowMs - lastWriteFailedAtMs < windowMs;
+    }
+    // The calls of the last kRecentSeconds and how many failed: what the window's status bar
+    // says. The last call alone flapped between healthy and unavailable on every refresh when a
+    // part of the store failed (one Redis Cluster master of three, a lock held now and then).
+    static constexpr int kRecentSeconds = 10;
+    static constexpr int kLatestSeconds = 3; // of them, the latest
+    qint64 recentCalls = 0;
+    qint64 recentFailures = 0;
+    qint64 latestCalls = 0;
+    qint64 latestFailures = 0;
+    enum class Verdict { Healthy, Degraded, RefusingWrites, Unavailable };
+    // Unavailable: every call of the latest seconds failed (or, none, the last one did);
+    // refusing writes: the last write failed, within 10 s (a full disk: every new delivery
+    // refused while reads go through); degraded: some recent calls failed.
+    Verdict verdict(qint64 nowMs) const
+    {
+        if (latestCalls > 0 ? latestFailures == latestCalls : !healthy)
+            return Verdict::Unavailable;
+        if (writesFailing(nowMs))
+            return Verdict::RefusingWrites;
+        return recentFailures > 0 ? Verdict::Degraded : Verdict::Healthy;
     }
 };
 
@@ -128,6 +150,13 @@ private:
     bool m_stopping = false;
     std::vector<std::thread> m_workers;
     StoreHealth m_health;
+    struct Second
+    {
+        qint64 at = -1; // monotonic second
+        qint64 calls = 0;
+        qint64 failures = 0;
+    };
+    std::array<Second, StoreHealth::kRecentSeconds> m_recent; // by monotonic second, a ring
     LaneFactory m_laneFactory;
 };
 

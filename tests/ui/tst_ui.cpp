@@ -1345,6 +1345,28 @@ private Q_SLOTS:
         QTRY_COMPARE(keys->rowCount(), 400);
     }
 
+    // One refused call among good ones: the status bar says degraded, with how many failed and
+    // why, through the refreshes that follow (it said unavailable, then healthy at the next
+    // refresh: it flapped with a part of the store failing).
+    void theStatusBarSaysAPartlyFailingStoreIsDegraded()
+    {
+        const Generated g = generated(u"degraded"_qs, 1000);
+        MainWindow &window = *g.window;
+        KeysModel *keys = window.keys();
+        QTRY_COMPARE(keys->rowCount(), 200);
+        QTRY_VERIFY(window.statusText().contains(u"● healthy"_qs));
+        m_calls.failPages = 1;
+        QTRY_VERIFY(keys->canFetchMore({}));
+        keys->fetchMore({});
+        QTRY_VERIFY(m_calls.failPages.load() <= 0); // refused
+        QSignalSpy loaded(keys, &KeysModel::loaded);
+        QTRY_VERIFY_WITH_TIMEOUT(loaded.count() >= 2, 10000); // two refreshes went through since
+        QVERIFY2(window.statusText().contains(u"● degraded"_qs), qPrintable(window.statusText()));
+        const QString why = window.findChild<QLabel *>(u"storeHealth"_qs)->toolTip();
+        QVERIFY2(why.contains(u"1 of the last"_qs) && why.contains(u"(injected)"_qs),
+                 qPrintable(why));
+    }
+
     // Rows loaded past the 5000 a refresh reads again stay, and so does the selection among
     // them: the model was reset every second, back to 5000 rows and no selection.
     void rowsPastTheRefreshStayLoaded()
