@@ -280,6 +280,16 @@ class TestUi : public QObject
         g.window->show();
         return g;
     }
+    // Pages loaded as a view scrolling down would, until `rows` are (or 60 pages were asked).
+    static void loadRows(KeysModel *keys, int rows)
+    {
+        QSignalSpy loaded(keys, &KeysModel::loaded);
+        for (int page = 0; page < 60 && keys->rowCount() < rows; ++page) {
+            if (keys->canFetchMore({}))
+                keys->fetchMore({});
+            loaded.wait(5000);
+        }
+    }
     static void selectAndWait(MainWindow &w, const QString &key)
     {
         QTRY_VERIFY(w.keys()->rowOfKey(key) >= 0);
@@ -1375,11 +1385,7 @@ private Q_SLOTS:
         MainWindow &window = *g.window;
         KeysModel *keys = window.keys();
         QSignalSpy loaded(keys, &KeysModel::loaded);
-        for (int page = 0; page < 60 && keys->rowCount() < 5400; ++page) {
-            if (keys->canFetchMore({}))
-                keys->fetchMore({});
-            loaded.wait(5000);
-        }
+        loadRows(keys, 5400);
         QCOMPARE(keys->rowCount(), 5400);
         const QString deep = keys->index(5399, KeysModel::Key).data().toString();
         selectAndWait(window, deep);
@@ -1404,11 +1410,7 @@ private Q_SLOTS:
         QAbstractItemModelTester tester(keys,
                                         QAbstractItemModelTester::FailureReportingMode::QtTest);
         QSignalSpy loaded(keys, &KeysModel::loaded);
-        for (int page = 0; page < 60 && keys->rowCount() < 5000; ++page) {
-            if (keys->canFetchMore({}))
-                keys->fetchMore({});
-            loaded.wait(5000);
-        }
+        loadRows(keys, 5000);
         QCOMPARE(keys->rowCount(), 5000);
         const auto claim = [&g](const QString &id) {
             ClaimRequest c;
