@@ -138,7 +138,10 @@ KeyQuery KeysModel::query(int offset, int limit) const
 
 bool KeysModel::canFetchMore(const QModelIndex &parent) const
 {
-    return !parent.isValid() && !m_atEnd && !m_loading && wallMs() - m_pageFailedAtMs >= 1000;
+    // Not while a refresh is out: its rows come in first (a page asked for before them counted
+    // the keys it brings as moved down twice, and the next page skipped as many rows for good).
+    return !parent.isValid() && !m_atEnd && !m_loading && !m_refreshing &&
+           wallMs() - m_pageFailedAtMs >= 1000;
 }
 
 void KeysModel::fetchMore(const QModelIndex &parent)
@@ -286,11 +289,15 @@ void KeysModel::moveTo(const QList<KeyRecord> &fresh, qsizetype window)
     rowOf.reserve(fresh.size());
     for (qsizetype i = 0; i < fresh.size(); ++i)
         rowOf.insert(fresh.at(i).key, int(i));
-    // Activity only grows, so a loaded row now past the window was after the window's last row:
-    // those after it that are not in the window follow it (a row before it that is not in the
-    // window is gone). A window shorter than asked is the whole list.
+    // Only rows loaded past the window are kept after it: nothing re-reads them. Activity only
+    // grows, so those the list pushed past the window were after the window's last row: the
+    // loaded rows after it that are not in the window follow it (a row before it that is not in
+    // the window is gone). With no row loaded past the window there is nothing to keep: a loaded
+    // row missing from it is gone, or pushed past it, where the next page reads it (keeping it
+    // kept deleted keys: the window's last row was then one never loaded, and every loaded row
+    // missing from the window passed for pushed).
     qsizetype pushed = m_rows.size();
-    if (fresh.size() >= window && !fresh.isEmpty()) {
+    if (m_rows.size() > window && fresh.size() >= window && !fresh.isEmpty()) {
         pushed = 0; // the window's last row is new: every loaded row is past it
         for (qsizetype i = m_rows.size() - 1; i >= 0; --i)
             if (m_rows.at(i).key == fresh.last().key) {

@@ -233,17 +233,20 @@ int serve(const QStringList &arguments)
     // The writer woken once a turn of the receiver's loop, for the lines of that turn's
     // deliveries: a wake per line cost a futex wake, a switch to the writer and a write per
     // delivery whenever the reader keeps up (a file, /dev/null, journald), some 10 µs of the
-    // desk's CPU per delivery. awake() comes at the start of every turn and after its wait, on
-    // the receiver thread, where the engine emits delivered().
+    // desk's CPU per delivery. awake() comes at the start of every turn and after its wait,
+    // aboutToBlock() before every wait that may block, all on the receiver thread, where the
+    // engine emits delivered(): a delivery that ends in the turn's posted events (a store's answer
+    // with nothing to write back: its sender gone) is written before the loop sleeps, not when
+    // something next wakes it (never, with no timer due: a clock held by libfaketime).
     QObject::connect(
         receiver->engine(), &IdempotencyEngine::delivered, &logContext,
         [json, out](const DeliveryEvent &e) {
             out->appendQuietly(logLine(e, json).toUtf8() + '\n');
         },
         Qt::DirectConnection);
-    QObject::connect(
-        receiver->loop(), &QAbstractEventDispatcher::awake, &logContext, [out] { out->wake(); },
-        Qt::DirectConnection);
+    for (auto turn : {&QAbstractEventDispatcher::awake, &QAbstractEventDispatcher::aboutToBlock})
+        QObject::connect(
+            receiver->loop(), turn, &logContext, [out] { out->wake(); }, Qt::DirectConnection);
 
     auto bound = receiver->start(options->config.listen);
     if (!bound) {

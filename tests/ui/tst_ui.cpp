@@ -102,9 +102,10 @@ struct StoreCalls
     std::atomic<int> watched{0};
     std::atomic<int> guiWaited{0};
     std::atomic<int> failPages{0}; // this many key pages past the first are refused (Unavailable)
+    std::atomic<int> firstPageReads{0}; // reads of a list's start: refreshes (and first pages)
     void reset()
     {
-        onGuiThread = operatorCalls = watched = guiWaited = failPages = 0;
+        onGuiThread = operatorCalls = watched = guiWaited = failPages = firstPageReads = 0;
         watchGui = false;
     }
 };
@@ -123,6 +124,8 @@ public:
     Result<QList<KeyRecord>> listKeys(const KeyQuery &q) override
     {
         return recorded([&]() -> Result<QList<KeyRecord>> {
+            if (q.offset == 0)
+                ++m_calls->firstPageReads;
             if (q.offset > 0 && m_calls->failPages.fetch_sub(1) > 0)
                 return makeError(ErrorCode::Unavailable,
                                  u"the store refused this page (injected)"_qs);
@@ -280,11 +283,22 @@ class TestUi : public QObject
         g.window->show();
         return g;
     }
+    // A new key of endpoint "big", claimed: the newest in the Keys table.
+    static bool claim(StorePool &pool, const QString &id)
+    {
+        ClaimRequest c;
+        c.key = u"big:"_qs + id;
+        c.endpoint = u"big"_qs;
+        c.provider = u"generic"_qs;
+        c.fingerprint = "f";
+        c.policy.leaseMs = 60'000;
+        return pool.run<ClaimResult>([&](IdempotencyStore &s) { return s.claim(c); }).ok();
+    }
     // Pages loaded as a view scrolling down would, until `rows` are (or 60 pages were asked).
     static void loadRows(KeysModel *keys, int rows)
     {
         QSignalSpy loaded(keys, &KeysModel::loaded);
-        for (int page = 0; page < 60 && keys->rowCount() < rows; ++page) {
+        for (int page = 0; page < 100 && keys->rowCount() < rows; ++page) {
             if (keys->canFetchMore({}))
                 keys->fetchMore({});
             loaded.wait(5000);
@@ -1412,18 +1426,9 @@ private Q_SLOTS:
         QSignalSpy loaded(keys, &KeysModel::loaded);
         loadRows(keys, 5000);
         QCOMPARE(keys->rowCount(), 5000);
-        const auto claim = [&g](const QString &id) {
-            ClaimRequest c;
-            c.key = u"big:"_qs + id;
-            c.endpoint = u"big"_qs;
-            c.provider = u"generic"_qs;
-            c.fingerprint = "f";
-            c.policy.leaseMs = 60'000;
-            return g.pool->run<ClaimResult>([&](IdempotencyStore &s) { return s.claim(c); }).ok();
-        };
         // The list moves down by 30 before the next page: it starts with rows loaded already.
         for (int i = 0; i < 30; ++i)
-            QVERIFY(claim(u"early_%1"_qs.arg(i)));
+            QVERIFY(claim(*g.pool, u"early_%1"_qs.arg(i)));
         const auto whole = [keys] {
             return keys->rowCount() >= 5430 &&
                    keys->index(0, KeysModel::Key).data().toString().contains(u"early"_qs);
@@ -1448,7 +1453,7 @@ private Q_SLOTS:
         QTRY_VERIFY(table->verticalScrollBar()->value() > 0);
         const int at = table->verticalScrollBar()->value();
         QSignalSpy resets(keys, &QAbstractItemModel::modelReset);
-        QVERIFY(claim(u"new_1"_qs));
+        QVERIFY(claim(*g.pool, u"new_1"_qs));
         QTRY_COMPARE_WITH_TIMEOUT(keys->index(0, KeysModel::Key).data().toString(), u"big:new_1"_qs,
                                   10000);
         QCOMPARE(resets.count(), 0);
@@ -1460,6 +1465,69 @@ private Q_SLOTS:
         QCOMPARE(selected.first().data().toString(), deep);
         QVERIFY2(table->verticalScrollBar()->value() >= at,
                  qPrintable(u"%1 < %2"_qs.arg(table->verticalScrollBar()->value()).arg(at)));
+    }
+
+    // A key deleted from a list longer than the rows loaded leaves the table at the next refresh
+    // (it was kept as if pushed past the window: the window's last row was then one never
+    // loaded, and every loaded row missing from it passed for pushed; the rows grew by one a
+    // refresh each).
+    void deletedKeysLeaveTheTable()
+    {
+        const QString url = u"sqlite:"_qs + m_dir.filePath(u"deleted.db"_qs);
+        generateSqliteKeys(url.mid(7), 3000);
+        auto pool = recordedPool(url, &m_calls);
+        // No view, no model tester (it asks for pages): no page is read but the first.
+        KeysModel keys(pool, 200);
+        QSignalSpy loaded(&keys, &KeysModel::loaded);
+        keys.setFilter(std::nullopt, {}, {});
+        QTRY_COMPARE(keys.rowCount(), 200); // of 3000
+        for (int round = 0; round < 3; ++round) {
+            // The first round only deletes: the refreshed window then ends on a row never loaded.
+            for (int i = 0; round > 0 && i < 7; ++i)
+                QVERIFY(claim(*pool, u"new%1_%2"_qs.arg(round).arg(i)));
+            QStringList deleted;
+            for (int i = 0; i < 3; ++i) {
+                deleted << keys.index(20 + 13 * i + round, KeysModel::Key).data().toString();
+                QVERIFY(pool->run<OperatorVerdict>([&](IdempotencyStore &s) {
+                                return s.applyOperator(deleted.last(), OperatorAction::Delete,
+                                                       false, {});
+                            })
+                            .ok());
+            }
+            loaded.clear();
+            keys.refresh();
+            QTRY_COMPARE(loaded.count(), 1);
+            for (const QString &key : std::as_const(deleted))
+                QVERIFY2(keys.rowOfKey(key) < 0, qPrintable(key));
+            QCOMPARE(keys.rowCount(), 200);
+            if (round > 0)
+                QCOMPARE(keys.index(0, KeysModel::Key).data().toString(),
+                         u"big:new%1_6"_qs.arg(round));
+        }
+    }
+
+    // A page is not asked for while a refresh is out: asked before the refresh's rows came in,
+    // the keys they bring were counted as moved down twice, and past the 5000 a refresh reads
+    // the next page skipped as many rows for good (30 of 6030 never shown).
+    void noPageIsSkippedWhileARefreshIsOut()
+    {
+        const Generated g = generated(u"race"_qs, 6000);
+        KeysModel *keys = g.window->keys();
+        loadRows(keys, 5400);
+        QTRY_VERIFY(!keys->isLoading());
+        for (int i = 0; i < 30; ++i)
+            QVERIFY(claim(*g.pool, u"early_%1"_qs.arg(i)));
+        QSignalSpy loaded(keys, &KeysModel::loaded);
+        keys->refresh();
+        if (keys->canFetchMore({})) // as the view does when scrolled to the end
+            keys->fetchMore({});
+        QTRY_VERIFY_WITH_TIMEOUT(loaded.count() >= 1 && !keys->isLoading(), 10000);
+        loadRows(keys, 6030); // the rest, as the view asks (never while a refresh is out)
+        QSet<QString> shown;
+        for (int row = 0; row < keys->rowCount(); ++row)
+            shown.insert(keys->index(row, KeysModel::Key).data().toString());
+        QCOMPARE(shown.size(), keys->rowCount());
+        QCOMPARE(keys->rowCount(), 6030);
     }
 
     // The detail is shown again every second, but what did not change is not drawn again: the
