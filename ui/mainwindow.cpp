@@ -801,7 +801,12 @@ void MainWindow::updateStatus()
                     .arg(counters.processorRuns);
     }
     m_counts->setText(text);
-    const StoreHealth health = m_session.pool->health();
+    // The window's calls and the receiver's: a store refusing every delivery (a full disk) while
+    // the window's reads go through is not healthy.
+    const StoreHealth health =
+        m_session.receiver && m_session.receiver->pool() != m_session.pool
+            ? combinedHealth(m_session.pool->health(), m_session.receiver->pool()->health())
+            : m_session.pool->health();
     const QString store = StoreUrl::parse(m_session.storeUrl).ok()
                               ? StoreUrl::parse(m_session.storeUrl)->display()
                               : displayUrl(m_session.storeUrl);

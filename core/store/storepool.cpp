@@ -230,6 +230,28 @@ void StorePool::reportHealth(bool healthy, const QString &error, bool write)
         refusedWrite(error, now);
 }
 
+StoreHealth combinedHealth(const StoreHealth &a, const StoreHealth &b)
+{
+    StoreHealth h = a;
+    h.healthy = a.healthy && b.healthy;
+    if (b.lastErrorAtMs > a.lastErrorAtMs) {
+        h.lastError = b.lastError;
+        h.lastErrorAtMs = b.lastErrorAtMs;
+    }
+    if (b.lastWriteFailed &&
+        (!a.lastWriteFailed || b.lastWriteFailedAtMs > a.lastWriteFailedAtMs)) {
+        h.lastWriteFailed = true;
+        h.lastWriteError = b.lastWriteError;
+        h.lastWriteFailedAtMs = b.lastWriteFailedAtMs;
+    }
+    h.queued += b.queued;
+    h.recentCalls += b.recentCalls;
+    h.recentFailures += b.recentFailures;
+    h.latestCalls += b.latestCalls;
+    h.latestFailures += b.latestFailures;
+    return h;
+}
+
 void StorePool::reportRefusedWrite(const QString &why)
 {
     std::lock_guard lock(m_mutex);

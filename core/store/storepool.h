@@ -66,6 +66,11 @@ struct StoreHealth
     }
 };
 
+// Two pools' health as one: the window's (its reads, the operator's actions) and the receiver's
+// (every delivery's claim and finish), which the status bar tells together. Counts add up; the
+// last error and the last refused write are the later of the two.
+StoreHealth combinedHealth(const StoreHealth &a, const StoreHealth &b);
+
 // A few worker threads, each owning one store connection (a hiredis context, a libpqxx
 // connection, a SQLite handle are each used by one thread only). Jobs run in order of arrival
 // on whichever worker is free; their results are delivered on the thread of the context object

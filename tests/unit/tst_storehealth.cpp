@@ -87,6 +87,28 @@ private Q_SLOTS:
         p->reportHealth(true, {}, true); // a write went through
         QCOMPARE(verdict(*p), StoreHealth::Verdict::Degraded);
     }
+
+    // The window's pool reads fine while the receiver's refuses every claim (a full disk): the
+    // status bar tells both, so "refusing writes", not "healthy" (the window's alone).
+    void theReceiversRefusedWritesAreSaidWithTheWindows()
+    {
+        auto window = pool();
+        auto receiver = pool();
+        window->reportHealth(true);
+        window->reportHealth(true);
+        receiver->reportHealth(true, {}, true);
+        receiver->reportHealth(false, u"database or disk is full"_qs, true);
+        receiver->reportHealth(true);
+        const qint64 now = QDateTime::currentMSecsSinceEpoch();
+        QCOMPARE(window->health().verdict(now), StoreHealth::Verdict::Healthy);
+        const StoreHealth both = combinedHealth(window->health(), receiver->health());
+        QCOMPARE(both.verdict(now), StoreHealth::Verdict::RefusingWrites);
+        QCOMPARE(both.lastWriteError, u"database or disk is full"_qs);
+        QCOMPARE(both.recentCalls, 5);
+        QCOMPARE(both.recentFailures, 1);
+        QCOMPARE(combinedHealth(receiver->health(), window->health()).verdict(now),
+                 StoreHealth::Verdict::RefusingWrites);
+    }
 };
 
 QTEST_GUILESS_MAIN(StoreHealthTest)
