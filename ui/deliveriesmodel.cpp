@@ -1,15 +1,24 @@
 #include "deliveriesmodel.h"
 
 #include "colours.h"
+#include "util/format.h"
 #include <QBrush>
 #include <QColor>
 #include <QDateTime>
+#include <QFont>
+
+#include <algorithm>
+#include <vector>
 
 namespace idem {
 
 DeliveriesModel::DeliveriesModel(int capacity, QObject *parent)
     : QAbstractTableModel(parent), m_capacity(capacity)
-{}
+{
+    m_foldTimer.setSingleShot(true);
+    m_foldTimer.setInterval(kFoldIntervalMs);
+    m_foldTimer.callOnTimeout(this, &DeliveriesModel::applyFolds);
+}
 
 int DeliveriesModel::rowCount(const QModelIndex &parent) const
 {
@@ -40,7 +49,35 @@ QVariant DeliveriesModel::data(const QModelIndex &index, int role) const
 {
     if (!checkIndex(index, CheckIndexOption::IndexIsValid | CheckIndexOption::ParentIsInvalid))
         return {};
-    const DeliveryEvent &e = m_rows.at(index.row());
+    const Row &row = m_rows.at(index.row());
+    const DeliveryEvent &e = row.event;
+    if (role == FoldedCountRole)
+        return row.folded ? e.count : 0;
+    if (row.folded) {
+        const auto time = [](qint64 ms, QStringView format) {
+            return QDateTime::fromMSecsSinceEpoch(ms).toString(format);
+        };
+        if (role == Qt::DisplayRole && index.column() == Key)
+            return tr("%1 more rejected (%2) since %3")
+                .arg(e.count)
+                .arg(e.status)
+                .arg(time(row.foldedSinceMs, u"hh:mm:ss"));
+        if (role == Qt::DisplayRole && index.column() == Latency)
+            return QString();
+        if (role == Qt::ToolTipRole)
+            return tr("%1 past the list's budget (%2 at once, then %3 a minute per endpoint and "
+                      "status), counted in this row since %4; the last at %5: %6")
+                .arg(countOf(e.count, u"rejected delivery", u"rejected deliveries"))
+                .arg(kRejectionBurst)
+                .arg(kRejectionsPerMinute)
+                .arg(time(row.foldedSinceMs, u"hh:mm:ss.zzz"), time(e.atMs, u"hh:mm:ss.zzz"),
+                     e.detail.isEmpty() ? tr("(no reason given)") : e.detail);
+        if (role == Qt::FontRole) {
+            QFont font;
+            font.setItalic(true);
+            return font;
+        }
+    }
     if (role == RawValueRole) {
         switch (index.column()) {
         case Time: return e.atMs;
@@ -77,14 +114,119 @@ QVariant DeliveriesModel::data(const QModelIndex &index, int role) const
 
 void DeliveriesModel::append(const DeliveryEvent &event)
 {
-    beginInsertRows({}, 0, 0);
-    m_rows.prepend(event);
-    endInsertRows();
-    if (m_rows.size() > m_capacity) {
-        beginRemoveRows({}, m_capacity, int(m_rows.size()) - 1);
-        m_rows.resize(m_capacity);
-        endRemoveRows();
+    if (folds(event)) {
+        Fold &fold = m_pendingFolds[{event.endpoint, event.status}];
+        if (fold.count == 0)
+            fold.sinceMs = event.atMs;
+        fold.count += deliveryCount(event.count);
+        fold.last = event;
+        if (!m_paused && !m_foldTimer.isActive())
+            m_foldTimer.start();
+        return;
     }
+    if (!m_paused)
+        return insert({event});
+    m_held.append(event);
+    if (m_held.size() > m_capacity)
+        m_held.removeFirst(); // the list keeps no more anyway
+}
+
+// Whether `event` goes into its endpoint and status's folded row rather than a row of its own.
+bool DeliveriesModel::folds(const DeliveryEvent &event)
+{
+    if (event.outcome != Outcome::Rejected)
+        return false;
+    if (event.count > 1)
+        return true; // a summary: deliveries that were not shown one by one anyway
+    // On the deliveries' own clock: what the list shows depends on what came when, not on
+    // when the GUI thread got to it (nor on a pause).
+    auto budget = m_budgets
+                      .try_emplace({event.endpoint, event.status}, kRejectionBurst,
+                                   kRejectionsPerMinute, event.atMs)
+                      .first;
+    return !budget->second.take(event.atMs);
+}
+
+void DeliveriesModel::insert(const QList<DeliveryEvent> &newestLast)
+{
+    if (newestLast.isEmpty())
+        return;
+    beginInsertRows({}, 0, int(newestLast.size()) - 1);
+    for (const DeliveryEvent &event : newestLast)
+        m_rows.prepend(Row{event});
+    endInsertRows();
+    trim();
+}
+
+void DeliveriesModel::trim()
+{
+    if (m_rows.size() <= m_capacity)
+        return;
+    beginRemoveRows({}, m_capacity, int(m_rows.size()) - 1);
+    m_rows.resize(m_capacity);
+    endRemoveRows();
+}
+
+void DeliveriesModel::applyFolds()
+{
+    m_foldTimer.stop();
+    if (m_paused || m_pendingFolds.empty())
+        return;
+    // The newest last, so that it ends at the top.
+    std::vector<std::pair<FoldKey, Fold>> folds(m_pendingFolds.begin(), m_pendingFolds.end());
+    m_pendingFolds.clear();
+    std::stable_sort(folds.begin(), folds.end(), [](const auto &a, const auto &b) {
+        return a.second.last.atMs < b.second.last.atMs;
+    });
+    for (const auto &[key, fold] : folds) {
+        // A folded row has no key of its own: the rejections it counts stored nothing.
+        DeliveryEvent shown = fold.last;
+        shown.key.clear();
+        shown.latencyUs = 0;
+        shown.token = 0;
+        shown.payload.clear();
+        const auto row = std::find_if(m_rows.cbegin(), m_rows.cend(), [&key](const Row &r) {
+            return r.folded && r.event.endpoint == key.first && r.event.status == key.second;
+        });
+        if (row == m_rows.cend()) { // new, or pushed out of the list by newer ones
+            shown.count = std::min(fold.count, kMaxDeliveryCount);
+            beginInsertRows({}, 0, 0);
+            m_rows.prepend(Row{shown, true, fold.sinceMs});
+            endInsertRows();
+            continue;
+        }
+        const int at = int(row - m_rows.cbegin());
+        shown.count = std::min(row->event.count + fold.count, kMaxDeliveryCount);
+        if (at > 0) {
+            beginMoveRows({}, at, at, {}, 0);
+            m_rows.move(at, 0);
+            endMoveRows();
+        }
+        m_rows.first().event = shown;
+        Q_EMIT dataChanged(index(0, 0), index(0, ColumnCount - 1));
+    }
+    trim();
+}
+
+void DeliveriesModel::setPaused(bool paused)
+{
+    if (paused == m_paused)
+        return;
+    m_paused = paused;
+    if (paused)
+        return m_foldTimer.stop();
+    QList<DeliveryEvent> held;
+    held.swap(m_held);
+    insert(held);
+    applyFolds();
+}
+
+qint64 DeliveriesModel::heldCount() const
+{
+    qint64 n = m_held.size();
+    for (const auto &[key, fold] : m_pendingFolds)
+        n += fold.count;
+    return n;
 }
 
 bool deliveryFailed(const DeliveryEvent &e)
