@@ -172,7 +172,7 @@ void DeliveriesModel::applyFolds()
     m_foldTimer.stop();
     if (m_paused || m_pendingFolds.empty())
         return;
-    // The newest last, so that it ends at the top.
+    // The newest last, so that it ends above the others.
     std::vector<std::pair<FoldKey, Fold>> folds(m_pendingFolds.begin(), m_pendingFolds.end());
     m_pendingFolds.clear();
     std::stable_sort(folds.begin(), folds.end(), [](const auto &a, const auto &b) {
@@ -188,22 +188,27 @@ void DeliveriesModel::applyFolds()
         const auto row = std::find_if(m_rows.cbegin(), m_rows.cend(), [&key](const Row &r) {
             return r.folded && r.event.endpoint == key.first && r.event.status == key.second;
         });
+        const int at = int(row - m_rows.cbegin()); // the row's, or the end
+        // Its place by its last rejection's time: the top while the flood lasts, below a real
+        // delivery that came after it (the timer runs up to kFoldIntervalMs later).
+        int to = 0;
+        while (to < at && m_rows.at(to).event.atMs > shown.atMs)
+            ++to;
         if (row == m_rows.cend()) { // new, or pushed out of the list by newer ones
             shown.count = std::min(fold.count, kMaxDeliveryCount);
-            beginInsertRows({}, 0, 0);
-            m_rows.prepend(Row{shown, true, fold.sinceMs});
+            beginInsertRows({}, to, to);
+            m_rows.insert(to, Row{shown, true, fold.sinceMs});
             endInsertRows();
             continue;
         }
-        const int at = int(row - m_rows.cbegin());
         shown.count = std::min(row->event.count + fold.count, kMaxDeliveryCount);
-        if (at > 0) {
-            beginMoveRows({}, at, at, {}, 0);
-            m_rows.move(at, 0);
+        if (to < at) {
+            beginMoveRows({}, at, at, {}, to);
+            m_rows.move(at, to);
             endMoveRows();
         }
-        m_rows.first().event = shown;
-        Q_EMIT dataChanged(index(0, 0), index(0, ColumnCount - 1));
+        m_rows[to].event = shown;
+        Q_EMIT dataChanged(index(to, 0), index(to, ColumnCount - 1));
     }
     trim();
 }

@@ -1045,16 +1045,20 @@ private Q_SLOTS:
                     .toString()
                     .endsWith(u"reason %1"_qs.arg(kFloodMs + 199)));
         // One more kind's rejections after a real delivery: its row is brought up to date and
-        // moved to the top, above the real one.
+        // moved up by its time, above the real one, below one that came after them.
         model.append(real(100));
         for (int i = 0; i < 5; ++i)
             model.append(rejected(kFloodMs + 300, u"orders"_qs, 405));
-        QCOMPARE(model.at(0).key, u"orders:100"_qs); // shown once the folds are applied
+        DeliveryEvent later = real(101);
+        later.atMs = kFloodMs + 301;
+        model.append(later);
+        QCOMPARE(model.at(1).key, u"orders:100"_qs); // shown once the folds are applied
         model.applyFolds();
-        QVERIFY(model.isFolded(0));
-        QCOMPARE(model.at(0).endpoint, u"orders"_qs);
-        QCOMPARE(model.at(0).count, 7000 - burst + 5);
-        QCOMPARE(model.at(1).key, u"orders:100"_qs);
+        QCOMPARE(model.at(0).key, u"orders:101"_qs);
+        QVERIFY(model.isFolded(1));
+        QCOMPARE(model.at(1).endpoint, u"orders"_qs);
+        QCOMPARE(model.at(1).count, 7000 - burst + 5);
+        QCOMPARE(model.at(2).key, u"orders:100"_qs);
         // A summary (an entry standing for many) is folded whole, whatever the budget.
         DeliveryEvent summary = rejected(kFloodMs + 400, u"stripe"_qs, 401);
         summary.count = 500;
@@ -1077,7 +1081,7 @@ private Q_SLOTS:
         QCOMPARE(model.heldCount(), 0);
         QCOMPARE(model.at(0).count, 20'000 - burst + 500 + 5000);
         seen = census();
-        QCOMPARE(seen.realKeys.size(), kReal + 1 + 5);
+        QCOMPARE(seen.realKeys.size(), kReal + 2 + 5);
         QCOMPARE(seen.folded.value(u"stripe/401"_qs), 20'000 - burst + 500 + 5000);
         QCOMPARE(seen.foldedRows.value(u"stripe/401"_qs), 1);
         // Filtered: a folded row is a rejection of its endpoint.
