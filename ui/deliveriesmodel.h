@@ -24,9 +24,9 @@ namespace idem {
 // arrival times —; past it they are folded into one row per endpoint and status that counts them
 // ("1234 more rejected (401) since 12:00:03"), brought up to date and moved up to its place by
 // its last rejection's time (the top while the flood lasts) at most every kFoldIntervalMs: one
-// move and one dataChanged a row, however many came. An entry that
-// stands for several (a summary, DeliveryEvent::count) is folded whole. Every other outcome has
-// a row of its own; nothing is dropped from a count.
+// move and one dataChanged a row, however many came. An entry that stands for several (a
+// summary, DeliveryEvent::count) is folded whole. Every other outcome has a row of its own;
+// nothing is dropped from a count.
 class DeliveriesModel final : public QAbstractTableModel
 {
     Q_OBJECT
