@@ -112,48 +112,61 @@ QVariant DeliveriesModel::data(const QModelIndex &index, int role) const
     return {};
 }
 
+// The list's clock at `event`: the newest delivery time seen. A delivery that comes late (its
+// time is when it arrived, and it was processed for a while) takes the clock no further; after
+// the wall clock stepped back the list's stands still until the deliveries' times pass it again:
+// rejections then fold (no row of their own, the budget waits), at the top, all counted.
+qint64 DeliveriesModel::arrival(const DeliveryEvent &event)
+{
+    m_clockMs = std::max(m_clockMs, event.atMs);
+    return m_clockMs;
+}
+
 void DeliveriesModel::append(const DeliveryEvent &event)
 {
-    if (folds(event)) {
+    const qint64 arrivedMs = arrival(event);
+    if (folds(event, arrivedMs)) {
         Fold &fold = m_pendingFolds[{event.endpoint, event.status}];
         if (fold.count == 0)
             fold.sinceMs = event.atMs;
         fold.count += deliveryCount(event.count);
         fold.last = event;
+        fold.lastArrivedMs = arrivedMs;
         if (!m_paused && !m_foldTimer.isActive())
             m_foldTimer.start();
         return;
     }
+    const Row row{event, false, 0, arrivedMs};
     if (!m_paused)
-        return insert({event});
-    m_held.append(event);
+        return insert({row});
+    m_held.append(row);
     if (m_held.size() > m_capacity)
         m_held.removeFirst(); // the list keeps no more anyway
 }
 
 // Whether `event` goes into its endpoint and status's folded row rather than a row of its own.
-bool DeliveriesModel::folds(const DeliveryEvent &event)
+bool DeliveriesModel::folds(const DeliveryEvent &event, qint64 arrivedMs)
 {
     if (event.outcome != Outcome::Rejected)
         return false;
     if (event.count > 1)
         return true; // a summary: deliveries that were not shown one by one anyway
-    // On the deliveries' own clock: what the list shows depends on what came when, not on
-    // when the GUI thread got to it (nor on a pause).
+    // On the list's clock, the deliveries' own times: what the list shows depends on what came
+    // when, not on when the GUI thread got to it (nor on a pause).
     auto budget = m_budgets
                       .try_emplace({event.endpoint, event.status}, kRejectionBurst,
-                                   kRejectionsPerMinute, event.atMs)
+                                   kRejectionsPerMinute, arrivedMs)
                       .first;
-    return !budget->second.take(event.atMs);
+    return !budget->second.take(arrivedMs);
 }
 
-void DeliveriesModel::insert(const QList<DeliveryEvent> &newestLast)
+void DeliveriesModel::insert(const QList<Row> &newestLast)
 {
     if (newestLast.isEmpty())
         return;
     beginInsertRows({}, 0, int(newestLast.size()) - 1);
-    for (const DeliveryEvent &event : newestLast)
-        m_rows.prepend(Row{event});
+    for (const Row &row : newestLast)
+        m_rows.prepend(row);
     endInsertRows();
     trim();
 }
@@ -176,7 +189,7 @@ void DeliveriesModel::applyFolds()
     std::vector<std::pair<FoldKey, Fold>> folds(m_pendingFolds.begin(), m_pendingFolds.end());
     m_pendingFolds.clear();
     std::stable_sort(folds.begin(), folds.end(), [](const auto &a, const auto &b) {
-        return a.second.last.atMs < b.second.last.atMs;
+        return a.second.lastArrivedMs < b.second.lastArrivedMs;
     });
     for (const auto &[key, fold] : folds) {
         // A folded row has no key of its own: the rejections it counts stored nothing.
@@ -192,12 +205,12 @@ void DeliveriesModel::applyFolds()
         // Its place by its last rejection's time: the top while the flood lasts, below a real
         // delivery that came after it (the timer runs up to kFoldIntervalMs later).
         int to = 0;
-        while (to < at && m_rows.at(to).event.atMs > shown.atMs)
+        while (to < at && m_rows.at(to).arrivedMs > fold.lastArrivedMs)
             ++to;
         if (row == m_rows.cend()) { // new, or pushed out of the list by newer ones
             shown.count = std::min(fold.count, kMaxDeliveryCount);
             beginInsertRows({}, to, to);
-            m_rows.insert(to, Row{shown, true, fold.sinceMs});
+            m_rows.insert(to, Row{shown, true, fold.sinceMs, fold.lastArrivedMs});
             endInsertRows();
             continue;
         }
@@ -208,6 +221,7 @@ void DeliveriesModel::applyFolds()
             endMoveRows();
         }
         m_rows[to].event = shown;
+        m_rows[to].arrivedMs = fold.lastArrivedMs;
         Q_EMIT dataChanged(index(to, 0), index(to, ColumnCount - 1));
     }
     trim();
@@ -220,7 +234,7 @@ void DeliveriesModel::setPaused(bool paused)
     m_paused = paused;
     if (paused)
         return m_foldTimer.stop();
-    QList<DeliveryEvent> held;
+    QList<Row> held;
     held.swap(m_held);
     insert(held);
     applyFolds();

@@ -67,23 +67,30 @@ private:
         DeliveryEvent event;
         bool folded = false;
         qint64 foldedSinceMs = 0; // a folded row: when the first of its rejections came
+        qint64 arrivedMs = 0;     // on the list's clock (arrival()); a folded row: its last's
     };
     struct Fold
     {
         qint64 count = 0;
         qint64 sinceMs = 0;
         DeliveryEvent last;
+        qint64 lastArrivedMs = 0;
     };
     using FoldKey = std::pair<QString, int>; // endpoint, status
 
-    bool folds(const DeliveryEvent &event);
-    void insert(const QList<DeliveryEvent> &newestLast);
+    qint64 arrival(const DeliveryEvent &event);
+    bool folds(const DeliveryEvent &event, qint64 arrivedMs);
+    void insert(const QList<Row> &newestLast);
     void trim();
 
     QList<Row> m_rows; // newest first
     int m_capacity;
     bool m_paused = false;
-    QList<DeliveryEvent> m_held;              // while paused, oldest first
+    QList<Row> m_held; // while paused, oldest first
+    // The list's clock: the newest delivery time seen, never back (a wall clock stepped back, by
+    // NTP or by hand, sank new folded rows below every row from before, at the cap trimmed at
+    // once: a flood of 5000 not shown).
+    qint64 m_clockMs = 0;
     std::map<FoldKey, TokenBucket> m_budgets; // the few an endpoint's rejections have
     std::map<FoldKey, Fold> m_pendingFolds;   // not shown yet
     QTimer m_foldTimer;

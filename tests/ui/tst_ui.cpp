@@ -946,6 +946,53 @@ private Q_SLOTS:
         QCOMPARE(model.index(0, DeliveriesModel::Latency).data(DeliveriesModel::RawValueRole).toLongLong(), 1500);
     }
 
+    // The wall clock stepped back an hour (NTP, by hand) with the list at its cap and the budget
+    // spent: the flood that follows is shown, folded at the top, every rejection counted. (On the
+    // deliveries' wall times the folded row went in below every row from before the step, at the
+    // cap, and was trimmed at once: none of 5000 shown.) The budget waits for the times to pass
+    // the newest seen: no row of their own meanwhile.
+    void aClockSteppedBackHidesNoRejection()
+    {
+        DeliveriesModel model(100);
+        QAbstractItemModelTester tester(&model,
+                                        QAbstractItemModelTester::FailureReportingMode::QtTest);
+        const auto event = [](qint64 atMs, Outcome outcome, int i = 0) {
+            DeliveryEvent e;
+            e.atMs = atMs;
+            e.endpoint = outcome == Outcome::Rejected ? u"stripe"_qs : u"orders"_qs;
+            e.key = outcome == Outcome::Rejected ? QString() : u"orders:%1"_qs.arg(i);
+            e.outcome = outcome;
+            e.status = outcome == Outcome::Rejected ? 401 : 200;
+            return e;
+        };
+        const auto rejectedShown = [&model] {
+            qint64 n = 0;
+            for (int r = 0; r < model.rowCount(); ++r)
+                if (model.at(r).outcome == Outcome::Rejected)
+                    n += model.isFolded(r) ? model.at(r).count : 1;
+            return n;
+        };
+        const qint64 t = 1'700'000'000'000;
+        for (int i = 0; i < 50; ++i) // the budget spent
+            model.append(event(t + i, Outcome::Rejected));
+        model.applyFolds();
+        for (int i = 0; i < 100; ++i) // the list at its cap: the rejections pushed out
+            model.append(event(t + 1000 + i, Outcome::Processed, i));
+        const qint64 back = t + 2000 - 3'600'000;
+        for (int i = 0; i < 5000; ++i)
+            model.append(event(back + i / 10, Outcome::Rejected));
+        model.applyFolds();
+        QCOMPARE(rejectedShown(), 5000);
+        QVERIFY(model.isFolded(0));
+        model.append(event(back + 3000, Outcome::Processed, 100)); // a real one, at the top
+        for (int i = 0; i < 100; ++i)
+            model.append(event(back + 30'000 + i, Outcome::Rejected));
+        model.applyFolds();
+        QCOMPARE(rejectedShown(), 5100);
+        QVERIFY(model.isFolded(0)); // the fold's last came after the real one
+        QCOMPARE(model.at(1).key, u"orders:100"_qs);
+    }
+
     // A flood of rejections after real deliveries (SPEC §6, Live deliveries): every real one
     // stays in the capped list; the rejections past the budget fold into one row per endpoint
     // and status with their exact count, moved to the top as it grows; a summary folds whole; a
