@@ -377,7 +377,7 @@ void MainWindow::buildActions()
 void MainWindow::buildLivePage()
 {
     // Live deliveries: filtered by outcome and endpoint, paused and resumed; a double-click
-    // opens the key on the Keys page.
+    // opens the key on the Keys page. A flood of rejections is folded (DeliveriesModel).
     m_deliveries = new DeliveriesModel(5000, this);
     m_liveFilter = new DeliveriesFilter(this);
     m_liveFilter->setSourceModel(m_deliveries);
@@ -425,23 +425,19 @@ void MainWindow::buildLivePage()
         m_livePause->setText(paused ? tr("Resume") : tr("Pause"));
         m_livePause->setIcon(paused ? themed(this, "media-playback-start", QStyle::SP_MediaPlay)
                                     : themed(this, "media-playback-pause", QStyle::SP_MediaPause));
-        if (!paused) {
-            for (const DeliveryEvent &event : std::as_const(m_liveHeld))
-                m_deliveries->append(event);
-            m_liveHeld.clear();
-        }
+        m_deliveries->setPaused(paused);
         held->clear();
     });
     connect(m_session.receiver->engine(), &IdempotencyEngine::delivered, this,
             [this, held](const DeliveryEvent &event) {
-                if (!m_livePause->isChecked())
-                    return m_deliveries->append(event);
-                m_liveHeld.append(event);
-                if (m_liveHeld.size() > 5000)
-                    m_liveHeld.removeFirst(); // the list keeps 5000 anyway
-                held->setText(tr("Paused: %1 waiting")
-                                  .arg(countOf(m_liveHeld.size(), u"delivery", u"deliveries")));
+                m_deliveries->append(event);
+                if (m_deliveries->isPaused())
+                    held->setText(
+                        tr("Paused: %1 waiting")
+                            .arg(countOf(m_deliveries->heldCount(), u"delivery", u"deliveries")));
             });
+    // A folded row (rejections past the list's budget) has no key: the rejected deliveries it
+    // counts stored nothing, so a double-click there does nothing.
     connect(m_live, &QTableView::doubleClicked, this, [this](const QModelIndex &index) {
         openKey(m_deliveries->at(m_liveFilter->mapToSource(index).row()).key);
     });

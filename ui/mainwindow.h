@@ -160,7 +160,6 @@ private:
     QComboBox *m_liveOutcome = nullptr;
     QComboBox *m_liveEndpoint = nullptr;
     QPushButton *m_livePause = nullptr;
-    QList<DeliveryEvent> m_liveHeld; // while paused
     QTabBar *m_stateTabs;
     QComboBox *m_endpointFilter;
     QLineEdit *m_textFilter;

@@ -66,6 +66,8 @@ public:
     void drainLog();
 
 Q_SIGNALS:
+    // Every delivery, one by one as it is answered (count 1), the rejections past the log's
+    // budget too: their summaries go to the log only.
     void delivered(const idem::DeliveryEvent &event);
 
 private:

@@ -824,6 +824,94 @@ private Q_SLOTS:
         QTRY_COMPARE(w.detail()->currentKey(), u"a:k1"_qs);
     }
 
+    // The window's Live list through a real flood of bad signatures and unknown endpoints, more
+    // than the list holds: the real deliveries stay, each kind of rejection past the budget is one
+    // row with the exact count (the engine counts every rejection too), the filters keep working
+    // and a double-click on a folded row opens nothing.
+    void liveDeliveriesSurviveAFloodOfRejections()
+    {
+        Desk desk = open("[{\"name\": \"a\"}, {\"name\": \"gh\", \"provider\": \"github\", "
+                         "\"secret\": \"s3cret\"}]");
+        MainWindow &w = *desk.window;
+        DeliveriesModel &live = *w.deliveries();
+        constexpr int kReal = 5;
+        for (int i = 0; i < kReal; ++i)
+            QCOMPARE(deliver(desk.port, "a", "real" + QByteArray::number(i)).status, 200);
+        QTRY_COMPARE(live.rowCount(), kReal);
+        constexpr int k401 = 5200, k404 = 300;
+        std::atomic<int> answered{0};
+        std::thread flood([&] {
+            RawConnection c(desk.port);
+            const QByteArray badSignature = buildPost("/hooks/gh", "{}",
+                                                      {{"X-GitHub-Hook-ID", "1"},
+                                                       {"X-GitHub-Delivery", "d"},
+                                                       {"X-Hub-Signature-256", "sha256=00"}},
+                                                      false);
+            const QByteArray unknown = buildPost("/hooks/nope", "{}", {}, false);
+            for (int i = 0; i < k401 + k404; ++i) {
+                const bool is404 = i % 18 == 0 && i / 18 < k404; // mixed in
+                if (!c.send(is404 ? unknown : badSignature))
+                    return;
+                if (c.readResponse().status == (is404 ? 404 : 401))
+                    ++answered;
+            }
+        });
+        const auto joinFlood = qScopeGuard([&flood] { flood.join(); });
+        QTRY_COMPARE_WITH_TIMEOUT(answered.load(), k401 + k404, 120'000);
+        QCOMPARE(answered.load(), k401 + k404);
+        QTRY_COMPARE(desk.receiver->engine()->counters().byOutcome[size_t(Outcome::Rejected)],
+                     qint64(k401 + k404));
+        // Counted whole: the rejections with a row each and the folded counts add up.
+        const auto shown = [&live](const QString &endpoint, int status) {
+            qint64 n = 0;
+            for (int r = 0; r < live.rowCount(); ++r)
+                if (live.at(r).outcome == Outcome::Rejected && live.at(r).endpoint == endpoint &&
+                    live.at(r).status == status)
+                    n += live.at(r).count;
+            return n;
+        };
+        QTRY_COMPARE(shown(u"gh"_qs, 401), qint64(k401));
+        QTRY_COMPARE(shown(QString(), 404), qint64(k404));
+        QSet<QString> reals;
+        int folded = 0, singles = 0, foldedRow = -1;
+        for (int r = 0; r < live.rowCount(); ++r) {
+            if (live.at(r).outcome != Outcome::Rejected)
+                reals.insert(live.at(r).key);
+            else if (live.isFolded(r)) {
+                ++folded;
+                if (live.at(r).endpoint == u"gh"_qs)
+                    foldedRow = r;
+            } else
+                ++singles;
+        }
+        QCOMPARE(reals.size(), kReal);
+        QCOMPARE(folded, 2);
+        QVERIFY2(singles >= 2 * DeliveriesModel::kRejectionBurst && singles < 100,
+                 qPrintable(QString::number(singles)));
+        QVERIFY(live.index(foldedRow, DeliveriesModel::Key)
+                    .data()
+                    .toString()
+                    .contains(u"more rejected (401) since"_qs));
+        // The filters: rejected ones (the folded two among them), one endpoint's.
+        QAbstractItemModel *view = w.liveView()->model();
+        w.liveOutcomeFilter()->setCurrentIndex(w.liveOutcomeFilter()->findText(u"rejected"_qs));
+        QCOMPARE(view->rowCount(), singles + folded);
+        w.liveOutcomeFilter()->setCurrentIndex(0);
+        w.liveEndpointFilter()->setCurrentIndex(w.liveEndpointFilter()->findData(u"a"_qs));
+        QCOMPARE(view->rowCount(), kReal);
+        w.liveEndpointFilter()->setCurrentIndex(w.liveEndpointFilter()->findData(u"gh"_qs));
+        QVERIFY(view->rowCount() > 1);
+        int ghFolded = 0;
+        for (int r = 0; r < view->rowCount(); ++r)
+            ghFolded += view->index(r, 0).data(DeliveriesModel::FoldedCountRole).toLongLong() > 0;
+        QCOMPARE(ghFolded, 1);
+        w.liveEndpointFilter()->setCurrentIndex(0);
+        // A folded row has no key to open: the Live page stays.
+        w.pages()->setCurrentIndex(2);
+        Q_EMIT w.liveView()->doubleClicked(view->index(foldedRow, DeliveriesModel::Key));
+        QCOMPARE(w.pages()->currentIndex(), 2);
+    }
+
     void trafficBarsFollowTheWindow()
     {
         Desk desk = open("[{\"name\": \"t\"}]");
@@ -880,6 +968,204 @@ private Q_SLOTS:
         QCOMPARE(model.index(0, DeliveriesModel::Key).data().toString(), u"ep:4"_qs); // newest first
         QCOMPARE(model.index(0, DeliveriesModel::Latency).data().toString(), u"1.5 ms"_qs);
         QCOMPARE(model.index(0, DeliveriesModel::Latency).data(DeliveriesModel::RawValueRole).toLongLong(), 1500);
+    }
+
+    // The wall clock stepped back an hour (NTP, by hand) with the list at its cap and the budget
+    // spent: the flood that follows is shown, folded at the top, every rejection counted. (On the
+    // deliveries' wall times the folded row went in below every row from before the step, at the
+    // cap, and was trimmed at once: none of 5000 shown.) The budget waits for the times to pass
+    // the newest seen: no row of their own meanwhile.
+    void aClockSteppedBackHidesNoRejection()
+    {
+        DeliveriesModel model(100);
+        QAbstractItemModelTester tester(&model,
+                                        QAbstractItemModelTester::FailureReportingMode::QtTest);
+        const auto event = [](qint64 atMs, Outcome outcome, int i = 0) {
+            DeliveryEvent e;
+            e.atMs = atMs;
+            e.endpoint = outcome == Outcome::Rejected ? u"stripe"_qs : u"orders"_qs;
+            e.key = outcome == Outcome::Rejected ? QString() : u"orders:%1"_qs.arg(i);
+            e.outcome = outcome;
+            e.status = outcome == Outcome::Rejected ? 401 : 200;
+            return e;
+        };
+        const auto rejectedShown = [&model] {
+            qint64 n = 0;
+            for (int r = 0; r < model.rowCount(); ++r)
+                if (model.at(r).outcome == Outcome::Rejected)
+                    n += model.isFolded(r) ? model.at(r).count : 1;
+            return n;
+        };
+        const qint64 t = 1'700'000'000'000;
+        for (int i = 0; i < 50; ++i) // the budget spent
+            model.append(event(t + i, Outcome::Rejected));
+        model.applyFolds();
+        for (int i = 0; i < 100; ++i) // the list at its cap: the rejections pushed out
+            model.append(event(t + 1000 + i, Outcome::Processed, i));
+        const qint64 back = t + 2000 - 3'600'000;
+        for (int i = 0; i < 5000; ++i)
+            model.append(event(back + i / 10, Outcome::Rejected));
+        model.applyFolds();
+        QCOMPARE(rejectedShown(), 5000);
+        QVERIFY(model.isFolded(0));
+        model.append(event(back + 3000, Outcome::Processed, 100)); // a real one, at the top
+        for (int i = 0; i < 100; ++i)
+            model.append(event(back + 30'000 + i, Outcome::Rejected));
+        model.applyFolds();
+        QCOMPARE(rejectedShown(), 5100);
+        QVERIFY(model.isFolded(0)); // the fold's last came after the real one
+        QCOMPARE(model.at(1).key, u"orders:100"_qs);
+    }
+
+    // A flood of rejections after real deliveries (SPEC §6, Live deliveries): every real one
+    // stays in the capped list; the rejections past the budget fold into one row per endpoint
+    // and status with their exact count, moved to the top as it grows; a summary folds whole; a
+    // flood while paused drops no real one either. On the deliveries' own clock: nothing timed.
+    void liveListFoldsAFloodOfRejections()
+    {
+        DeliveriesModel model(100);
+        QAbstractItemModelTester tester(&model,
+                                        QAbstractItemModelTester::FailureReportingMode::QtTest);
+        const auto real = [](int i) {
+            DeliveryEvent e;
+            e.atMs = 1'000'000 + i;
+            e.endpoint = u"orders"_qs;
+            e.key = u"orders:%1"_qs.arg(i);
+            e.outcome = i % 3 ? Outcome::Replayed : Outcome::Processed;
+            e.status = 200;
+            e.latencyUs = 2000;
+            return e;
+        };
+        const auto rejected = [](qint64 atMs, const QString &endpoint, int status) {
+            DeliveryEvent e;
+            e.atMs = atMs;
+            e.endpoint = endpoint;
+            e.outcome = Outcome::Rejected;
+            e.status = status;
+            e.latencyUs = 50;
+            e.detail = u"reason %1"_qs.arg(atMs);
+            return e;
+        };
+        constexpr int kReal = 40;
+        const int burst = int(DeliveriesModel::kRejectionBurst);
+        for (int i = 0; i < kReal; ++i)
+            model.append(real(i));
+        struct Kind
+        {
+            QString endpoint;
+            int status;
+            qint64 count;
+        };
+        const QList<Kind> kinds{
+            {u"stripe"_qs, 401, 20'000}, {u"orders"_qs, 405, 7000}, {{}, 404, 3000}};
+        // Within 200 ms of their clock: no budget refills meanwhile.
+        constexpr qint64 kFloodMs = 2'000'000;
+        for (int i = 0; i < 20'000; ++i)
+            for (const Kind &k : kinds)
+                if (i < k.count)
+                    model.append(rejected(kFloodMs + i / 100, k.endpoint, k.status));
+        model.applyFolds();
+        // What the list shows: each real delivery, `burst` rejections of each kind one by one,
+        // one folded row per kind counting the rest, exactly.
+        const auto census = [&model] {
+            struct Seen
+            {
+                QSet<QString> realKeys;
+                QHash<QString, qint64> singles, foldedRows, folded; // by "endpoint/status"
+            } seen;
+            for (int r = 0; r < model.rowCount(); ++r) {
+                const DeliveryEvent &e = model.at(r);
+                const QString kind = e.endpoint + u'/' + QString::number(e.status);
+                if (e.outcome != Outcome::Rejected)
+                    seen.realKeys.insert(e.key);
+                else if (!model.isFolded(r))
+                    ++seen.singles[kind];
+                else {
+                    ++seen.foldedRows[kind];
+                    seen.folded[kind] += e.count;
+                    const QModelIndex i = model.index(r, DeliveriesModel::Key);
+                    if (i.data(DeliveriesModel::FoldedCountRole).toLongLong() != e.count ||
+                        !e.key.isEmpty())
+                        seen.folded[kind] = -1;
+                }
+            }
+            return seen;
+        };
+        auto seen = census();
+        QCOMPARE(seen.realKeys.size(), kReal);
+        for (const Kind &k : kinds) {
+            const QString kind = k.endpoint + u'/' + QString::number(k.status);
+            QCOMPARE(seen.singles.value(kind), burst);
+            QCOMPARE(seen.foldedRows.value(kind), 1);
+            QCOMPARE(seen.folded.value(kind), k.count - burst);
+        }
+        QCOMPARE(model.rowCount(), kReal + 3 * burst + 3);
+        // The folded rows on top, newest first, saying how many and since when; no latency.
+        for (int r = 0; r < 3; ++r)
+            QVERIFY(model.isFolded(r));
+        QCOMPARE(model.at(0).endpoint, u"stripe"_qs); // the last of the flood
+        const QString since =
+            QDateTime::fromMSecsSinceEpoch(kFloodMs + burst / 100).toString(u"hh:mm:ss"_qs);
+        QCOMPARE(model.index(0, DeliveriesModel::Key).data().toString(),
+                 u"19990 more rejected (401) since %1"_qs.arg(since));
+        QCOMPARE(model.index(0, DeliveriesModel::Outcome).data().toString(), u"rejected"_qs);
+        QCOMPARE(model.index(0, DeliveriesModel::Status).data().toInt(), 401);
+        QCOMPARE(model.index(0, DeliveriesModel::Latency).data().toString(), QString());
+        QVERIFY(model.index(0, DeliveriesModel::Key)
+                    .data(Qt::ToolTipRole)
+                    .toString()
+                    .endsWith(u"reason %1"_qs.arg(kFloodMs + 199)));
+        // One more kind's rejections after a real delivery: its row is brought up to date and
+        // moved up by its time, above the real one, below one that came after them.
+        model.append(real(100));
+        for (int i = 0; i < 5; ++i)
+            model.append(rejected(kFloodMs + 300, u"orders"_qs, 405));
+        DeliveryEvent later = real(101);
+        later.atMs = kFloodMs + 301;
+        model.append(later);
+        QCOMPARE(model.at(1).key, u"orders:100"_qs); // shown once the folds are applied
+        model.applyFolds();
+        QCOMPARE(model.at(0).key, u"orders:101"_qs);
+        QVERIFY(model.isFolded(1));
+        QCOMPARE(model.at(1).endpoint, u"orders"_qs);
+        QCOMPARE(model.at(1).count, 7000 - burst + 5);
+        QCOMPARE(model.at(2).key, u"orders:100"_qs);
+        // A summary (an entry standing for many) is folded whole, whatever the budget.
+        DeliveryEvent summary = rejected(kFloodMs + 400, u"stripe"_qs, 401);
+        summary.count = 500;
+        model.append(summary);
+        model.applyFolds();
+        QCOMPARE(model.at(0).endpoint, u"stripe"_qs);
+        QCOMPARE(model.at(0).count, 20'000 - burst + 500);
+        // Paused: a flood drops no real delivery; each is shown on resume.
+        const int before = model.rowCount();
+        model.setPaused(true);
+        for (int i = 0; i < 5; ++i) {
+            model.append(real(200 + i));
+            for (int j = 0; j < 1000; ++j)
+                model.append(rejected(kFloodMs + 500, u"stripe"_qs, 401));
+        }
+        model.applyFolds();
+        QCOMPARE(model.heldCount(), 5005);
+        QCOMPARE(model.rowCount(), before);
+        model.setPaused(false);
+        QCOMPARE(model.heldCount(), 0);
+        QCOMPARE(model.at(0).count, 20'000 - burst + 500 + 5000);
+        seen = census();
+        QCOMPARE(seen.realKeys.size(), kReal + 2 + 5);
+        QCOMPARE(seen.folded.value(u"stripe/401"_qs), 20'000 - burst + 500 + 5000);
+        QCOMPARE(seen.foldedRows.value(u"stripe/401"_qs), 1);
+        // Filtered: a folded row is a rejection of its endpoint.
+        DeliveriesFilter filter;
+        filter.setSourceModel(&model);
+        filter.setOutcome(Outcome::Rejected);
+        QCOMPARE(filter.rowCount(), 3 * burst + 3);
+        filter.setEndpoint(u"stripe"_qs);
+        QCOMPARE(filter.rowCount(), burst + 1);
+        // A minute later on their clock the budget has refilled: a row of its own again.
+        model.append(rejected(kFloodMs + 60'000, u"stripe"_qs, 401));
+        QVERIFY(!model.isFolded(0));
+        QCOMPARE(model.at(0).detail, u"reason %1"_qs.arg(kFloodMs + 60'000));
     }
 
     void keysAndTimelineModelContracts()
