@@ -20,13 +20,13 @@ namespace idem {
 // A flood of rejected deliveries (bad signatures, unknown endpoints, wrong methods, oversized
 // bodies: thousands a second from anyone who reaches the port) would push every real delivery
 // out of the cap within seconds. So rejections have a row each only within a budget per endpoint
-// and status — kRejectionBurst at once, then kRejectionsPerMinute, on the deliveries' own
-// arrival times —; past it they are folded into one row per endpoint and status that counts them
-// ("1234 more rejected (401) since 12:00:03"), brought up to date and moved up to its place by
-// its last rejection's time (the top while the flood lasts) at most every kFoldIntervalMs: one
-// move and one dataChanged a row, however many came. An entry that stands for several (a
-// summary, DeliveryEvent::count) is folded whole. Every other outcome has a row of its own;
-// nothing is dropped from a count.
+// and status — kRejectionBurst at once, then kRejectionsPerMinute, on the list's clock (the
+// newest delivery time seen) —; past it they are folded into one row per endpoint and status that
+// counts them ("1234 more rejected (401) since 12:00:03"), brought up to date and moved up to its
+// place by when its last rejection came (the top while the flood lasts) at most every
+// kFoldIntervalMs: one move and one dataChanged a row, however many came. An entry that stands
+// for several (a summary, DeliveryEvent::count) is folded whole. Every other outcome has a row of
+// its own; nothing is dropped from a count.
 class DeliveriesModel final : public QAbstractTableModel
 {
     Q_OBJECT
