@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Checks the documentation: every relative link in README.md and docs/*.md names a file of the
-repository, every #anchor a heading of its file (GitHub's slugs), and the README stays a
-newcomer's first ten minutes (at most 250 lines, `./dev run` and `./dev test` in its first 40).
+repository, every #anchor a heading of its file (GitHub's slugs); every docs/*.md (and #anchor)
+that a source comment cites exists; and the README stays a newcomer's first ten minutes (at
+most 250 lines, `./dev run` and `./dev test` in its first 40).
 
     tools/check_docs.py [REPO]        exit 0 when all holds, 1 with a line per problem
 """
@@ -61,6 +62,25 @@ def main():
                     continue
                 if anchor and target_file.suffix == ".md" and anchor not in anchors(target_file):
                     problems.append(f"{where}: {target}: no heading #{anchor}")
+    cited = re.compile(r"docs/[\w.-]+\.md(?:#[\w-]+)?")
+    folders = ("app", "core", "ui", "tests", "tools", "bench", "resources", "cmake")
+    suffixes = (".cpp", ".h", ".txt", ".cmake", ".sh", ".in", ".lua", ".sql")
+    sources = [p for folder in folders for p in (root / folder).rglob("*")
+               if p.is_file() and p.suffix in suffixes]
+    for source in sources + [root / "dev", root / "CMakeLists.txt"]:
+        if not source.exists():
+            continue
+        text = source.read_text(encoding="utf-8", errors="replace")
+        for number, line in enumerate(text.splitlines(), 1):
+            for match in cited.finditer(line):
+                file_part, _, anchor = match.group(0).partition("#")
+                target_file = root / file_part
+                where = f"{source.relative_to(root)}:{number}"
+                if not target_file.exists():
+                    if target_file.name != "security.md":
+                        problems.append(f"{where}: {match.group(0)}: no such file")
+                elif anchor and anchor not in anchors(target_file):
+                    problems.append(f"{where}: {match.group(0)}: no heading #{anchor}")
     readme = (root / "README.md").read_text(encoding="utf-8").splitlines()
     if len(readme) > 250:
         problems.append(f"README.md: {len(readme)} lines, more than 250")
