@@ -169,7 +169,7 @@ for backend in $BACKENDS; do
         bench_backend before redis "$BASELINE_BIN" serve --store {store} --listen {listen}
     fi
     bench_backend desk $backend "$BIN" serve --store {store} --listen {listen}
-    # The reference the issue measures against: a Node.js receiver made idempotent the usual way
+    # The reference the desk is measured against: a Node.js receiver made idempotent the usual way
     # (SET NX, then SET of the result), if node is here (bench/node, `npm ci` once).
     if [ $backend = redis ] && command -v node > /dev/null && [ -f bench/node/package-lock.json ]; then
         if [ -d bench/node/node_modules ] || (cd bench/node && npm ci --silent > /dev/null 2>&1); then

@@ -1,4 +1,4 @@
-// Renders the README's screenshots: a desk with real traffic (a storm, a failure, a mismatch),
+// Renders the screenshots of docs/: a desk with real traffic (a storm, a failure, a mismatch),
 // driven through its widgets, each view saved as PNG. Run by `./dev screenshots` under Xvfb.
 #include "colours.h"
 #include "http/blockingclient.h"

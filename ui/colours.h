@@ -10,7 +10,7 @@ class QApplication;
 namespace idem {
 
 // Colours for states and outcomes, readable on the current palette: darker tones on a light
-// window, lighter ones on a dark window (SPEC §6 dark themes).
+// window, lighter ones on a dark window (docs/dashboard.md#desktop).
 bool paletteIsDark();
 QColor stateColour(KeyState state);
 QColor outcomeColour(Outcome outcome);

@@ -51,8 +51,8 @@ struct DeskSession
     Receiver *receiver = nullptr; // null: attach mode (`gui --no-receiver`)
 };
 
-// The dashboard (SPEC §6): keys by state with live TTLs, the selected key's detail, actions,
-// traffic, storm, settings, and a status bar. It only reads what store workers and the
+// The dashboard (docs/dashboard.md): keys by state with live TTLs, the selected key's detail,
+// actions, traffic, storm, settings, and a status bar. It only reads what store workers and the
 // receiver thread send it: the GUI thread never waits on a store or the network.
 class MainWindow final : public QMainWindow
 {

@@ -55,8 +55,8 @@ private:
 // The store at `storeUrl`, opened at start; while it cannot be reached, a box says why and offers
 // to try again, to choose another store in the settings (saved to `configPath`, as the Settings
 // dialog saves), or to quit: null then. `config`, `storeUrl` and `configPath` end as chosen
-// (SPEC §2: the GUI shows the error and offers the settings; it used to exit). Before any window
-// is shown: each try waits for the store's connect timeout.
+// (docs/configuration.md#the-windows-settings: the window never just exits on a store it cannot
+// reach). Before any window is shown: each try waits for the store's connect timeout.
 std::shared_ptr<StorePool> openStoreOrAsk(Config &config, QString &storeUrl, QString &configPath);
 
 } // namespace idem

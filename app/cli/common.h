@@ -16,10 +16,10 @@ class Receiver;
 
 namespace idem::cli {
 
-// Exit codes (SPEC §1).
+// Exit codes (docs/cli.md#exit-codes).
 enum ExitCode { ExitOk = 0, ExitRuntime = 1, ExitUsage = 2 };
 
-// Options shared by every command (SPEC §1).
+// Options shared by every command (docs/cli.md#common-options).
 struct CommonOptions
 {
     Config config;

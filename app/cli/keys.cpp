@@ -358,8 +358,8 @@ int retry(const QStringList &arguments)
         return ExitUsage;
     }
     // The processor comes from the config: without the desk's, the built-in one's endpoints
-    // (named after the providers, like the SPEC's "stripe") simulate, and a retry would mark the
-    // event completed without the app ever seeing it.
+    // (named after the providers: docs/configuration.md#no-configuration-file) simulate, and a
+    // retry would mark the event completed without the app ever seeing it.
     if (parser.value(u"config"_qs).isEmpty() && !parser.isSet(u"simulate"_qs)) {
         printError(
             u"keys retry needs the desk's config (--config FILE, as given to serve) to know where each endpoint forwards; without it the built-in simulator would mark the event completed without your app seeing it (--simulate does that on purpose)"_qs);

@@ -17,7 +17,7 @@ namespace idem {
 // lease, and the margin is left to record the result, retried while the lease lasts.
 constexpr qint64 kLeaseMarginSeconds = 2;
 
-// Every field of "defaults" (SPEC §2); each may also be set on one endpoint.
+// Every field of "defaults" (docs/configuration.md#defaults); each may also be set on one endpoint.
 struct EndpointSettings
 {
     qint64 ttlSeconds = 604800;

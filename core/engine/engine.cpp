@@ -296,7 +296,8 @@ void IdempotencyEngine::handle(HttpRequest request, Responder responder)
         return;
     }
     if (path == "/readyz") {
-        // Ready for deliveries: the store answers and its schema is this build's (SPEC §7).
+        // Ready for deliveries: the store answers and its schema is this build's
+        // (docs/operations.md#health).
         m_pool->submit<Ok>(
             this,
             [](IdempotencyStore &store) -> Result<Ok> {
@@ -406,9 +407,10 @@ template<typename T>
 void IdempotencyEngine::untilStored(std::function<void(std::function<void(Result<T>)>)> call, qint64 leaseEndUs,
                                     std::function<void(Result<T>)> done, int attempt)
 {
-    // SPEC §4: a finish that meets a store error is retried while the lease lasts, on a fresh
-    // connection (the lane and the pool reconnect after an error), with back-off. Safe even when
-    // the first try's outcome is unknown: the store answers Repeated to the same token and result.
+    // A finish that meets a store error is retried while the lease lasts, on a fresh connection
+    // (the lane and the pool reconnect after an error), with back-off. Safe even when the first
+    // try's outcome is unknown: the store answers Repeated to the same token and result
+    // (docs/stores.md#connections-and-timeouts).
     call([this, call, leaseEndUs, done, attempt](Result<T> result) {
         const qint64 backoffMs = std::min<qint64>(50LL << std::min(attempt, 5), 1000);
         if (result || monotonicUs() + backoffMs * 1000 >= leaseEndUs)
@@ -700,10 +702,10 @@ void IdempotencyEngine::summariseRejections(bool all)
     }
 }
 
-// SendGrid-style batches (SPEC §4): each element is its own key, all claimed in one atomic step
-// and finished in another; only the elements not yet completed are forwarded, as one array (the
-// original bytes, signature and all, when every element is new); the answer is 2xx only when
-// every element is completed.
+// SendGrid-style batches (docs/http.md#sendgrid-batches): each element is its own key, all claimed
+// in one atomic step and finished in another; only the elements not yet completed are forwarded, as
+// one array (the original bytes, signature and all, when every element is new); the answer is 2xx
+// only when every element is completed.
 void IdempotencyEngine::handleBatch(const DeliveryPtr &d, const Provider *provider)
 {
     auto elements = provider->splitBatch(d->request);
@@ -849,8 +851,9 @@ void IdempotencyEngine::finishBatch(const DeliveryPtr &d, const QList<ClaimReque
         response = claimSuperseded(FinishVerdict::StaleToken);
         outcome = Outcome::InProgress;
     } else {
-        // A batch is 2xx only when every event in it is completed (SPEC §4): an in_progress_status
-        // of 2xx (for single events) would let the sender drop events that may still fail.
+        // A batch is 2xx only when every event in it is completed (docs/http.md#sendgrid-batches):
+        // an in_progress_status of 2xx (for single events) would let the sender drop events that
+        // may still fail.
         const int status = d->endpoint->settings.inProgressStatus / 100 == 2
                                ? 409
                                : d->endpoint->settings.inProgressStatus;

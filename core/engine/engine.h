@@ -37,7 +37,7 @@ struct EngineCounters
     qint64 finishRetries = 0; // finishes sent again after a store error
 };
 
-// The path of one delivery (SPEC §4): route, verify, key, claim, process, finish, answer, log.
+// The path of one delivery (docs/http.md): route, verify, key, claim, process, finish, answer, log.
 // Lives on the receiver thread; handle() never blocks: store calls go to the StorePool and
 // processors are asynchronous. Counters are readable from any thread.
 class IdempotencyEngine final : public QObject

@@ -13,8 +13,8 @@ namespace idem {
 
 using HeaderList = QList<QPair<QByteArray, QByteArray>>;
 
-// The lifecycle of one idempotency key (SPEC §4). Reset is the operator's "process it again":
-// the next delivery claims it whatever the endpoint's on_failed policy says.
+// The lifecycle of one idempotency key (docs/http.md#outcomes). Reset is the operator's "process it
+// again": the next delivery claims it whatever the endpoint's on_failed policy says.
 enum class KeyState { Processing, Completed, Failed, Reset };
 
 // What one delivery got (the Idempotency-Outcome header).

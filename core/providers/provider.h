@@ -81,7 +81,7 @@ const Provider *providerFor(QStringView name);
 // Sets header `name` (case-insensitive), replacing every earlier value.
 void setHeader(HeaderList &headers, const QByteArray &name, const QByteArray &value);
 
-// "<endpoint>:<key>", at most 255 bytes of printable ASCII (SPEC §3); anything else is a 400.
+// "<endpoint>:<key>", at most 255 bytes of printable ASCII (docs/providers.md); else a 400.
 Result<QString> namespacedKey(const QString &endpoint, const QString &rawKey);
 
 // RFC 6901 JSON pointer into a parsed document; nullopt when a step is missing.
@@ -95,7 +95,7 @@ Result<void> checkTimestamp(const QByteArray &timestamp, qint64 nowSeconds, qint
 QString scalarText(const QJsonValue &value);
 QJsonValue setPointer(const QJsonValue &node, QStringList tokens, const QString &value);
 
-// The signed providers of SPEC §3 (providers/signed.cpp).
+// The signed providers of docs/providers.md (providers/signed.cpp).
 const Provider *stripeProvider();
 const Provider *githubProvider();
 const Provider *shopifyProvider();

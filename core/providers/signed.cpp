@@ -1,4 +1,4 @@
-// The signed providers of SPEC §3: where each sender puts its event id, and how it signs.
+// The signed providers of docs/providers.md: where each sender puts its event id, and how it signs.
 #include "providers/provider.h"
 
 #include "util/crypto.h"

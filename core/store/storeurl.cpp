@@ -13,7 +13,7 @@ namespace {
 
 // The URL as an error may quote it: never its user information, nor its query's values (a
 // password given as a parameter, a secret path): the message names the offending parameter
-// itself (SPEC §2: passwords are never shown).
+// itself (docs/configuration.md#secrets: passwords are never shown).
 QString shownUrl(const QString &text)
 {
     QString shown = text;

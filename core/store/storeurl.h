@@ -8,7 +8,7 @@
 
 namespace idem {
 
-// A parsed store URL (SPEC §2): sqlite:PATH, redis://[user:pass@]host:port[/db],
+// A parsed store URL (docs/stores.md#store-urls): sqlite:PATH, redis://[user:pass@]host:port[/db],
 // redis-cluster://[user:pass@]host:port[,host:port…][?options] (seed nodes of a Redis Cluster),
 // postgresql://user[:pass]@host:port/dbname[?sslmode=…&sslrootcert=…&sslcert=…&sslkey=…].
 struct StoreUrl

@@ -1,4 +1,4 @@
-// The store contract (SPEC §5): one suite, run unchanged against every backend.
+// The store contract (docs/stores.md#the-store-contract): one suite, unchanged on every backend.
 //   tst_store_contract sqlite | redis | cluster | postgres
 // redis, cluster and postgres read IDEM_TEST_REDIS_URL / IDEM_TEST_REDIS_CLUSTER_URL /
 // IDEM_TEST_POSTGRES_URL (./dev test sets them).

@@ -1,5 +1,5 @@
-// The fault-injection suite (issue 12): exactly once under faults, on one store per run
-// (`tst_faults sqlite|redis|postgres|cluster`).
+// The fault-injection suite (docs/guarantees.md#the-fault-suite): exactly once under faults, on one
+// store per run (`tst_faults sqlite|redis|postgres|cluster`).
 //
 // Two `idemdesk serve` share the store; the second runs with its clock 90 s ahead (libfaketime).
 // A driver sends each of 150 keys three times at once and retries like a webhook sender, while a

@@ -1,5 +1,6 @@
-// Exactly once under faults (issue 12): every path to a second run or a wrong answer that a
-// review found, each closed and held shut here, against every store where it touches one.
+// Exactly once under faults (docs/guarantees.md): no event runs twice within a live lease, no
+// sender gets an answer the store did not record; each path to either is held shut here,
+// against every store where it touches one.
 #include "engine/stats.h"
 #include "http/blockingclient.h"
 #include "http/httpserver.h"
@@ -1268,8 +1269,9 @@ private Q_SLOTS:
         QVERIFY2(finish->ok(), finish->ok() ? "" : qPrintable(finish->error().message)); // answered by Redis
     }
 
-    // SendGrid batches (SPEC §4): every element new → the original bytes and signature go to
-    // the app; a subset → its own array, without the signature that covered the whole.
+    // SendGrid batches (docs/http.md#sendgrid-batches): every element new → the original bytes and
+    // signature go to the app; a subset → its own array, without the signature that covered the
+    // whole.
     void sendgridForwardsTheOriginalBytes_data() { stores(); }
     void sendgridForwardsTheOriginalBytes()
     {
@@ -1387,8 +1389,9 @@ private Q_SLOTS:
 
     // PostgreSQL's purge against a claim re-taking an expired row: the purge read the row as
     // expired, then waited for the claim's row lock; READ COMMITTED checked only the DELETE's own
-    // condition again, and the fresh claim was deleted (a hostile review: 2-3 keys in 3000 ran
-    // twice). The re-take is held open here, as a slow commit would hold it.
+    // condition again, and the fresh claim was deleted: its key ran twice. The purge asks again of
+    // each row it deletes whether it is expired. The re-take is held open here, as a slow commit
+    // would hold it.
     void postgresPurgeSparesARowRetakenMeanwhile()
     {
         const QString url = qEnvironmentVariable("IDEM_TEST_POSTGRES_URL");

@@ -1,4 +1,4 @@
-// Every provider of SPEC §3: signed the way the sender signs (signatures computed by the
+// Every provider of docs/providers.md: signed the way the sender signs (signatures computed by the
 // openssl command line, independently of the code under test), keyed and deduplicated.
 #include "engine/send.h"
 #include "engine/stats.h"

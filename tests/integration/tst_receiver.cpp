@@ -425,8 +425,9 @@ private Q_SLOTS:
         QCOMPARE(down.count("orders:" + key), 2);
     }
 
-    // SendGrid batches (SPEC 4): each element its own key; only what is not completed yet is
-    // forwarded; 2xx only when every element is completed. Through the pool on every store.
+    // SendGrid batches (docs/http.md#sendgrid-batches): each element its own key; only what is not
+    // completed yet is forwarded; 2xx only when every element is completed. Through the pool on
+    // every store.
     void sendgridPartialBatches_data() { everyStore(); }
     void sendgridPartialBatches()
     {
@@ -435,7 +436,7 @@ private Q_SLOTS:
         QVERIFY2(!url.isEmpty(), "IDEM_TEST_REDIS_URL / IDEM_TEST_POSTGRES_URL are not set: run through ./dev test");
         CountingDownstream down;
         // in_progress_status 202 (allowed for single events) must not make a batch 2xx while one
-        // of its events may still fail (SPEC §4): batches answer 409 then.
+        // of its events may still fail (docs/http.md#sendgrid-batches): batches answer 409 then.
         Desk desk = start("[{\"name\": \"sg\", \"provider\": \"sendgrid\", \"in_progress_status\": "
                           "202, \"forward_to\": \"" +
                               down.url().toString().toUtf8() + "\"}]",

@@ -130,8 +130,8 @@ class TestServe : public QObject
     }
 
 private Q_SLOTS:
-    // Issue 16: /metrics on its own listener in the Prometheus text format (checked by
-    // promtool), /readyz on the webhook listener following the store's schema.
+    // /metrics on its own listener in the Prometheus text format (checked by promtool), /readyz
+    // on the webhook listener following the store's schema (docs/operations.md#health).
     void metricsAndReadiness()
     {
         const QString config = write(u"metrics.json"_qs, R"({"endpoints": [

@@ -1017,10 +1017,11 @@ private Q_SLOTS:
         QCOMPARE(model.at(1).key, u"orders:100"_qs);
     }
 
-    // A flood of rejections after real deliveries (SPEC §6, Live deliveries): every real one
-    // stays in the capped list; the rejections past the budget fold into one row per endpoint
-    // and status with their exact count, moved to the top as it grows; a summary folds whole; a
-    // flood while paused drops no real one either. On the deliveries' own clock: nothing timed.
+    // A flood of rejections after real deliveries (docs/dashboard.md#floods-of-rejections): every
+    // real one stays in the capped list; the rejections past the budget fold into one row per
+    // endpoint and status with their exact count, moved to the top as it grows; a summary folds
+    // whole; a flood while paused drops no real one either. On the deliveries' own clock: nothing
+    // timed.
     void liveListFoldsAFloodOfRejections()
     {
         DeliveriesModel model(100);
@@ -1551,7 +1552,8 @@ private Q_SLOTS:
     }
 
     // A store that cannot be reached at start: the box says why and offers to try again, the
-    // settings (another store, saved for the next start) or to quit (SPEC §2) — the desk exited.
+    // settings (another store, saved for the next start) or to quit, never just exits
+    // (docs/configuration.md#the-windows-settings).
     void anUnreachableStoreAtStartOffersTheSettings()
     {
         Config config = Config::builtin();

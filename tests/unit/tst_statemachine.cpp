@@ -1,4 +1,4 @@
-// The state machine of SPEC §4 as tables: one row per (state, event).
+// The state machine (docs/architecture.md#the-state-machine) as tables: one row per (state, event).
 #include "model/statemachine.h"
 
 #include <QTest>
