@@ -188,6 +188,9 @@ int show(const QStringList &arguments)
     dq.key = key;
     dq.limit = 500;
     auto timeline = run<QList<DeliveryEvent>>(*session.pool, [&](IdempotencyStore &s) { return s.deliveries(dq); });
+    // The key is shown all the same; the timeline's absence is said, not hidden.
+    if (!timeline)
+        printError(u"the key's deliveries could not be read: "_qs + timeline.error().message);
     QList<DeliveryEvent> events = timeline ? *timeline : QList<DeliveryEvent>();
     std::reverse(events.begin(), events.end()); // oldest first
     const HeaderList requestHeaders = maskSecrets(r.request.headers);

@@ -25,15 +25,12 @@ struct RedisLane::Call
 
 RedisLane::RedisLane(StoreUrl url, RedisOptions options, StorePool &health, int maxInFlight)
     : m_url(std::move(url)), m_options(options), m_health(health), m_maxInFlight(maxInFlight),
-      m_prefix(m_url.prefix.toUtf8())
+      m_layout(m_url.prefix.toUtf8(), 1)
 {
     if (auto scripts = redis::scripts())
         m_scripts = *scripts;
     else
         m_scriptError = scripts.error().message;
-    m_indexTimer.setSingleShot(true);
-    m_indexTimer.setInterval(kIndexWindowMs);
-    connect(&m_indexTimer, &QTimer::timeout, this, &RedisLane::flushIndexes);
     m_timeouts.setInterval(100);
     connect(&m_timeouts, &QTimer::timeout, this, &RedisLane::checkTimeouts);
 }
@@ -41,28 +38,19 @@ RedisLane::RedisLane(StoreUrl url, RedisOptions options, StorePool &health, int 
 RedisLane::~RedisLane()
 {
     m_closing = true; // what is in flight is dropped: its askers are going away with us
-    if (m_ac) {
-        // The index writes still waiting go out first (else purge's repair finds them later).
-        flushIndexes();
-        int done = 0;
-        for (int i = 0; i < 100 && !done && redisBufferWrite(&m_ac->c, &done) == REDIS_OK; ++i) {
-        }
+    if (m_ac)
         redisAsyncFree(m_ac);
-    }
 }
 
 void RedisLane::claim(const ClaimRequest &request, std::function<void(Result<ClaimResult>)> done)
 {
-    send("claim", redis::claimArgs(m_prefix, request), true,
+    send("claim", redis::claimArgs(m_layout, request), true,
          [this, request, done = std::move(done)](const redisReply *reply, const Error *error) {
              if (error)
                  return done(*error);
              auto result = redis::claimResult(reply, request);
              if (result && !result->uncounted.isEmpty())
                  m_health.reportRefusedWrite(result->uncounted);
-             if (result)
-                 if (auto move = redis::indexMoveOf(request, *result))
-                     index(*move);
              done(std::move(result));
          });
 }
@@ -71,39 +59,12 @@ void RedisLane::finish(const FinishRequest &request,
                        std::function<void(Result<FinishVerdict>)> done)
 {
     // Never refused for load: what already ran must be recorded (else it runs again later).
-    send("finish", redis::finishArgs(m_prefix, request), false,
-         [this, request, done = std::move(done)](const redisReply *reply, const Error *error) {
+    send("finish", redis::finishArgs(m_layout, request), false,
+         [done = std::move(done)](const redisReply *reply, const Error *error) {
              if (error)
                  return done(*error);
-             redis::IndexMove move;
-             auto verdict = redis::finishVerdict(reply, request, &move);
-             if (verdict && *verdict == FinishVerdict::Accept)
-                 index(move);
-             done(std::move(verdict));
+             done(redis::finishVerdict(reply));
          });
-}
-
-void RedisLane::index(const redis::IndexMove &move)
-{
-    // Written for all the transitions of a short window at once: a claim and its finish within
-    // it cost only the final state's entries (measured: a third fewer sorted-set writes per
-    // delivery on Redis), and a listing meanwhile re-reads the records anyway.
-    if (m_indexes.isEmpty())
-        m_indexTimer.start();
-    m_indexes.add(move);
-}
-
-void RedisLane::flushIndexes()
-{
-    const auto commands = m_indexes.commands(m_prefix);
-    m_indexes.clear();
-    if (!m_ac)
-        return; // the connection is gone: listing and purge repair what is missing
-    for (const auto &command : commands) {
-        // No callback: the answer is read and dropped in its turn.
-        redis::Argv a(command);
-        redisAsyncCommandArgv(m_ac, nullptr, nullptr, a.count(), a.argv.data(), a.lengths.data());
-    }
 }
 
 void RedisLane::send(const char *script, QList<QByteArray> args, bool refusedWhenBusy,

@@ -21,8 +21,7 @@ class StorePool;
 // Claim and finish on Redis from the receiver thread's event loop (hiredis's asynchronous API
 // on QSocketNotifiers): what the receiver asks in one turn of its loop goes to Redis in one
 // write, the answers come back in one read, and no thread is woken in between. Speaks the same
-// scripts as RedisStore (redisprotocol.h); the index writes of the transitions of a short
-// window (kIndexWindowMs) follow them, coalesced per key, one ZADD / ZREM per index. A lost
+// scripts as RedisStore (redisprotocol.h), which write the records' index entries too. A lost
 // connection fails what was in flight (in doubt: nothing is retried) and the next call connects
 // again; a call unanswered within the command timeout drops the connection. Claims are refused past
 // maxInFlight; finishes never are. Health goes to the pool (/healthz, the status bar). Lives on,
@@ -47,8 +46,6 @@ private:
     void answered(Call *call, const redisReply *reply, const char *contextError);
     void fail(Call *call, const Error &error);
     void checkTimeouts();
-    void index(const redis::IndexMove &move);
-    void flushIndexes();
     void dropConnection(const QString &why);
 
     // hiredis's event hooks: a notifier per direction, made on first use, enabled on demand.
@@ -66,15 +63,12 @@ private:
     RedisOptions m_options;
     StorePool &m_health;
     int m_maxInFlight;
-    QByteArray m_prefix;
+    redis::Layout m_layout; // a single Redis: one bucket
     QHash<QByteArray, redis::Script> m_scripts;
     QString m_scriptError;
     redisAsyncContext *m_ac = nullptr;
     QSocketNotifier *m_read = nullptr;
     QSocketNotifier *m_write = nullptr;
-    static constexpr int kIndexWindowMs = 10;
-    redis::IndexBatch m_indexes; // the index writes of the transitions of the window
-    QTimer m_indexTimer;
     std::deque<Call *> m_inFlight; // in the order sent: Redis answers in that order
     QTimer m_timeouts;
     QString m_failure; // why the connection is being dropped, for the calls it fails

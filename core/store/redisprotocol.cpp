@@ -1,5 +1,7 @@
 #include "store/redisprotocol.h"
 
+#include "store/rediscluster.h"
+
 #include <QCryptographicHash>
 #include <QFile>
 
@@ -53,9 +55,6 @@ const QByteArray &stateName(KeyState s)
     return names[int(s)];
 }
 
-constexpr KeyState kStates[] = {KeyState::Processing, KeyState::Completed, KeyState::Failed,
-                                KeyState::Reset};
-
 // "METHOD path\n" + the headers' JSON: the request's head in one field.
 QByteArray requestHead(const StoredRequest &r)
 {
@@ -81,7 +80,54 @@ QByteArray text(const redisReply *r)
                : QByteArray();
 }
 
-QByteArray recordKey(const QByteArray &prefix, const QString &key)
+Layout::Layout(QByteArray prefix, int buckets) : m_prefix(std::move(prefix))
+{
+    for (int i = 0; i < buckets; ++i) {
+        const int first = i * kSlots / buckets, end = (i + 1) * kSlots / buckets;
+        for (int n = 0;; ++n) {
+            const QByteArray tag = 'b' + num(i) + '-' + num(n);
+            const int slot = crc16(tag) & (kSlots - 1);
+            if (slot >= first && slot < end) {
+                m_tags.append(m_prefix + '{' + tag + '}');
+                break;
+            }
+        }
+    }
+}
+
+int Layout::bucketOf(const QString &key) const
+{
+    return m_tags.size() == 1 ? 0 : int(crc16(key.toUtf8()) % quint16(m_tags.size()));
+}
+
+QByteArray Layout::record(const QString &key) const
+{
+    return m_tags.at(bucketOf(key)) + ":r:" + key.toUtf8();
+}
+
+QByteArray Layout::keys(int bucket, const QString &endpoint) const
+{
+    return m_tags.at(bucket) + ":k:" + endpoint.toUtf8();
+}
+
+QByteArray Layout::stateIndex(int bucket, const QString &endpoint, KeyState state) const
+{
+    return m_tags.at(bucket) + ":s:" + endpoint.toUtf8() + ':' + stateName(state);
+}
+
+QByteArray Layout::endpoints(int bucket) const
+{
+    return m_tags.at(bucket) + ":eps";
+}
+
+QList<QByteArray> Layout::indexes(int bucket, const QString &endpoint) const
+{
+    return {keys(bucket, endpoint), stateIndex(bucket, endpoint, KeyState::Processing),
+            stateIndex(bucket, endpoint, KeyState::Failed),
+            stateIndex(bucket, endpoint, KeyState::Reset)};
+}
+
+QByteArray v3RecordKey(const QByteArray &prefix, const QString &key)
 {
     return prefix + '{' + key.toUtf8() + "}:r";
 }
@@ -91,19 +137,17 @@ QByteArray tokenKey(const QByteArray &prefix, const QString &key)
     return prefix + '{' + key.toUtf8() + "}:t";
 }
 
-QByteArray endpointIndex(const QByteArray &prefix, const QString &endpoint)
+QString keyOfV3Record(const QByteArray &prefix, const QByteArray &name)
 {
-    return prefix + "i:k:" + endpoint.toUtf8();
-}
-
-QByteArray endpointStateIndex(const QByteArray &prefix, const QString &endpoint, KeyState state)
-{
-    return prefix + "i:es:" + endpoint.toUtf8() + ':' + stateName(state);
-}
-
-QByteArray endpointsSet(const QByteArray &prefix)
-{
-    return prefix + "i:eps";
+    if (!name.startsWith(prefix + '{') || !name.endsWith("}:r"))
+        return {};
+    const QByteArray key = name.mid(prefix.size() + 1, name.size() - prefix.size() - 4);
+    // "<endpoint>:<id>", an endpoint name holding no brace: a current record's name
+    // (P{b<i>-<n>}:r:<key>) read this way starts with "b<i>-<n>}".
+    const qsizetype colon = key.indexOf(':');
+    if (colon <= 0 || key.left(colon).contains('}'))
+        return {};
+    return QString::fromUtf8(key);
 }
 
 QString endpointOf(const QString &key)
@@ -227,41 +271,60 @@ KeyRecord recordFrom(const QString &key, const QHash<QByteArray, QByteArray> &fi
 
 Result<QHash<QByteArray, Script>> scripts()
 {
-    QFile commonFile(u":/redis/common.lua"_qs);
-    if (!commonFile.open(QIODevice::ReadOnly))
-        return makeError(ErrorCode::Internal,
-                         u"the Redis scripts are missing from the resources"_qs);
-    const QByteArray common = "local CAP = " + num(kHistoryCap) + "\n" + commonFile.readAll();
-    QHash<QByteArray, Script> loaded;
-    for (const char *name :
-         {"claim", "finish", "operator", "import", "migrate", "migrate3", "tombstone", "unindex"}) {
-        QFile file(u":/redis/%1.lua"_qs.arg(QLatin1String(name)));
+    auto read = [](const QString &name) -> std::optional<QByteArray> {
+        QFile file(u":/redis/%1.lua"_qs.arg(name));
         if (!file.open(QIODevice::ReadOnly))
+            return std::nullopt;
+        return file.readAll();
+    };
+    QHash<QByteArray, Script> loaded;
+    for (const char *name : {"claim", "finish", "operator", "import", "tombstone", "migrate4",
+                             "v3/migrate", "v3/migrate3", "v3/drop"}) {
+        const QString file = QLatin1String(name);
+        const auto common = read(file.startsWith(u"v3/"_qs) ? u"v3/common"_qs : u"common"_qs);
+        const auto body = read(file);
+        if (!common || !body)
             return makeError(ErrorCode::Internal,
-                             u"the Redis script %1.lua is missing"_qs.arg(QLatin1String(name)));
+                             u"the Redis script %1.lua is missing from the resources"_qs.arg(file));
         Script script;
-        script.source = common + "\n" + file.readAll();
+        script.source = "local CAP = " + num(kHistoryCap) + "\n" + *common + "\n" + *body;
         script.sha = QCryptographicHash::hash(script.source, QCryptographicHash::Sha1).toHex();
         loaded.insert(name, script);
     }
     return loaded;
 }
 
-QList<QByteArray> claimArgs(const QByteArray &prefix, const ClaimRequest &req)
+namespace {
+
+// The record's key, then its bucket's indexes (Layout::indexes), as KEYS of a transition script;
+// numkeys first.
+QList<QByteArray> transitionKeys(const Layout &layout, const QString &key, bool withEndpoints)
+{
+    const int bucket = layout.bucketOf(key);
+    QList<QByteArray> keys{layout.record(key)};
+    keys += layout.indexes(bucket, endpointOf(key));
+    if (withEndpoints)
+        keys << layout.endpoints(bucket);
+    return QList<QByteArray>{num(keys.size())} + keys;
+}
+
+} // namespace
+
+QList<QByteArray> claimArgs(const Layout &layout, const ClaimRequest &req)
 {
     QByteArray policy(2, 'X');
     if (req.policy.onFailed == OnFailed::Reprocess)
         policy[0] = 'R';
     policy[1] = req.policy.onMismatch == OnMismatch::Reject ? 'M' : 'I';
-    return {"1",
-            recordKey(prefix, req.key),
-            req.endpoint.toUtf8(),
-            req.provider.toUtf8(),
-            req.fingerprint,
-            num(req.policy.leaseMs),
-            num(req.policy.ttlMs),
-            policy,
-            requestHead(req.request) + '\n' + req.request.body};
+    return transitionKeys(layout, req.key, true) +
+           QList<QByteArray>{endpointOf(req.key).toUtf8(),
+                             req.provider.toUtf8(),
+                             req.fingerprint,
+                             num(req.policy.leaseMs),
+                             num(req.policy.ttlMs),
+                             policy,
+                             requestHead(req.request) + '\n' + req.request.body,
+                             req.key.toUtf8()};
 }
 
 Result<ClaimResult> claimResult(const redisReply *reply, const ClaimRequest &req)
@@ -325,41 +388,20 @@ Result<ClaimResult> claimResult(const redisReply *reply, const ClaimRequest &req
     return result;
 }
 
-std::optional<IndexMove> indexMoveOf(const ClaimRequest &req, const ClaimResult &result)
+QList<QByteArray> finishArgs(const Layout &layout, const FinishRequest &req)
 {
-    if (result.decision.action != ClaimAction::Create &&
-        result.decision.action != ClaimAction::Reclaim)
-        return std::nullopt;
-    // A new claim may replace a record that expired under index entries of any state.
-    return IndexMove{req.key,    req.endpoint,      KeyState::Processing,
-                     kAllStates, result.storeNowMs, result.record.expiresAtMs};
+    return transitionKeys(layout, req.key, false) +
+           QList<QByteArray>{num(req.token),         stateName(req.state),
+                             num(req.result.status), headersJson(req.result.headers),
+                             req.result.body,        req.error.toUtf8(),
+                             req.key.toUtf8()};
 }
 
-QList<QByteArray> finishArgs(const QByteArray &prefix, const FinishRequest &req)
-{
-    return {"1",
-            recordKey(prefix, req.key),
-            num(req.token),
-            stateName(req.state),
-            num(req.result.status),
-            headersJson(req.result.headers),
-            req.result.body,
-            req.error.toUtf8()};
-}
-
-Result<FinishVerdict> finishVerdict(const redisReply *reply, const FinishRequest &req,
-                                    IndexMove *move)
+Result<FinishVerdict> finishVerdict(const redisReply *reply)
 {
     if (reply && reply->type == REDIS_REPLY_ARRAY) {
         if (reply->elements != 3 || text(reply->element[0]) != "accept")
             return unexpected("finish");
-        if (move)
-            *move = IndexMove{req.key,
-                              QString::fromUtf8(text(reply->element[2])),
-                              req.state,
-                              bit(KeyState::Processing),
-                              text(reply->element[1]).toLongLong(),
-                              0};
         return FinishVerdict::Accept;
     }
     const QByteArray verdict = text(reply);
@@ -374,65 +416,21 @@ Result<FinishVerdict> finishVerdict(const redisReply *reply, const FinishRequest
     return unexpected("finish");
 }
 
-QList<QByteArray> operatorArgs(const QByteArray &prefix, const QString &key, OperatorAction action,
+QList<QByteArray> operatorArgs(const Layout &layout, const QString &key, OperatorAction action,
                                bool force, const QString &detail)
 {
     const QByteArray name = action == OperatorAction::Reset       ? "reset"
                             : action == OperatorAction::ForceFail ? "force-fail"
                                                                   : "delete";
-    return {"1", recordKey(prefix, key), name, force ? "1" : "0", detail.toUtf8()};
+    return transitionKeys(layout, key, false) +
+           QList<QByteArray>{name, force ? "1" : "0", detail.toUtf8(), key.toUtf8()};
 }
 
-QList<QByteArray> importArgs(const QByteArray &prefix, const KeyRecord &r, qint64 ttlMs,
-                             qint64 leaseMs)
-{
-    return {"1",
-            recordKey(prefix, r.key),
-            r.endpoint.toUtf8(),
-            r.provider.toUtf8(),
-            stateName(r.state),
-            r.fingerprint,
-            num(r.attempts),
-            num(r.createdMs),
-            num(r.updatedMs),
-            num(leaseMs),
-            num(ttlMs),
-            requestHead(r.request) + '\n' + r.request.body,
-            num(r.result.status) + '\n' + headersJson(r.result.headers) + '\n' + r.result.body,
-            r.error.toUtf8(),
-            compactJson(historyToJson(r.history)),
-            num(r.result.status),
-            num(r.token)};
-}
-
-Result<ImportVerdict> importVerdict(const redisReply *reply, const KeyRecord &r, IndexMove *move)
-{
-    if (reply && reply->type == REDIS_REPLY_INTEGER && reply->integer == 0)
-        return ImportVerdict::Exists;
-    if (!reply || reply->type != REDIS_REPLY_ARRAY || reply->elements != 2)
-        return unexpected("import");
-    if (move)
-        // It may replace an expired record still indexed under any state.
-        *move = IndexMove{r.key,       r.endpoint,  r.state,
-                          kAllStates, r.updatedMs, text(reply->element[1]).toLongLong()};
-    return ImportVerdict::Imported;
-}
-
-Result<OperatorVerdict> operatorVerdict(const redisReply *reply, const QString &key,
-                                        IndexMove *move)
+Result<OperatorVerdict> operatorVerdict(const redisReply *reply)
 {
     if (reply && reply->type == REDIS_REPLY_ARRAY) {
         if (reply->elements != 5 || text(reply->element[0]) != "accept")
             return unexpected("operator");
-        if (move) {
-            *move = IndexMove{key,        QString::fromUtf8(text(reply->element[2])), std::nullopt,
-                              kAllStates, text(reply->element[1]).toLongLong(),       0};
-            if (auto to = keyStateFromString(QString::fromLatin1(text(reply->element[4])))) {
-                move->to = *to;
-                move->from = bit(
-                    keyStateFromString(QString::fromLatin1(text(reply->element[3]))).value_or(*to));
-            }
-        }
         return OperatorVerdict::Accept;
     }
     const QByteArray verdict = text(reply);
@@ -445,71 +443,71 @@ Result<OperatorVerdict> operatorVerdict(const redisReply *reply, const QString &
     return unexpected("operator");
 }
 
-void IndexBatch::add(const IndexMove &move)
+QList<QByteArray> importArgs(const Layout &layout, const KeyRecord &r, qint64 ttlMs, qint64 leaseMs)
 {
-    auto [it, added] = m_moves.try_emplace(move.key, move);
-    if (added)
-        return;
-    IndexMove &m = it->second;
-    m.from |= move.from;
-    m.to = move.to;
-    m.updatedMs = move.updatedMs;
-    if (move.expiresAtMs)
-        m.expiresAtMs = move.expiresAtMs;
-    if (!move.endpoint.isEmpty())
-        m.endpoint = move.endpoint;
+    return transitionKeys(layout, r.key, true) +
+           QList<QByteArray>{endpointOf(r.key).toUtf8(),
+                             r.provider.toUtf8(),
+                             stateName(r.state),
+                             r.fingerprint,
+                             num(r.attempts),
+                             num(r.createdMs),
+                             num(r.updatedMs),
+                             num(leaseMs),
+                             num(ttlMs),
+                             requestHead(r.request) + '\n' + r.request.body,
+                             num(r.result.status) + '\n' + headersJson(r.result.headers) + '\n' +
+                                 r.result.body,
+                             r.error.toUtf8(),
+                             compactJson(historyToJson(r.history)),
+                             num(r.result.status),
+                             num(r.token),
+                             r.key.toUtf8()};
 }
 
-QList<QList<QByteArray>> IndexBatch::commands(const QByteArray &prefix) const
+Result<ImportVerdict> importVerdict(const redisReply *reply)
 {
-    // Per index, the command being built: ZADD with (score, member) pairs, ZREM with members.
-    // The index names are made once per endpoint, not per key (this runs on every delivery).
-    // A key has one entry in its endpoint's i:k (by expiry, written when the expiry is new),
-    // and one in i:es:<ep>:<state> while it is processing, failed or reset (by update).
-    struct Commands
-    {
-        QList<QByteArray> add, remove;
-    };
-    struct Endpoint
-    {
-        Commands all;
-        std::array<Commands, 4> byState; // completed's stays empty: it has no index
-    };
-    QHash<QString, Endpoint> byEndpoint;
-    for (const auto &[key, m] : m_moves) {
-        const QByteArray member = key.toUtf8();
-        Endpoint &endpoint = byEndpoint[m.endpoint.isEmpty() ? endpointOf(key) : m.endpoint];
-        if (!m.to)
-            endpoint.all.remove << member;
-        else if (m.expiresAtMs)
-            endpoint.all.add << num(m.expiresAtMs) << member;
-        for (KeyState s : kStates) {
-            if (s == KeyState::Completed)
-                continue;
-            if (m.to && *m.to == s)
-                endpoint.byState[size_t(s)].add << num(m.updatedMs) << member;
-            else if (m.from & bit(s))
-                endpoint.byState[size_t(s)].remove << member;
-        }
-    }
-    QList<QList<QByteArray>> commands;
-    auto append = [&](const Commands &c, const QByteArray &index) {
-        if (!c.remove.isEmpty())
-            commands.append(QList<QByteArray>{"ZREM", index} + c.remove);
-        if (!c.add.isEmpty())
-            commands.append(QList<QByteArray>{"ZADD", index} + c.add);
-    };
-    QList<QByteArray> endpoints{"SADD", endpointsSet(prefix)};
-    for (auto it = byEndpoint.cbegin(); it != byEndpoint.cend(); ++it) {
-        append(it.value().all, endpointIndex(prefix, it.key()));
-        if (!it.value().all.add.isEmpty())
-            endpoints << it.key().toUtf8();
-        for (KeyState s : kStates)
-            append(it.value().byState[size_t(s)], endpointStateIndex(prefix, it.key(), s));
-    }
-    if (endpoints.size() > 2)
-        commands.append(endpoints);
-    return commands;
+    if (reply && reply->type == REDIS_REPLY_INTEGER && reply->integer == 0)
+        return ImportVerdict::Exists;
+    if (!reply || reply->type != REDIS_REPLY_ARRAY || reply->elements != 2)
+        return unexpected("import");
+    return ImportVerdict::Imported;
+}
+
+QHash<QByteArray, QByteArray> fieldsFrom(const redisReply *array)
+{
+    QHash<QByteArray, QByteArray> fields;
+    if (!array || array->type != REDIS_REPLY_ARRAY)
+        return fields;
+    for (size_t i = 0; i + 1 < array->elements; i += 2)
+        fields.insert(text(array->element[i]), text(array->element[i + 1]));
+    return fields;
+}
+
+std::optional<DeliveryEvent> deliveryFrom(const redisReply *entry, QByteArray *id)
+{
+    if (!entry || entry->type != REDIS_REPLY_ARRAY || entry->elements != 2 ||
+        entry->element[0]->type != REDIS_REPLY_STRING ||
+        entry->element[1]->type != REDIS_REPLY_ARRAY)
+        return std::nullopt;
+    const auto f = fieldsFrom(entry->element[1]);
+    if (id)
+        *id = text(entry->element[0]);
+    DeliveryEvent e;
+    e.atMs = f.value("at").toLongLong();
+    e.endpoint = QString::fromUtf8(f.value("e"));
+    e.key = QString::fromUtf8(f.value("k"));
+    e.outcome = outcomeFromString(QString::fromLatin1(f.value("o"))).value_or(Outcome::Rejected);
+    e.status = f.value("s").toInt();
+    e.latencyUs = f.value("l").toLongLong();
+    e.token = f.value("t").toLongLong();
+    e.instance = QString::fromUtf8(f.value("i"));
+    e.detail = QString::fromUtf8(f.value("d"));
+    e.payload = f.value("b");
+    bool numeric = false;
+    const qint64 n = f.value("n", "1").toLongLong(&numeric);
+    e.count = numeric ? deliveryCount(n) : 1;
+    return e;
 }
 
 bool linkClosed(const redisContext *c)

@@ -6,7 +6,6 @@
 #include <QHash>
 #include <QList>
 
-#include <map>
 #include <vector>
 
 struct redisReply;
@@ -14,81 +13,73 @@ struct redisContext;
 
 namespace idem::redis {
 
-// The Lua scripts of resources/redis, each with common.lua prepended, and their SHA1 (what
-// SCRIPT LOAD answers and EVALSHA takes).
+// The Lua scripts of resources/redis, each with its common.lua prepended (v3/common.lua for the
+// migrations from older layouts, named "v3/…"), and their SHA1 (what SCRIPT LOAD answers and
+// EVALSHA takes).
 struct Script
 {
     QByteArray source;
     QByteArray sha;
 };
-Result<QHash<QByteArray, Script>>
-scripts(); // by name: claim, finish, operator, import, migrate, migrate3, tombstone, unindex
+// By name: claim, finish, operator, import, tombstone, migrate4, v3/migrate, v3/migrate3, v3/drop.
+Result<QHash<QByteArray, Script>> scripts();
 
-// The key layout (described at the top of resources/redis/common.lua): a record's own keys
-// carry its hash tag, the indexes are the desk's.
-QByteArray recordKey(const QByteArray &prefix, const QString &key); // P{key}:r
-QByteArray tokenKey(const QByteArray &prefix,
-                    const QString &key); // P{key}:t (layout v2; migrated away)
-QByteArray endpointIndex(const QByteArray &prefix, const QString &endpoint); // P i:k:<ep>
-// P i:es:<ep>:<state>, for processing, failed and reset (completed has none)
-QByteArray endpointStateIndex(const QByteArray &prefix, const QString &endpoint, KeyState state);
-QByteArray endpointsSet(const QByteArray &prefix); // P i:eps
-QString endpointOf(const QString &key);           // "<endpoint>:<id>"
+// The key layout (layout v4, described at the top of resources/redis/common.lua): keys live in
+// buckets, each with a hash tag of its own, so that a record and its index entries share a
+// cluster slot and every transition writes both in one script. A single Redis has one bucket, a
+// cluster kClusterBuckets: bucket i's tag is the first "b<i>-<n>" (n = 0, 1, …) whose slot lies
+// in the i-th of as many equal ranges of the 16384 slots, so that a cluster whose masters own
+// ranges of slots gets an equal share of the buckets. A key's bucket: CRC16 of the key, modulo
+// their number. Immutable; copies are cheap to read from any thread.
+class Layout
+{
+public:
+    static constexpr int kClusterBuckets = 64;
+    Layout(QByteArray prefix, int buckets);
+
+    const QByteArray &prefix() const { return m_prefix; }
+    int buckets() const { return int(m_tags.size()); }
+    int bucketOf(const QString &key) const;
+    QByteArray record(const QString &key) const;                // P{tag}:r:<key>
+    QByteArray keys(int bucket, const QString &endpoint) const; // P{tag}:k:<ep>
+    QByteArray stateIndex(int bucket, const QString &endpoint,
+                          KeyState state) const; // P{tag}:s:<ep>:<state>
+    QByteArray endpoints(int bucket) const;      // P{tag}:eps
+    // What every transition script takes after the record: the bucket's k, then its state
+    // indexes of processing, failed and reset, for `endpoint`.
+    QList<QByteArray> indexes(int bucket, const QString &endpoint) const;
+    QByteArray layoutKey() const { return m_prefix + "layout"; } // "4"
+    QByteArray migratingKey() const { return m_prefix + "migrating"; }
+    QByteArray logKey() const { return m_prefix + "log"; }
+
+private:
+    QByteArray m_prefix;
+    QList<QByteArray> m_tags; // P{b<i>-<n>}, by bucket
+};
+constexpr int kLayoutVersion = 4;
+QString endpointOf(const QString &key); // "<endpoint>:<id>"
+
+// Layout v3's record (P{key}:r) and v2's token counter (P{key}:t): read by the migrations only.
+QByteArray v3RecordKey(const QByteArray &prefix, const QString &key);
+QByteArray tokenKey(const QByteArray &prefix, const QString &key);
+// The key a layout v3 record name holds (P{<key>}:r), empty when the name is no v3 record (a
+// record of the current layout can match the same SCAN pattern).
+QString keyOfV3Record(const QByteArray &prefix, const QByteArray &name);
 
 // What follows EVALSHA <sha> for claim.lua, finish.lua and operator.lua (numkeys, KEYS, ARGV),
 // and what their answers mean. Shared by the blocking RedisStore and the receiver thread's
 // RedisLane, so that both speak the same protocol.
-QList<QByteArray> claimArgs(const QByteArray &prefix, const ClaimRequest &request);
+QList<QByteArray> claimArgs(const Layout &layout, const ClaimRequest &request);
 Result<ClaimResult> claimResult(const redisReply *reply, const ClaimRequest &request);
-QList<QByteArray> finishArgs(const QByteArray &prefix, const FinishRequest &request);
-QList<QByteArray> operatorArgs(const QByteArray &prefix, const QString &key, OperatorAction action,
+QList<QByteArray> finishArgs(const Layout &layout, const FinishRequest &request);
+Result<FinishVerdict> finishVerdict(const redisReply *reply);
+QList<QByteArray> operatorArgs(const Layout &layout, const QString &key, OperatorAction action,
                                bool force, const QString &detail);
-
-// A transition the indexes must follow: the key now in `to` (none: deleted), no longer in
-// `from` (a bit per KeyState), with `updatedMs` as its score and, when known, its new expiry.
-struct IndexMove
-{
-    QString key;
-    QString endpoint;
-    std::optional<KeyState> to;
-    unsigned from = 0;
-    qint64 updatedMs = 0;
-    qint64 expiresAtMs = 0; // 0: unchanged
-};
-constexpr unsigned kAllStates = 0xf;
-constexpr unsigned bit(KeyState s)
-{
-    return 1u << unsigned(s);
-}
-
-// What a claim's answer means for the indexes (nothing for a replay or a mismatch).
-std::optional<IndexMove> indexMoveOf(const ClaimRequest &request, const ClaimResult &result);
-// A finish's verdict; on accept, `move` (if given) gets the index move.
-Result<FinishVerdict> finishVerdict(const redisReply *reply, const FinishRequest &request,
-                                    IndexMove *move = nullptr);
-Result<OperatorVerdict> operatorVerdict(const redisReply *reply, const QString &key,
-                                        IndexMove *move = nullptr);
+Result<OperatorVerdict> operatorVerdict(const redisReply *reply);
 // import.lua (`keys import`): a record from another store, its expiry and lease from now on.
-QList<QByteArray> importArgs(const QByteArray &prefix, const KeyRecord &record, qint64 ttlMs,
+QList<QByteArray> importArgs(const Layout &layout, const KeyRecord &record, qint64 ttlMs,
                              qint64 leaseMs);
-Result<ImportVerdict> importVerdict(const redisReply *reply, const KeyRecord &record,
-                                    IndexMove *move = nullptr);
-
-// The index writes of many transitions, coalesced per key (the last move wins, the states it
-// left add up) and grouped into one ZADD / ZREM per index: what the desk sends after the
-// scripts, once per event-loop turn. Order-free within a batch, so it can be pipelined.
-class IndexBatch
-{
-public:
-    void add(const IndexMove &move);
-    bool isEmpty() const { return m_moves.empty(); }
-    qsizetype size() const { return qsizetype(m_moves.size()); }
-    QList<QList<QByteArray>> commands(const QByteArray &prefix) const;
-    void clear() { m_moves.clear(); }
-
-private:
-    std::map<QString, IndexMove> m_moves;
-};
+Result<ImportVerdict> importVerdict(const redisReply *reply);
 
 // A command's arguments as hiredis takes them: pointers into `args`, which it holds (a shared
 // copy), so that a list built in the call, `Argv a({"SCAN", cursor, ...})`, outlives the command.
@@ -107,6 +98,11 @@ QByteArray text(const redisReply *reply);
 // Something to read on a link with no command outstanding — the server closed it (a restart,
 // CLIENT KILL, its timeout) or wrote an error before closing: it cannot serve the next command.
 bool linkClosed(const redisContext *c);
+// One entry of the delivery log stream, as XRANGE answers it ([id, [field, value, …]]), and its
+// id; nullopt when it is not one.
+std::optional<DeliveryEvent> deliveryFrom(const redisReply *entry, QByteArray *id = nullptr);
+// A hash's fields and values, as HGETALL answers them (an array of pairs); empty if it is not one.
+QHash<QByteArray, QByteArray> fieldsFrom(const redisReply *array);
 // A record from its hash's fields (m h q s e, by HGETALL or HMGET); `key` is the desk's key.
 KeyRecord recordFrom(const QString &key, const QHash<QByteArray, QByteArray> &fields);
 // The meta line (field m) into its columns (state token attempts created updated lease_until

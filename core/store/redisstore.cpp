@@ -2,10 +2,12 @@
 
 #include "store/rediscluster.h"
 #include "store/redisprotocol.h"
+#include "util/format.h"
 
 #include <QRegularExpression>
 #include <QScopeGuard>
 #include <QSet>
+#include <QThread>
 
 #include <algorithm>
 
@@ -31,7 +33,7 @@ QByteArray num(qint64 v)
 // wait_replicas on a cluster waits on the masters a claim's or finish's own scripts wrote to, and
 // on those alone: marked from a clean slate when it starts (a delivery log write, a purge, a link
 // replaced since, left nothing that a claim then waited on or was refused for), not once its
-// scripts have answered (stop(): the index writes after them are a derived view), nor after.
+// scripts have answered (stop()).
 class MarkedWrites
 {
 public:
@@ -53,26 +55,13 @@ private:
     redis::ClusterLinks *m_cluster;
 };
 
-// Expired keys made tombstones per endpoint and round trip: by the purge (the engine's, every
-// minute, and `keys purge-expired`), a slice after another; by a count, one small slice, so that
-// a store where many keys expired at once (a burst a TTL ago, a desk that was stopped) keeps its
-// counts of failed, processing and reset keys close without a count paying the whole purge
-// (5000 tombstones: ~100 ms of Redis, measured on 1M keys). A listing purges nothing: it reads
-// only live entries of i:k, and skips the expired records it meets in i:es.
+// Expired keys made tombstones per bucket and endpoint and round trip, by the purge (the
+// engine's, every minute, and `keys purge-expired`), a slice after another. Listings and counts
+// purge nothing: they read only the entries scored above the store's clock.
 constexpr qint64 kPurgeSlice = 5000;
-constexpr qint64 kCountPurgeSlice = 500;
 
+using redis::fieldsFrom;
 using redis::text;
-
-QHash<QByteArray, QByteArray> fieldsFrom(const redisReply *array)
-{
-    QHash<QByteArray, QByteArray> fields;
-    if (!array || array->type != REDIS_REPLY_ARRAY)
-        return fields;
-    for (size_t i = 0; i + 1 < array->elements; i += 2)
-        fields.insert(text(array->element[i]), text(array->element[i + 1]));
-    return fields;
-}
 
 // SCAN's MATCH takes a glob: the prefix's own glob characters are escaped.
 QByteArray globEscaped(const QByteArray &text)
@@ -111,7 +100,9 @@ Result<void> authenticate(redisContext *c, const StoreUrl &url)
 }
 
 RedisStore::RedisStore(redisContext *context, StoreUrl url, RedisOptions options)
-    : m_context(context), m_url(std::move(url)), m_options(options), m_prefix(m_url.prefix.toUtf8())
+    : m_context(context), m_url(std::move(url)), m_options(options),
+      m_prefix(m_url.prefix.toUtf8()),
+      m_layout(m_prefix, context ? 1 : redis::Layout::kClusterBuckets)
 {}
 
 RedisStore::~RedisStore()
@@ -337,14 +328,6 @@ Result<std::vector<RedisStore::Reply>> RedisStore::clusterPipeline(const QList<Q
     return replies;
 }
 
-void RedisStore::writeIndexes(const redis::IndexBatch &batch)
-{
-    if (batch.isEmpty())
-        return;
-    // A derived view: not waited for (wait_replicas; its writes are not marked, see MarkedWrites).
-    (void)pipeline(batch.commands(m_prefix), true); // lost: listing and purge repair it
-}
-
 Result<RedisStore::Reply> RedisStore::script(const char *name, const QList<QByteArray> &args,
                                              bool writes)
 {
@@ -396,7 +379,7 @@ Result<void> RedisStore::waitForReplicas()
     auto r = command({"WAIT", num(m_url.waitReplicas), num(m_url.waitTimeoutMs)}, false);
     if (!r)
         return r.error();
-    if (r->get()->integer < m_url.waitReplicas)
+    if (r->get()->type != REDIS_REPLY_INTEGER || r->get()->integer < m_url.waitReplicas)
         return makeError(
             ErrorCode::Unavailable,
             u"Redis %1: only %2 of %3 replicas acknowledged the write within %4 ms (wait_replicas)"_qs
@@ -410,19 +393,13 @@ Result<void> RedisStore::waitForReplicas()
 Result<ClaimResult> RedisStore::claim(const ClaimRequest &req)
 {
     MarkedWrites marked(m_cluster.get());
-    auto r = script("claim", redis::claimArgs(m_prefix, req), true);
+    auto r = script("claim", redis::claimArgs(m_layout, req), true);
     marked.stop();
     if (!r)
         return answerUnwritten(req, r.error());
     auto result = redis::claimResult(r->get(), req);
     if (!result)
         return result;
-    // Listed whether or not replicas acknowledge it: the record is there either way (a refused
-    // claim's key, left to its lease, was missing from listings until the purge's repair).
-    redis::IndexBatch batch;
-    if (auto move = redis::indexMoveOf(req, *result))
-        batch.add(*move);
-    writeIndexes(batch);
     if (auto waited = waitForReplicas(); !waited)
         return waited.error(); // refused: the claim may be lost in a failover, so nothing runs
     return result;
@@ -431,19 +408,13 @@ Result<ClaimResult> RedisStore::claim(const ClaimRequest &req)
 Result<FinishVerdict> RedisStore::finish(const FinishRequest &req)
 {
     MarkedWrites marked(m_cluster.get());
-    auto r = script("finish", redis::finishArgs(m_prefix, req), true);
+    auto r = script("finish", redis::finishArgs(m_layout, req), true);
     marked.stop();
     if (!r)
         return r.error();
-    redis::IndexMove move;
-    auto verdict = redis::finishVerdict(r->get(), req, &move);
+    auto verdict = redis::finishVerdict(r->get());
     if (!verdict)
         return verdict;
-    if (*verdict == FinishVerdict::Accept) { // listed either way, as a claim
-        redis::IndexBatch batch;
-        batch.add(move);
-        writeIndexes(batch);
-    }
     if (auto waited = waitForReplicas(); !waited)
         return waited.error(); // retried by the engine: the same finish answers Repeated
     return verdict;
@@ -505,23 +476,19 @@ Result<QList<ClaimResult>> RedisStore::claimBatch(const QList<ClaimRequest> &req
 {
     QList<QList<QByteArray>> args;
     for (const ClaimRequest &req : requests)
-        args.append(redis::claimArgs(m_prefix, req));
+        args.append(redis::claimArgs(m_layout, req));
     MarkedWrites marked(m_cluster.get());
     auto exec = scriptsInTransaction("claim", args);
     marked.stop();
     if (!exec) // a transaction Redis refused (EXECABORT): none of them ran
         return answerUnwritten(requests, exec.error());
     QList<ClaimResult> results;
-    redis::IndexBatch batch;
     for (qsizetype i = 0; i < requests.size(); ++i) {
         auto result = redis::claimResult(exec->at[size_t(i)], requests.at(i));
         if (!result)
             return result.error();
-        if (auto move = redis::indexMoveOf(requests.at(i), *result))
-            batch.add(*move);
         results.append(std::move(*result));
     }
-    writeIndexes(batch); // listed either way, as a claim
     if (auto waited = waitForReplicas(); !waited)
         return waited.error();
     return results;
@@ -531,24 +498,19 @@ Result<QList<FinishVerdict>> RedisStore::finishBatch(const QList<FinishRequest> 
 {
     QList<QList<QByteArray>> args;
     for (const FinishRequest &req : requests)
-        args.append(redis::finishArgs(m_prefix, req));
+        args.append(redis::finishArgs(m_layout, req));
     MarkedWrites marked(m_cluster.get());
     auto exec = scriptsInTransaction("finish", args);
     marked.stop();
     if (!exec)
         return exec.error();
     QList<FinishVerdict> verdicts;
-    redis::IndexBatch batch;
     for (qsizetype i = 0; i < requests.size(); ++i) {
-        redis::IndexMove move;
-        auto verdict = redis::finishVerdict(exec->at[size_t(i)], requests.at(i), &move);
+        auto verdict = redis::finishVerdict(exec->at[size_t(i)]);
         if (!verdict)
             return verdict.error();
-        if (*verdict == FinishVerdict::Accept)
-            batch.add(move);
         verdicts.append(*verdict);
     }
-    writeIndexes(batch); // listed either way, as a claim
     if (auto waited = waitForReplicas(); !waited)
         return waited.error();
     return verdicts;
@@ -611,37 +573,27 @@ Result<QStringList> RedisStore::durabilityWarnings()
 Result<std::optional<KeyRecord>> RedisStore::key(const QString &key)
 {
     // The store's clock with the record, in one round trip (export reads every key this way).
-    auto read = pipeline({{"TIME"}, {"HGETALL", redis::recordKey(m_prefix, key)}}, false);
+    auto read = pipeline({{"TIME"}, {"HGETALL", m_layout.record(key)}}, false);
     if (!read)
         return read.error();
     auto now = timeMs((*read)[0].get());
     if (!now)
         return now.error();
-    if ((*read)[1]->type == REDIS_REPLY_ERROR)
-        return makeError(
-            ErrorCode::Unavailable,
-            u"Redis %1: %2"_qs.arg(m_url.display(),
-                                   QString::fromUtf8((*read)[1]->str, int((*read)[1]->len))));
-    auto fields = fieldsFrom((*read)[1].get());
-    if (!fields.contains("m") && fields.contains("state")) {
-        // A record of layout v2 left over: converted (tombstone.lua reads it as every script
-        // does), then read again.
-        if (auto converted = script("tombstone", {"1", redis::recordKey(m_prefix, key)}, true);
-            !converted)
-            return converted.error();
-        auto again = command({"HGETALL", redis::recordKey(m_prefix, key)}, false);
-        if (!again)
-            return again.error();
-        fields = fieldsFrom(again->get());
-    }
+    const redisReply *record = (*read)[1].get();
+    if (record->type == REDIS_REPLY_ERROR)
+        return makeError(ErrorCode::Unavailable,
+                         u"Redis %1: %2"_qs.arg(m_url.display(), QString::fromUtf8(text(record))));
+    if (record->type != REDIS_REPLY_ARRAY)
+        return makeError(ErrorCode::Unavailable,
+                         u"Redis %1: unexpected answer to HGETALL"_qs.arg(m_url.display()));
+    const auto fields = fieldsFrom(record);
     if (!fields.contains("m"))
         return std::optional<KeyRecord>();
     QHash<QByteArray, QByteArray> meta;
-    if (!redis::metaFrom(fields.value("m"), meta) || fields.contains("state"))
-        return makeError(
-            ErrorCode::Unavailable,
-            u"Redis %1: the record of %2 is unreadable (its meta line, or fields of layout v2 beside it)"_qs
-                .arg(m_url.display(), key));
+    if (!redis::metaFrom(fields.value("m"), meta))
+        return makeError(ErrorCode::Unavailable,
+                         u"Redis %1: the record of %2 is unreadable (its meta line)"_qs.arg(
+                             m_url.display(), key));
     if (meta.value("expires_at").toLongLong() <= *now)
         return std::optional<KeyRecord>(); // a tombstone (expired, deleted)
     return std::optional<KeyRecord>(redis::recordFrom(key, fields));
@@ -649,105 +601,88 @@ Result<std::optional<KeyRecord>> RedisStore::key(const QString &key)
 
 Result<QStringList> RedisStore::endpoints()
 {
-    auto r = command({"SMEMBERS", redis::endpointsSet(m_prefix)}, false);
+    QList<QList<QByteArray>> reads;
+    for (int b = 0; b < m_layout.buckets(); ++b)
+        reads.append({"SMEMBERS", m_layout.endpoints(b)});
+    auto r = pipeline(reads, false);
     if (!r)
         return r.error();
-    QStringList names;
-    for (size_t i = 0; i < (*r)->elements; ++i)
-        names << QString::fromUtf8(text((*r)->element[i]));
-    names.sort();
-    return names;
+    QSet<QString> names;
+    for (const Reply &members : *r) {
+        if (members->type != REDIS_REPLY_ARRAY)
+            return makeError(ErrorCode::Unavailable,
+                             u"Redis %1: unexpected answer to SMEMBERS: %2"_qs.arg(
+                                 m_url.display(), QString::fromUtf8(text(members.get()))));
+        for (size_t i = 0; i < members->elements; ++i)
+            names.insert(QString::fromUtf8(text(members->element[i])));
+    }
+    QStringList sorted(names.begin(), names.end());
+    sorted.sort();
+    return sorted;
 }
 
-Result<RedisStore::Scope> RedisStore::scope(const QString &endpoint, qint64 purgeLimit)
+Result<RedisStore::Scope> RedisStore::scope(const QString &endpoint)
 {
     auto now = clockMs();
     if (!now)
         return now.error();
+    if (!endpoint.isEmpty())
+        return Scope{*now, {endpoint}};
     auto all = endpoints();
     if (!all)
         return all.error();
-    Scope scope{*now, endpoint.isEmpty() ? *all : QStringList{endpoint}};
-    if (purgeLimit > 0)
-        if (auto purged = purgeSlice(*now, scope.endpoints, purgeLimit); !purged)
-            return purged.error();
-    return scope;
+    return Scope{*now, *all};
 }
 
 Result<qint64> RedisStore::purgeSlice(qint64 now, const QStringList &names, qint64 limit)
 {
-    // The index entries of records past their expiry (i:k's score), at most `limit` per
-    // endpoint: tombstone.lua decides on each atomically (a key claimed again since keeps its
-    // record and gets its new expiry here; an expired one keeps only its meta, the token floor,
-    // until Redis expires it) and their entries go.
+    // The entries of each bucket's k past their expiry (its score), at most `limit` per bucket
+    // and endpoint; tombstone.lua decides on them atomically with their entries (a key claimed
+    // again since carries its new expiry and is left alone).
+    struct Due
+    {
+        int bucket;
+        QString endpoint;
+    };
+    QList<Due> dues;
     QList<QList<QByteArray>> ranges;
     for (const QString &endpoint : names)
-        ranges.append({"ZRANGEBYSCORE", redis::endpointIndex(m_prefix, endpoint), "-inf", num(now),
-                       "LIMIT", "0", num(limit)});
+        for (int b = 0; b < m_layout.buckets(); ++b) {
+            dues.append({b, endpoint});
+            ranges.append({"ZRANGEBYSCORE", m_layout.keys(b, endpoint), "-inf", num(now), "LIMIT",
+                           "0", num(limit)});
+        }
     if (ranges.isEmpty())
         return 0;
     auto due = pipeline(ranges, false);
     if (!due)
         return due.error();
-    QStringList keys, endpointOfKey;
     QList<QList<QByteArray>> args;
-    for (qsizetype e = 0; e < names.size(); ++e) {
-        const redisReply *members = (*due)[size_t(e)].get();
-        for (size_t i = 0; members->type == REDIS_REPLY_ARRAY && i < members->elements; ++i) {
-            keys << QString::fromUtf8(text(members->element[i]));
-            endpointOfKey << names.at(e);
-            args.append({"1", redis::recordKey(m_prefix, keys.last())});
-        }
-    }
-    if (keys.isEmpty())
-        return 0;
-    auto verdicts = scriptsPipelined("tombstone", args);
-    if (!verdicts)
-        return verdicts.error();
-    QList<QList<QByteArray>> writes;
-    QHash<QString, QList<QByteArray>> expiredByEndpoint; // unindex.lua's arguments
-    for (qsizetype i = 0; i < keys.size(); ++i) {
-        const QByteArray verdict = text((*verdicts)[size_t(i)].get());
-        if (verdict != "gone" && verdict != "tombstone") {
-            writes.append({"ZADD", redis::endpointIndex(m_prefix, endpointOfKey.at(i)), verdict,
-                           keys.at(i).toUtf8()});
+    for (qsizetype i = 0; i < dues.size(); ++i) {
+        const redisReply *members = (*due)[size_t(i)].get();
+        if (members->type != REDIS_REPLY_ARRAY)
+            return makeError(ErrorCode::Unavailable,
+                             u"Redis %1: unexpected answer to ZRANGEBYSCORE: %2"_qs.arg(
+                                 m_url.display(), QString::fromUtf8(text(members))));
+        if (members->elements == 0)
             continue;
+        QList<QByteArray> keys = m_layout.indexes(dues.at(i).bucket, dues.at(i).endpoint), names;
+        for (size_t m = 0; m < members->elements; ++m) {
+            const QByteArray key = text(members->element[m]);
+            keys << m_layout.record(QString::fromUtf8(key));
+            names << key;
         }
-        auto &args = expiredByEndpoint[endpointOfKey.at(i)];
-        if (args.isEmpty())
-            args << "1" << redis::endpointIndex(m_prefix, endpointOfKey.at(i)) << num(now);
-        args << keys.at(i).toUtf8();
+        args.append(QList<QByteArray>{num(keys.size())} + keys + names);
     }
-    if (!writes.isEmpty())
-        if (auto written = pipeline(writes, true); !written)
-            return written.error();
-    if (expiredByEndpoint.isEmpty())
+    if (args.isEmpty())
         return 0;
-    // Out of i:k only where the entry is still the expired one (a key claimed again meanwhile
-    // keeps its new one); then out of the i:es indexes those went from.
-    const QStringList expiredEndpoints = expiredByEndpoint.keys();
-    QList<QList<QByteArray>> unindexArgs;
-    for (const QString &endpoint : expiredEndpoints)
-        unindexArgs << expiredByEndpoint.value(endpoint);
-    auto unindexed = scriptsPipelined("unindex", unindexArgs);
-    if (!unindexed)
-        return unindexed.error();
-    redis::IndexBatch gone;
-    qint64 removed = 0;
-    for (qsizetype e = 0; e < expiredEndpoints.size(); ++e) {
-        const redisReply *list = (*unindexed)[size_t(e)].get();
-        for (size_t i = 0; list->type == REDIS_REPLY_ARRAY && i < list->elements; ++i) {
-            gone.add({QString::fromUtf8(text(list->element[i])), expiredEndpoints.at(e),
-                      std::nullopt,
-                      redis::bit(KeyState::Processing) | redis::bit(KeyState::Failed) |
-                          redis::bit(KeyState::Reset),
-                      now, 0});
-            ++removed;
-        }
-    }
-    if (auto written = pipeline(gone.commands(m_prefix), true); !written)
-        return written.error();
-    return removed;
+    auto removed = scriptsPipelined("tombstone", args);
+    if (!removed)
+        return removed.error();
+    qint64 total = 0;
+    for (const Reply &r : *removed)
+        total += r->type == REDIS_REPLY_INTEGER ? r->integer : 0;
+    return total;
 }
 
 Result<std::vector<RedisStore::Reply>>
@@ -779,70 +714,6 @@ RedisStore::scriptsPipelined(const char *name, const QList<QList<QByteArray>> &a
     return replies;
 }
 
-Result<qint64> RedisStore::repairSlice()
-{
-    // A slice of the records, re-indexed from what they say: an index write that was lost (a
-    // connection dropped after the script, a desk killed between the two) is made good here.
-    // Only records settled for a minute: one changing now has its own index write on the way,
-    // which this one, read before it, must not undo.
-    auto now = clockMs();
-    if (!now)
-        return now.error();
-    auto nodes = scanNodes();
-    if (!nodes)
-        return nodes.error();
-    QList<QByteArray> names;
-    for (const auto &[address, node] : std::as_const(*nodes)) {
-        auto page =
-            scanStep(node, m_repairCursors.value(address, "0"), globEscaped(m_prefix) + "{*}:r");
-        if (!page)
-            return page.error();
-        m_repairCursors.insert(address, page->first);
-        names += page->second;
-    }
-    QStringList keys;
-    QList<QList<QByteArray>> reads;
-    for (const QByteArray &name : std::as_const(names)) {
-        keys << QString::fromUtf8(name.mid(m_prefix.size() + 1, name.size() - m_prefix.size() - 4));
-        reads.append({"HGET", name, "m"});
-    }
-    if (keys.isEmpty())
-        return 0;
-    auto records = pipeline(reads, false);
-    if (!records)
-        return records.error();
-    redis::IndexBatch batch;
-    for (qsizetype i = 0; i < keys.size(); ++i) {
-        QHash<QByteArray, QByteArray> meta;
-        redis::metaFrom(text((*records)[size_t(i)].get()), meta);
-        const auto state = keyStateFromString(QString::fromLatin1(meta.value("state")));
-        const qint64 updated = meta.value("updated").toLongLong();
-        if (!state || updated > *now - 60'000 || meta.value("expires_at").toLongLong() <= *now)
-            continue; // a tombstone (purge's), or changing
-        batch.add({keys.at(i), QString::fromUtf8(meta.value("endpoint")), *state, redis::kAllStates,
-                   updated, meta.value("expires_at").toLongLong()});
-    }
-    writeIndexes(batch);
-    return batch.size();
-}
-
-Result<QList<QPair<QByteArray, redisContext *>>> RedisStore::scanNodes()
-{
-    if (!m_cluster)
-        return QList<QPair<QByteArray, redisContext *>>{{QByteArray(), m_context}};
-    // SCAN walks one node's keys: on a cluster, every master's (the slot map read again).
-    if (auto r = m_cluster->refresh(); !r)
-        return makeError(r.error().code, u"Redis %1: %2"_qs.arg(m_url.display(), r.error().message));
-    QList<QPair<QByteArray, redisContext *>> nodes;
-    for (const redis::ClusterNode &node : m_cluster->map().masters()) {
-        auto c = m_cluster->linkTo(node);
-        if (!c)
-            return makeError(c.error().code, u"Redis %1: %2"_qs.arg(m_url.display(), c.error().message));
-        nodes.append({node.address(), *c});
-    }
-    return nodes;
-}
-
 Result<QPair<QByteArray, QList<QByteArray>>>
 RedisStore::scanStep(redisContext *node, const QByteArray &cursor, const QByteArray &match)
 {
@@ -858,7 +729,9 @@ RedisStore::scanStep(redisContext *node, const QByteArray &cursor, const QByteAr
         return error;
     }
     Reply answer(raw, freeReplyObject);
-    if (answer->type != REDIS_REPLY_ARRAY || answer->elements != 2)
+    if (answer->type != REDIS_REPLY_ARRAY || answer->elements != 2 ||
+        answer->element[0]->type != REDIS_REPLY_STRING ||
+        answer->element[1]->type != REDIS_REPLY_ARRAY)
         return makeError(ErrorCode::Unavailable,
                          u"Redis %1: unexpected answer to SCAN"_qs.arg(m_url.display()));
     QList<QByteArray> names;
@@ -869,9 +742,10 @@ RedisStore::scanStep(redisContext *node, const QByteArray &cursor, const QByteAr
 
 Result<QStringList> RedisStore::keyNames(const KeyQuery &q)
 {
-    // An endpoint's i:k holds every live key from its claim to its end, whatever its state:
-    // ZSCAN returns each member present for the whole scan at least once (duplicates dropped
-    // here). The state is the caller's to check on the record.
+    // Each bucket's k holds every live key of the endpoint from its claim to its end, whatever
+    // its state, written with the record itself: ZSCAN returns each member present for the whole
+    // scan at least once (duplicates dropped here). The state is the caller's to check on the
+    // record. Any failure fails the whole: a partial list is never an answer.
     const QRegularExpression glob = keyGlob(q.glob);
     auto endpointNames =
         q.endpoint.isEmpty() ? endpoints() : Result<QStringList>(QStringList{q.endpoint});
@@ -880,28 +754,32 @@ Result<QStringList> RedisStore::keyNames(const KeyQuery &q)
     QSet<QString> seen;
     QStringList names;
     for (const QString &endpoint : std::as_const(*endpointNames)) {
-        QByteArray cursor = "0";
-        do {
-            auto r = command(
-                {"ZSCAN", redis::endpointIndex(m_prefix, endpoint), cursor, "COUNT", "1000"},
-                false);
-            if (!r)
-                return r.error();
-            const redisReply *answer = r->get();
-            if (answer->type != REDIS_REPLY_ARRAY || answer->elements != 2)
-                return makeError(ErrorCode::Unavailable,
-                                 u"Redis %1: unexpected answer to ZSCAN"_qs.arg(m_url.display()));
-            cursor = text(answer->element[0]);
-            const redisReply *members = answer->element[1];
-            for (size_t i = 0; i + 1 < members->elements; i += 2) { // member, score
-                const QString key = QString::fromUtf8(text(members->element[i]));
-                if ((glob.pattern().isEmpty() || glob.match(key).hasMatch()) &&
-                    !seen.contains(key)) {
-                    seen.insert(key);
-                    names << key;
+        for (int b = 0; b < m_layout.buckets(); ++b) {
+            QByteArray cursor = "0";
+            do {
+                auto r =
+                    command({"ZSCAN", m_layout.keys(b, endpoint), cursor, "COUNT", "1000"}, false);
+                if (!r)
+                    return r.error();
+                const redisReply *answer = r->get();
+                if (answer->type != REDIS_REPLY_ARRAY || answer->elements != 2 ||
+                    answer->element[0]->type != REDIS_REPLY_STRING ||
+                    answer->element[1]->type != REDIS_REPLY_ARRAY)
+                    return makeError(
+                        ErrorCode::Unavailable,
+                        u"Redis %1: unexpected answer to ZSCAN"_qs.arg(m_url.display()));
+                cursor = text(answer->element[0]);
+                const redisReply *members = answer->element[1];
+                for (size_t i = 0; i + 1 < members->elements; i += 2) { // member, score
+                    const QString key = QString::fromUtf8(text(members->element[i]));
+                    if ((glob.pattern().isEmpty() || glob.match(key).hasMatch()) &&
+                        !seen.contains(key)) {
+                        seen.insert(key);
+                        names << key;
+                    }
                 }
-            }
-        } while (cursor != "0");
+            } while (cursor != "0");
+        }
     }
     names.sort();
     return names;
@@ -909,40 +787,40 @@ Result<QStringList> RedisStore::keyNames(const KeyQuery &q)
 
 Result<QList<KeyRecord>> RedisStore::listKeys(const KeyQuery &q)
 {
-    auto scope = this->scope(q.endpoint, 0);
+    auto scope = this->scope(q.endpoint);
     if (!scope)
         return scope.error();
     const qint64 now = scope->now;
-    // The keys newest first, merged by score across the endpoints asked for: by expiry from
-    // i:k (every key: no state asked, or completed, which has no index of its own; only its live
-    // entries, scored above now: the expired ones are the purge's), by update from i:es
-    // (processing, failed, reset). Each is checked against its record: an entry whose record is
-    // gone, or an i:es entry in another state, is stale (index writes follow the scripts) and is
-    // skipped and repaired; an i:k entry in another state than completed is only skipped. An
-    // expired record met in i:es leaves it, and stays in i:k for the purge to make a tombstone.
+    // The keys newest first (by expiry: a key's expiry is its last claim's time plus its TTL),
+    // merged across the endpoints asked for and their buckets: from k (no state asked, or
+    // completed, which has no index of its own), from s:<state> (processing, failed, reset);
+    // only entries scored above now (the expired ones are the purge's). The indexes are written
+    // with the records, so each entry is a record; its state is read again with it, and one
+    // that changed between the two reads is left out.
     struct Source
     {
         QByteArray index;
-        std::optional<KeyState> state; // an i:es index: the state its keys must be in
-        QString endpoint;
-        qint64 next = 0; // the rank of the next entry to read
+        bool byState = false; // an s:<state> index: its keys are in the state asked
+        qint64 next = 0;      // the rank of the next entry to read
         QList<QPair<qint64, QByteArray>> entries;
         bool done = false;
     };
     QList<Source> sources;
-    for (const QString &endpoint : std::as_const(scope->endpoints)) {
-        if (q.state && *q.state != KeyState::Completed)
-            sources.append(
-                {redis::endpointStateIndex(m_prefix, endpoint, *q.state), *q.state, endpoint});
-        else
-            sources.append({redis::endpointIndex(m_prefix, endpoint), std::nullopt, endpoint});
-    }
+    for (const QString &endpoint : std::as_const(scope->endpoints))
+        for (int b = 0; b < m_layout.buckets(); ++b) {
+            if (q.state && *q.state != KeyState::Completed)
+                sources.append({m_layout.stateIndex(b, endpoint, *q.state), true});
+            else
+                sources.append({m_layout.keys(b, endpoint)});
+        }
     const QRegularExpression glob = keyGlob(q.glob);
-    const qint64 chunk = std::clamp<qint64>(qint64(q.offset) + q.limit, 100, 1000);
+    // Enough of each source that the merge seldom reads one again; at least a few entries each
+    // when there are many (the buckets of a cluster).
+    const qint64 chunk = std::clamp<qint64>(
+        (qint64(q.offset) + q.limit) / std::max<qsizetype>(sources.size(), 1) * 2 + 8, 16, 1000);
 
     QList<KeyRecord> records;
     qint64 skipped = 0;
-    redis::IndexBatch repairs;
     // The index is read a chunk at a time by rank, and new keys push older ones down meanwhile:
     // a key met again in the next chunk is listed once (a long listing repeated some).
     QSet<QString> met;
@@ -952,11 +830,8 @@ Result<QList<KeyRecord>> RedisStore::listKeys(const KeyQuery &q)
         QList<Source *> reading;
         for (Source &s : sources)
             if (s.entries.isEmpty() && !s.done) {
-                reads.append(s.state ? QList<QByteArray>{"ZREVRANGE", s.index, num(s.next),
-                                                         num(s.next + chunk - 1), "WITHSCORES"}
-                                     : QList<QByteArray>{"ZREVRANGEBYSCORE", s.index, "+inf",
-                                                         "(" + num(now), "WITHSCORES", "LIMIT",
-                                                         num(s.next), num(chunk)});
+                reads.append({"ZREVRANGEBYSCORE", s.index, "+inf", "(" + num(now), "WITHSCORES",
+                              "LIMIT", num(s.next), num(chunk)});
                 reading << &s;
                 s.next += chunk;
             }
@@ -966,10 +841,10 @@ Result<QList<KeyRecord>> RedisStore::listKeys(const KeyQuery &q)
                 return ranges.error();
             for (qsizetype i = 0; i < reading.size(); ++i) {
                 const redisReply *array = (*ranges)[size_t(i)].get();
-                if (array->type == REDIS_REPLY_ERROR)
-                    return makeError(
-                        ErrorCode::Unavailable,
-                        u"Redis %1: %2"_qs.arg(m_url.display(), QString::fromUtf8(array->str)));
+                if (array->type != REDIS_REPLY_ARRAY)
+                    return makeError(ErrorCode::Unavailable,
+                                     u"Redis %1: unexpected answer to ZREVRANGEBYSCORE: %2"_qs.arg(
+                                         m_url.display(), QString::fromUtf8(text(array))));
                 for (size_t e = 0; e + 1 < array->elements; e += 2)
                     reading[i]->entries.append(
                         {text(array->element[e + 1]).toLongLong(), text(array->element[e])});
@@ -1009,45 +884,30 @@ Result<QList<KeyRecord>> RedisStore::listKeys(const KeyQuery &q)
         }
         QList<QList<QByteArray>> hmgets;
         for (const Candidate &c : std::as_const(candidates))
-            hmgets.append({"HMGET", redis::recordKey(m_prefix, c.key), "m", "e"});
+            hmgets.append({"HMGET", m_layout.record(c.key), "m", "e"});
         auto replies = pipeline(hmgets, false);
         if (!replies)
             return replies.error();
         for (qsizetype i = 0; i < candidates.size(); ++i) {
             const QString &key = candidates.at(i).key;
-            const Source &source = *candidates.at(i).source;
             const redisReply *reply = (*replies)[size_t(i)].get();
+            if (reply->type != REDIS_REPLY_ARRAY)
+                return makeError(ErrorCode::Unavailable,
+                                 u"Redis %1: unexpected answer to HMGET: %2"_qs.arg(
+                                     m_url.display(), QString::fromUtf8(text(reply))));
             QHash<QByteArray, QByteArray> fields;
             static const QByteArray kRead[] = {"m", "e"};
             for (size_t f = 0; f < reply->elements && f < std::size(kRead); ++f)
                 if (reply->element[f]->type == REDIS_REPLY_STRING)
                     fields.insert(kRead[f], text(reply->element[f]));
             QHash<QByteArray, QByteArray> meta;
-            if (fields.contains("m") && !redis::metaFrom(fields.value("m"), meta))
-                continue; // unreadable: not listed, its entries left (every script refuses it)
-            auto state = keyStateFromString(QString::fromLatin1(meta.value("state")));
-            const qint64 expiresAt = meta.value("expires_at").toLongLong();
-            if (state && expiresAt <= now && expiresAt > 0 && source.state) {
-                // Expired, not yet purged: out of the i:es index read (not listed again);
-                // its i:k entry is left to the purge, which makes it a tombstone.
-                repairs.add({key, source.endpoint, KeyState::Completed, redis::bit(*source.state),
-                             meta.value("updated").toLongLong(), 0});
-                continue;
-            }
-            if (expiresAt <= now)
-                state.reset(); // a tombstone
-            if (!state) {
-                // Gone (deleted, purged): its entries go, purge would have.
-                repairs.add({key, source.endpoint, std::nullopt, redis::kAllStates, 0, 0});
-                continue;
-            }
-            if (source.state && *state != *source.state) {
-                repairs.add({key, source.endpoint, *state, redis::bit(*source.state),
-                             meta.value("updated").toLongLong(), 0});
-                continue; // listed where its state is, if that index is read
-            }
+            if (!fields.contains("m") || !redis::metaFrom(fields.value("m"), meta))
+                continue; // gone (evicted), or unreadable (every script refuses it)
+            const auto state = keyStateFromString(QString::fromLatin1(meta.value("state")));
+            if (!state || meta.value("expires_at").toLongLong() <= now)
+                continue; // a tombstone, or expired since the index was read
             if (q.state && *state != *q.state)
-                continue; // completed asked, i:k read: another state's key
+                continue; // another state's key: k read for completed, or moved meanwhile
             if (skipped < q.offset) {
                 ++skipped;
                 continue;
@@ -1056,34 +916,38 @@ Result<QList<KeyRecord>> RedisStore::listKeys(const KeyQuery &q)
                 records.append(redis::recordFrom(key, fields));
         }
     }
-    writeIndexes(repairs);
     return records;
 }
 
 Result<StateCounts> RedisStore::countKeys(const QString &endpoint)
 {
-    auto scope = this->scope(endpoint, kCountPurgeSlice);
+    auto scope = this->scope(endpoint);
     if (!scope)
         return scope.error();
     const QStringList &endpointNames = scope->endpoints;
-    // Completed has no index of its own: it is every live key (i:k scored above now) but those
-    // of the other states.
+    // Every index is scored by expiry: ZCOUNT above now counts the live keys alone. Completed
+    // has no index of its own: it is every live key of k but those of the other states.
     constexpr KeyState kCounted[] = {KeyState::Processing, KeyState::Failed, KeyState::Reset};
     QList<QList<QByteArray>> cards;
-    for (const QString &name : std::as_const(endpointNames)) {
-        cards.append(
-            {"ZCOUNT", redis::endpointIndex(m_prefix, name), "(" + num(scope->now), "+inf"});
-        for (KeyState s : kCounted)
-            cards.append({"ZCARD", redis::endpointStateIndex(m_prefix, name, s)});
-    }
+    for (const QString &name : std::as_const(endpointNames))
+        for (int b = 0; b < m_layout.buckets(); ++b) {
+            cards.append({"ZCOUNT", m_layout.keys(b, name), "(" + num(scope->now), "+inf"});
+            for (KeyState s : kCounted)
+                cards.append(
+                    {"ZCOUNT", m_layout.stateIndex(b, name, s), "(" + num(scope->now), "+inf"});
+        }
     StateCounts counts;
     if (cards.isEmpty())
         return counts;
     auto r = pipeline(cards, false);
     if (!r)
         return r.error();
-    for (qsizetype e = 0; e < endpointNames.size(); ++e) {
-        const size_t at = size_t(e) * 4;
+    for (const Reply &reply : *r)
+        if (reply->type != REDIS_REPLY_INTEGER)
+            return makeError(ErrorCode::Unavailable,
+                             u"Redis %1: unexpected answer to ZCOUNT: %2"_qs.arg(
+                                 m_url.display(), QString::fromUtf8(text(reply.get()))));
+    for (size_t at = 0; at + 3 < r->size(); at += 4) {
         const qint64 processing = (*r)[at + 1]->integer, failed = (*r)[at + 2]->integer,
                      reset = (*r)[at + 3]->integer;
         counts.processing += processing;
@@ -1097,32 +961,18 @@ Result<StateCounts> RedisStore::countKeys(const QString &endpoint)
 Result<OperatorVerdict> RedisStore::applyOperator(const QString &key, OperatorAction action,
                                                   bool force, const QString &detail)
 {
-    auto r = script("operator", redis::operatorArgs(m_prefix, key, action, force, detail), true);
+    auto r = script("operator", redis::operatorArgs(m_layout, key, action, force, detail), true);
     if (!r)
         return r.error();
-    redis::IndexMove move;
-    auto verdict = redis::operatorVerdict(r->get(), key, &move);
-    if (verdict && *verdict == OperatorVerdict::Accept) {
-        redis::IndexBatch batch;
-        batch.add(move);
-        writeIndexes(batch);
-    }
-    return verdict;
+    return redis::operatorVerdict(r->get());
 }
 
 Result<ImportVerdict> RedisStore::importRecord(const KeyRecord &r, qint64 ttlMs, qint64 leaseMs)
 {
-    auto reply = script("import", redis::importArgs(m_prefix, r, ttlMs, leaseMs), true);
+    auto reply = script("import", redis::importArgs(m_layout, r, ttlMs, leaseMs), true);
     if (!reply)
         return reply.error();
-    redis::IndexMove move;
-    auto verdict = redis::importVerdict(reply->get(), r, &move);
-    if (verdict && *verdict == ImportVerdict::Imported) {
-        redis::IndexBatch batch;
-        batch.add(move);
-        writeIndexes(batch);
-    }
-    return verdict;
+    return redis::importVerdict(reply->get());
 }
 
 Result<QString> RedisStore::serverVersion()
@@ -1153,25 +1003,77 @@ Result<qint64> RedisStore::purgeExpired()
         if (*n < kPurgeSlice)
             break;
     }
-    if (auto repaired = repairSlice(); !repaired)
-        return repaired.error();
     return total;
 }
 
 Result<qint64> RedisStore::migrateLayout(bool confirmed)
 {
-    auto layout = command({"GET", m_prefix + "layout"}, false);
+    auto layout = command({"GET", m_layout.layoutKey()}, false);
     if (!layout)
         return layout.error();
-    if (text(layout->get()).toLongLong() >= 3)
+    if (text(layout->get()).toLongLong() >= redis::kLayoutVersion)
         return 0; // done (or newer: ready() says so)
+    // One desk migrates; the others wait for "P layout" as long as it holds the lock (it renews
+    // it as it goes), and take over if it went away without finishing. On an empty store it is
+    // done in a few round trips, so a fleet started together all starts.
+    const QByteArray lock = m_layout.migratingKey();
+    for (;;) {
+        auto locked = command({"SET", lock, "1", "NX", "PX", num(kMigrationLockMs)}, true);
+        if (!locked)
+            return locked.error();
+        if ((*locked)->type != REDIS_REPLY_NIL)
+            break;
+        QThread::msleep(100);
+        auto now = command({"GET", m_layout.layoutKey()}, false);
+        if (!now)
+            return now.error();
+        if (text(now->get()).toLongLong() >= redis::kLayoutVersion)
+            return 0; // the other desk finished
+    }
+    auto unlock = qScopeGuard([&] { (void)command({"DEL", lock}, true); });
+    if (auto again = command({"GET", m_layout.layoutKey()}, false); !again)
+        return again.error();
+    else if (text(again->get()).toLongLong() >= redis::kLayoutVersion)
+        return 0; // the other desk finished just before
     auto v1 = migrateV1();
     if (!v1)
         return v1.error();
-    auto v2 = migrateV2(confirmed || *v1 > 0);
-    if (!v2)
-        return v2.error();
-    return std::max(*v1, *v2); // a v1 record is migrated twice (v1 to v2 to v3), counted once
+    auto moved = migrateV3(confirmed || *v1 > 0);
+    if (!moved)
+        return moved.error();
+    // Last, so that a migration cut short is found and finished by the next one.
+    if (auto done = command({"SET", m_layout.layoutKey(), num(redis::kLayoutVersion)}, true); !done)
+        return done.error();
+    return std::max(*v1, *moved); // a v1 record is migrated twice (v1 to v2, then on), counted once
+}
+
+Result<void> RedisStore::refuseIfWritten(bool confirmed, const QString &what)
+{
+    if (confirmed)
+        return {};
+    // A desk of the previous version writing now would take every migrated key for a new one
+    // and process it again: refused while the delivery log is moving.
+    auto newest = command({"XREVRANGE", m_layout.logKey(), "+", "-", "COUNT", "1"}, false);
+    if (!newest)
+        return newest.error();
+    auto now = clockMs();
+    if (!now)
+        return now.error();
+    const redisReply *entries = newest->get();
+    if (entries->type != REDIS_REPLY_ARRAY || entries->elements != 1 ||
+        entries->element[0]->type != REDIS_REPLY_ARRAY || entries->element[0]->elements != 2)
+        return {};
+    // The entry's ID is Redis's clock when it was written (the "at" field, the desk's).
+    const auto f = fieldsFrom(entries->element[0]->element[1]);
+    const qint64 ago =
+        *now - text(entries->element[0]->element[0]).split('-').value(0).toLongLong();
+    if (ago >= 120'000)
+        return {};
+    return makeError(ErrorCode::Conflict,
+                     u"Redis %1 holds %2 and a delivery was logged %3 s ago (instance %4): stop "
+                     u"every desk of the previous version, then run idemdesk migrate"_qs.arg(
+                         m_url.display(), what, QString::number(std::max<qint64>(0, ago) / 1000),
+                         escapeControls(QString::fromUtf8(f.value("i")).left(100))));
 }
 
 Result<void> RedisStore::scanAll(const QByteArray &match,
@@ -1212,121 +1114,125 @@ Result<void> RedisStore::scanAll(const QByteArray &match,
     return {};
 }
 
-Result<qint64> RedisStore::migrateV2(bool confirmed)
+Result<qint64> RedisStore::migrateV3(bool confirmed)
 {
-    // v2 is recognised by its expiry index (every live key of v2 in it) or its token counters.
-    auto v2 = command({"EXISTS", m_prefix + "i:exp"}, false);
-    if (!v2)
-        return v2.error();
-    if ((*v2)->integer != 0 && !confirmed) {
-        // A desk of the previous version writing now would take every migrated key for a new
-        // one and process it again: refused while the delivery log is moving.
-        auto newest = command({"XREVRANGE", m_prefix + "log", "+", "-", "COUNT", "1"}, false);
-        auto now = clockMs();
-        if (!newest)
-            return newest.error();
-        if (!now)
-            return now.error();
-        const redisReply *entries = newest->get();
-        if (entries->type == REDIS_REPLY_ARRAY && entries->elements == 1) {
-            // The entry's ID is Redis's clock when it was written (the "at" field, the desk's).
-            const auto f = fieldsFrom(entries->element[0]->element[1]);
-            const qint64 ago =
-                *now - text(entries->element[0]->element[0]).split('-').value(0).toLongLong();
-            if (ago < 120'000)
-                return makeError(ErrorCode::Conflict,
-                                 u"Redis %1 holds records of layout v2 and a delivery was logged "
-                                 u"%2 s ago (instance %3): stop every "
-                                 u"desk of the previous version, then run idemdesk migrate"_qs.arg(
-                                     m_url.display(),
-                                     QString::number(std::max<qint64>(0, ago) / 1000),
-                                     QString::fromUtf8(f.value("i"))));
-        }
-    }
-    // One migration at a time (two desks starting together): the other is refused, and says so.
-    const QByteArray lock = m_prefix + "migrating";
-    auto locked = command({"SET", lock, "1", "NX", "PX", "900000"}, true);
-    if (!locked)
-        return locked.error();
-    if ((*locked)->type == REDIS_REPLY_NIL)
-        return makeError(ErrorCode::Conflict,
-                         u"Redis %1: another desk is migrating the records to layout v3 (%2 is "
-                         u"set): start again when "
-                         u"it has finished"_qs.arg(m_url.display(), QString::fromUtf8(lock)));
-    auto unlock = qScopeGuard([&] { (void)command({"DEL", lock}, true); });
-    if (auto layout = command({"GET", m_prefix + "layout"}, false); !layout)
-        return layout.error();
-    else if (text(layout->get()).toLongLong() >= 3)
-        return 0; // the other desk finished just before
-    // v2's indexes go first (v3's are rebuilt from the records below; a v2 i:es entry whose
-    // record is gone would stay forever); then each record and token counter by migrate3.lua:
-    // run again after a migration cut short, it indexes every live record once more.
-    QList<QList<QByteArray>> drop;
-    for (const char *state : {"processing", "completed", "failed", "reset"})
-        drop.append({"DEL", m_prefix + "i:s:" + state});
-    drop.append({"DEL", m_prefix + "i:exp"});
-    if (auto done = pipeline(drop, true); !done)
-        return done.error();
-    auto indexes = scanAll(globEscaped(m_prefix) + "i:es:*",
-                           [&](const QList<QByteArray> &names) -> Result<void> {
-                               QList<QList<QByteArray>> commands;
-                               for (const QByteArray &name : names)
-                                   commands.append({"DEL", name});
-                               if (auto done = pipeline(commands, true); !done)
-                                   return done.error();
-                               return {};
-                           });
-    if (!indexes)
-        return indexes.error();
-    qint64 migrated = 0;
+    // Every record of layout v3 (P{<key>}:r) or v2 (the same key holding a field per column, or
+    // only its token counter P{<key>}:t), page by page: first made v3 in place (v3/migrate3.lua,
+    // which only answers on a v3 record), then written into its bucket with its index entries
+    // (migrate4.lua), then deleted unless it changed meanwhile (v3/drop.lua: a desk of the
+    // previous version still writing; tried again, then refused).
+    bool checked = false;
+    qint64 moved = 0;
     auto records = scanAll(
         globEscaped(m_prefix) + "{*}:[rt]", [&](const QList<QByteArray> &names) -> Result<void> {
-            // A key's :r and :t in one page are run once; in two, twice (the second only answers).
-            QSet<QString> seen;
             QStringList keys;
-            QList<QList<QByteArray>> args;
+            QSet<QString> seen;
             for (const QByteArray &name : names) {
-                const QString key = QString::fromUtf8(
-                    name.mid(m_prefix.size() + 1, name.size() - m_prefix.size() - 4));
-                if (seen.contains(key))
-                    continue;
-                seen.insert(key);
-                keys << key;
-                args.append({"2", redis::recordKey(m_prefix, key), redis::tokenKey(m_prefix, key)});
+                // A token counter is read as its record's name; a key's :r and :t once.
+                const QString key = redis::keyOfV3Record(
+                    m_prefix, name.endsWith("}:t") ? name.chopped(1) + 'r' : name);
+                if (!key.isEmpty() && !seen.contains(key)) {
+                    seen.insert(key);
+                    keys << key;
+                }
             }
             if (keys.isEmpty())
                 return {};
-            auto replies = scriptsPipelined("migrate3", args);
-            if (!replies)
-                return replies.error();
-            redis::IndexBatch batch;
-            for (qsizetype i = 0; i < keys.size(); ++i) {
-                const redisReply *answer = (*replies)[size_t(i)].get();
-                if (answer->type != REDIS_REPLY_ARRAY || answer->elements < 2)
-                    return makeError(
-                        ErrorCode::Unavailable,
-                        u"Redis %1: unexpected answer from migrate3.lua"_qs.arg(m_url.display()));
-                migrated += answer->element[0]->integer;
-                if (answer->elements != 5)
-                    continue; // nothing live there
-                const auto state =
-                    keyStateFromString(QString::fromLatin1(text(answer->element[1])));
-                QString endpoint = QString::fromUtf8(text(answer->element[2]));
-                if (endpoint.isEmpty())
-                    endpoint = redis::endpointOf(keys.at(i));
-                batch.add({keys.at(i), endpoint, state.value_or(KeyState::Failed),
-                           redis::kAllStates, text(answer->element[3]).toLongLong(),
-                           text(answer->element[4]).toLongLong()});
+            if (!checked) {
+                if (auto refused = refuseIfWritten(confirmed, u"records of an earlier layout"_qs);
+                    !refused)
+                    return refused.error();
+                checked = true;
             }
-            if (auto written = pipeline(batch.commands(m_prefix), true); !written)
-                return written.error();
+            (void)command({"PEXPIRE", m_layout.migratingKey(), num(kMigrationLockMs)}, true);
+            QStringList left = keys;
+            for (int pass = 0; pass < 3 && !left.isEmpty(); ++pass) {
+                auto done = moveV3(left);
+                if (!done)
+                    return done.error();
+                moved += done->moved;
+                left = done->changed;
+            }
+            if (!left.isEmpty())
+                return makeError(
+                    ErrorCode::Conflict,
+                    u"Redis %1: the record of %2 kept changing while it was moved to "
+                    u"layout v%3: stop every desk of the previous version, then run "
+                    u"idemdesk migrate"_qs.arg(m_url.display(), escapeControls(left.first()))
+                        .arg(redis::kLayoutVersion));
             return {};
         });
     if (!records)
         return records.error();
-    if (auto done = command({"SET", m_prefix + "layout", "3"}, true); !done)
-        return done.error();
-    return migrated;
+    // The old layouts' indexes (v3: i:k:*, i:es:*, i:eps; v2: i:s:*, i:exp): all under "P i:".
+    auto indexes =
+        scanAll(globEscaped(m_prefix) + "i:*", [&](const QList<QByteArray> &names) -> Result<void> {
+            QList<QList<QByteArray>> commands;
+            for (const QByteArray &name : names)
+                commands.append({"DEL", name});
+            if (auto done = pipeline(commands, true); !done)
+                return done.error();
+            return {};
+        });
+    if (!indexes)
+        return indexes.error();
+    return moved;
+}
+
+Result<RedisStore::Moved> RedisStore::moveV3(const QStringList &keys)
+{
+    // Made v3 first (a v2 record, a v2 counter alone); then each read with its key's expiry.
+    QList<QList<QByteArray>> converts;
+    for (const QString &key : keys)
+        converts.append({"2", redis::v3RecordKey(m_prefix, key), redis::tokenKey(m_prefix, key)});
+    if (auto converted = scriptsPipelined("v3/migrate3", converts); !converted)
+        return converted.error();
+    QList<QList<QByteArray>> reads;
+    for (const QString &key : keys) {
+        reads.append({"HGETALL", redis::v3RecordKey(m_prefix, key)});
+        reads.append({"PEXPIRETIME", redis::v3RecordKey(m_prefix, key)});
+    }
+    auto read = pipeline(reads, false);
+    if (!read)
+        return read.error();
+    QList<QList<QByteArray>> writes, drops;
+    QStringList written;
+    for (qsizetype i = 0; i < keys.size(); ++i) {
+        const redisReply *hash = (*read)[size_t(2 * i)].get();
+        const redisReply *expiry = (*read)[size_t(2 * i + 1)].get();
+        if (hash->type != REDIS_REPLY_ARRAY || expiry->type != REDIS_REPLY_INTEGER)
+            return makeError(ErrorCode::Unavailable,
+                             u"Redis %1: unexpected answer reading the v3 record of %2"_qs.arg(
+                                 m_url.display(), escapeControls(keys.at(i))));
+        const auto fields = fieldsFrom(hash);
+        if (!fields.contains("m"))
+            continue; // gone meanwhile (expired), or nothing was there but a spent counter
+        const QString &key = keys.at(i);
+        QList<QByteArray> args = QList<QByteArray>{"6", m_layout.record(key)} +
+                                 m_layout.indexes(m_layout.bucketOf(key), redis::endpointOf(key));
+        args << m_layout.endpoints(m_layout.bucketOf(key)) << key.toUtf8() << fields.value("m")
+             << fields.value("h") << fields.value("q") << fields.value("s") << fields.value("e")
+             << num(std::max<long long>(0, expiry->integer)) << redis::endpointOf(key).toUtf8();
+        writes.append(args);
+        drops.append({"1", redis::v3RecordKey(m_prefix, key), fields.value("m")});
+        written << key;
+    }
+    Moved result;
+    if (writes.isEmpty())
+        return result;
+    if (auto moved = scriptsPipelined("migrate4", writes); !moved)
+        return moved.error();
+    auto dropped = scriptsPipelined("v3/drop", drops);
+    if (!dropped)
+        return dropped.error();
+    for (qsizetype i = 0; i < written.size(); ++i) {
+        const redisReply *r = (*dropped)[size_t(i)].get();
+        if (r->type == REDIS_REPLY_INTEGER && r->integer == 1)
+            ++result.moved;
+        else
+            result.changed << written.at(i);
+    }
+    return result;
 }
 
 Result<qint64> RedisStore::migrateV1()
@@ -1370,8 +1276,8 @@ Result<qint64> RedisStore::migrateV1()
                         continue;
                     }
                     const QString key = QString::fromUtf8(name.mid(m_prefix.size() + 2));
-                    commands.append({"EVALSHA", m_sha.value("migrate"), "3",
-                                     redis::recordKey(m_prefix, key),
+                    commands.append({"EVALSHA", m_sha.value("v3/migrate"), "3",
+                                     redis::v3RecordKey(m_prefix, key),
                                      redis::tokenKey(m_prefix, key), name, lastToken});
                 }
                 auto replies = pipeline(commands, true);
@@ -1443,38 +1349,30 @@ Result<QList<DeliveryEvent>> RedisStore::deliveries(const DeliveryQuery &q)
         if (!r)
             return r.error();
         const redisReply *array = r->get();
+        if (array->type != REDIS_REPLY_ARRAY)
+            return makeError(ErrorCode::Unavailable,
+                             u"Redis %1: unexpected answer to XREVRANGE"_qs.arg(m_url.display()));
         if (array->elements == 0)
             break;
         bool older = false;
         for (size_t i = 0; i < array->elements && events.size() < q.limit; ++i) {
-            const redisReply *entry = array->element[i];
-            end = "(" + text(entry->element[0]);
-            const auto f = fieldsFrom(entry->element[1]);
-            DeliveryEvent e;
-            e.atMs = f.value("at").toLongLong();
-            if (e.atMs < q.sinceMs) {
+            QByteArray id;
+            auto e = redis::deliveryFrom(array->element[i], &id);
+            if (!e)
+                return makeError(
+                    ErrorCode::Unavailable,
+                    u"Redis %1: an unreadable entry in the delivery log"_qs.arg(m_url.display()));
+            end = "(" + id;
+            if (e->atMs < q.sinceMs) {
                 older = true;
                 break;
             }
-            if (e.atMs >= q.untilBound())
+            if (e->atMs >= q.untilBound())
                 continue; // newer than asked: the stream is read from its newest end
-            e.endpoint = QString::fromUtf8(f.value("e"));
-            e.key = QString::fromUtf8(f.value("k"));
-            if ((!q.key.isEmpty() && e.key != q.key) ||
-                (!q.endpoint.isEmpty() && e.endpoint != q.endpoint))
+            if ((!q.key.isEmpty() && e->key != q.key) ||
+                (!q.endpoint.isEmpty() && e->endpoint != q.endpoint))
                 continue;
-            e.outcome =
-                outcomeFromString(QString::fromLatin1(f.value("o"))).value_or(Outcome::Rejected);
-            e.status = f.value("s").toInt();
-            e.latencyUs = f.value("l").toLongLong();
-            e.token = f.value("t").toLongLong();
-            e.instance = QString::fromUtf8(f.value("i"));
-            e.detail = QString::fromUtf8(f.value("d"));
-            e.payload = f.value("b");
-            bool numeric = false;
-            const qint64 n = f.value("n", "1").toLongLong(&numeric);
-            e.count = numeric ? deliveryCount(n) : 1;
-            events.append(e);
+            events.append(std::move(*e));
         }
         scanned += qint64(array->elements);
         if (older || array->elements < 1000)
@@ -1493,29 +1391,17 @@ Result<void> RedisStore::ping()
 
 Result<void> RedisStore::ready()
 {
-    // One key per command: on a cluster they live in different slots.
-    for (const QByteArray &v1Key : {m_prefix + "tokens", m_prefix + "i:all"}) {
-        auto found = command({"EXISTS", v1Key}, false);
-        if (!found)
-            return found.error();
-        if ((*found)->integer != 0)
-            return makeError(ErrorCode::Internal,
-                             u"Redis holds records of layout v1 (%1): run idemdesk migrate"_qs.arg(
-                                 QString::fromUtf8(v1Key)));
-    }
-    auto layout = command({"GET", m_prefix + "layout"}, false);
+    auto layout = command({"GET", m_layout.layoutKey()}, false);
     if (!layout)
         return layout.error();
-    qint64 version = text(layout->get()).toLongLong();
-    if (version == 0) {
-        // No migration ran: a store that never held records, or one of layout v2 (its
-        // i:exp held every live key).
-        auto v2 = command({"EXISTS", m_prefix + "i:exp"}, false);
-        if (!v2)
-            return v2.error();
-        version = (*v2)->integer != 0 ? 2 : 3;
-    }
-    return schemaCurrent(u"Redis layout"_qs, version, 3);
+    // Not marked: no desk of this version started on it (each migrates, or marks an empty store,
+    // before it serves), so an earlier layout's records may be there.
+    const qint64 version = text(layout->get()).toLongLong();
+    if (version == 0)
+        return makeError(ErrorCode::Internal,
+                         u"Redis layout: not marked as v%1 (no desk of this version migrated it): "
+                         u"run idemdesk migrate"_qs.arg(redis::kLayoutVersion));
+    return schemaCurrent(u"Redis layout"_qs, version, redis::kLayoutVersion);
 }
 
 } // namespace idem

@@ -29,18 +29,17 @@ struct RedisOptions
     qint64 logMaxLength = 100000; // the delivery log stream is capped (MAXLEN ~)
 };
 
-// Redis (hiredis 0.14). Each transition is one Lua script from resources/redis on the record's
-// own keys (layout: the top of common.lua), loaded once per connection (SCRIPT LOAD) and run
-// with EVALSHA; on NOSCRIPT it is loaded again — safe, since NOSCRIPT means it did not run. A
-// broken connection during a write is InDoubt: it is never retried here. Records expire
-// natively (PEXPIREAT). The sorted-set indexes that serve the dashboard without KEYS are a
-// derived view written after the scripts (redis::IndexBatch); listing re-reads the records and
-// repairs what it finds stale, purge drops the entries of expired records and re-indexes a
-// slice of the records each time. NOT thread-safe (one per worker).
+// Redis (hiredis 0.14). Each transition is one Lua script from resources/redis on the record and
+// its bucket's indexes (layout v4: the top of common.lua; redis::Layout), loaded once per
+// connection (SCRIPT LOAD) and run with EVALSHA; on NOSCRIPT it is loaded again — safe, since
+// NOSCRIPT means it did not run. A broken connection during a write is InDoubt: it is never
+// retried here. Records expire natively (PEXPIREAT); their index entries are written in the same
+// script as the record, so listings, counts, export and purge find every live record whatever
+// failed in between. NOT thread-safe (one per worker).
 // On a Redis Cluster (redis-cluster://, or a redis:// node that answers CLUSTER INFO) every
 // command goes to the master of its key's slot (store/rediscluster.h): a record's script to its
-// slot, each index and the log to theirs; pipelines are split per master; SCAN runs on every
-// master. A batch's scripts are then no longer one transaction (its records are in many slots).
+// bucket's slot, the log to its own; pipelines are split per master; SCAN runs on every master.
+// A batch's scripts are then no longer one transaction (its records are in many buckets).
 class RedisStore final : public IdempotencyStore
 {
 public:
@@ -64,13 +63,12 @@ public:
     Result<ImportVerdict> importRecord(const KeyRecord &record, qint64 ttlMs,
                                        qint64 leaseMs) override;
     Result<QString> serverVersion() override;
-    // To layout v3 from v2 (each record by migrate3.lua, its indexes rebuilt) and from v1 (P
-    // k:<key>, one token counter P tokens, P i:all, P i:e:*; first to v2 by migrate.lua). v1 is
-    // recognised by P tokens or P i:all, v2 by records without the field m; "P layout" 3 says it is
-    // done.
+    // To layout v4 from v3 (each record moved into its bucket with its index entries by
+    // migrate4.lua), from v2 (first to v3 in place by v3/migrate3.lua) and from v1 (P k:<key>,
+    // one token counter P tokens, P i:all, P i:e:*; first to v2 by v3/migrate.lua). One desk
+    // migrates (it holds "P migrating"); the others wait until "P layout" says 4, which the
+    // migration writes last (an empty store is simply marked).
     Result<qint64> migrateLayout(bool confirmed = false) override;
-    Result<qint64> migrateV1();               // P k:<key> to layout v2 (migrate.lua)
-    Result<qint64> migrateV2(bool confirmed); // layout v2 to v3 (migrate3.lua), its indexes too
     Result<qint64> clockMs() override;
     Result<qint64> timeMs(const redisReply *time) const; // an answer to TIME, in ms
     Result<QStringList> durabilityWarnings() override;
@@ -81,8 +79,8 @@ public:
     // timeout): the pool connects again rather than answer 503 (a cluster's links see to their
     // own, ClusterLinks).
     bool connectionDropped() override;
-    // Ready when it answers and holds no records of layout v1 (idemdesk migrate converts them)
-    // nor of layout v2, nor of a layout newer than this build's ("P layout" above 3).
+    // Ready when it answers and its layout is this build's ("P layout" 4): not an earlier one
+    // (idemdesk migrate converts it) nor a newer one.
     Result<void> ready() override;
 
 private:
@@ -91,34 +89,45 @@ private:
     static Result<std::unique_ptr<RedisStore>> connectCluster(const StoreUrl &url,
                                                               const RedisOptions &options);
     Result<Reply> command(const QList<QByteArray> &args, bool writes);
-    Result<std::vector<Reply>> clusterPipeline(const QList<QList<QByteArray>> &commands, bool writes);
-    // The nodes SCAN walks, by address: the single Redis (""), or every master of the cluster.
-    Result<QList<QPair<QByteArray, redisContext *>>> scanNodes();
+    Result<std::vector<Reply>> clusterPipeline(const QList<QList<QByteArray>> &commands,
+                                               bool writes);
     // One SCAN step on a node from `cursor`: the next cursor and the names found.
     Result<QPair<QByteArray, QList<QByteArray>>>
     scanStep(redisContext *node, const QByteArray &cursor, const QByteArray &match);
     // Many commands in one write; every answer, in order (an error answer is an answer).
     Result<std::vector<Reply>> pipeline(const QList<QList<QByteArray>> &commands, bool writes);
-    // The index writes of transitions that happened: failures are left to the repairs.
-    void writeIndexes(const redis::IndexBatch &batch);
-    Result<qint64> repairSlice();
+    Result<qint64> migrateV1();               // P k:<key> to layout v2 (v3/migrate.lua)
+    Result<qint64> migrateV2(bool confirmed); // layout v2 to v3 in place (v3/migrate3.lua)
+    Result<qint64> migrateV3(bool confirmed); // layouts v3 and v2 to v4 (migrate4.lua, v3/drop.lua)
+    // One page of migrateV3's keys moved: how many, and those that changed while being moved.
+    struct Moved
+    {
+        qint64 moved = 0;
+        QStringList changed;
+    };
+    Result<Moved> moveV3(const QStringList &keys);
+    // "P migrating" is held this long, renewed with each page moved.
+    static constexpr qint64 kMigrationLockMs = 60'000;
+    // Refused (Conflict) unless `confirmed` when a delivery was logged lately: a desk of the
+    // previous version may still be writing records this one would not see. `what` names them.
+    Result<void> refuseIfWritten(bool confirmed, const QString &what);
     // Every key matching `match` (a SCAN glob), a SCAN page at a time; on a cluster, every
     // master's.
     Result<void> scanAll(const QByteArray &match,
                          const std::function<Result<void>(const QList<QByteArray> &)> &each);
-    Result<QStringList> endpoints(); // the endpoints that have keys (P i:eps)
+    Result<QStringList> endpoints(); // the endpoints that have keys (every bucket's eps)
     Result<Reply> script(const char *name, const QList<QByteArray> &args, bool writes);
     Result<void> loadScripts();
-    // Up to `limit` expired entries of each endpoint's i:k made tombstones and unindexed.
+    // Up to `limit` expired keys of each bucket of each endpoint made tombstones and unindexed.
     Result<qint64> purgeSlice(qint64 now, const QStringList &endpoints, qint64 limit);
-    // What a listing or a count starts with: the store's clock, the endpoints asked for
-    // (`endpoint`, or all of them) and a purge slice of `purgeLimit` on each (none if 0).
+    // What a listing or a count starts with: the store's clock and the endpoints asked for
+    // (`endpoint`, or all of them).
     struct Scope
     {
         qint64 now;
         QStringList endpoints;
     };
-    Result<Scope> scope(const QString &endpoint, qint64 purgeLimit);
+    Result<Scope> scope(const QString &endpoint);
     // Many runs of one script, pipelined (NOSCRIPT answered by running it loaded); the answers,
     // in order, or an error (of kind onError) if any was one.
     Result<std::vector<Reply>> scriptsPipelined(const char *name,
@@ -138,10 +147,10 @@ private:
 
     redisContext *m_context; // single Redis; null on a cluster
     std::unique_ptr<redis::ClusterLinks> m_cluster;
-    QHash<QByteArray, QByteArray> m_repairCursors; // where each node's next repair slice SCANs from
     StoreUrl m_url;
     RedisOptions m_options;
     QByteArray m_prefix;
+    redis::Layout m_layout; // one bucket on a single Redis, kClusterBuckets on a cluster
     QHash<QByteArray, QByteArray> m_sha; // script name → SHA1
 };
 

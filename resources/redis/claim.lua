@@ -1,10 +1,11 @@
 -- claim: read the record, decide (the Redis twin of decideClaim() in core/model/statemachine.cpp,
--- held to it by the store contract suite), apply; all atomic, on the record's own key only.
--- On every delivery's path, so it does the least it can: TIME, one HMGET, and for a new claim
--- one HSET of three fields + PEXPIREAT. No index, no JSON decode; the request's bytes are
+-- held to it by the store contract suite), apply; all atomic, on the record's bucket only. On
+-- every delivery's path, so it does the least it can: TIME, one HMGET, and for a new claim one
+-- HSET of three fields, PEXPIREAT and the index writes. No JSON decode; the request's bytes are
 -- copied, never parsed.
--- KEYS: P{key}:r (the record, or its tombstone)
--- ARGV: endpoint provider fingerprint lease_ms ttl_ms policy request
+-- KEYS: P{tag}:r:<key>, then its bucket's P{tag}:k:<ep>, P{tag}:s:<ep>:processing|failed|reset,
+--       P{tag}:eps
+-- ARGV: endpoint provider fingerprint lease_ms ttl_ms policy request key
 --   policy: two letters, on a failed key R(eprocess)|X (reject), on a changed payload M (mismatch)|I (ignore)
 --   request: the q field (common.lua)
 -- Returns, by action (the caller builds the record from what it sent and this), each ending with
@@ -18,16 +19,7 @@ local rk = KEYS[1]
 local fp, leaseMs, ttlMs, policy = ARGV[3], tonumber(ARGV[4]), tonumber(ARGV[5]), ARGV[6]
 local now, nowUs = clock()
 local nowText = fmt(now)
-local cur = redis.call('HMGET', rk, 'm', 's', 'e', 'state')
-if cur[1] and cur[4] then
-  refuseMixed(rk)
-end
-if not cur[1] and cur[4] then
-  -- A record of layout v2, written after the migration (a desk of the previous version):
-  -- converted here, then decided on like any other.
-  convertV2(rk)
-  cur = redis.call('HMGET', rk, 'm', 's', 'e', 'state')
-end
+local cur = redis.call('HMGET', rk, 'm', 's', 'e')
 local state, token, attempts, created, updated, leaseUntil, expires, status, provider, endpoint, curFp
 if cur[1] then
   state, token, attempts, created, updated, leaseUntil, expires, status, provider, endpoint, curFp =
@@ -100,6 +92,15 @@ if state then
   redis.call('HDEL', rk, 's', 'e') -- a reclaim, or a tombstone: nothing of it is kept but its token, above
 end
 redis.call('PEXPIREAT', rk, keyExpiry(expiresAt))
+-- A tombstone (expires_at 0) is in no index any more; an expired record still is, under its state.
+local from = state
+if expires == '0' then
+  from = nil
+end
+reindex(2, ARGV[8], from, 'processing', expiresAt, true)
+if not state then
+  redis.call('SADD', KEYS[6], ARGV[1])
+end
 if action == 'reclaim' then
   return {action, outcome, newTok, attempts, created, before or '[]', nowText, state}
 end

@@ -1,23 +1,15 @@
 -- finish: complete or fail a claim; only the holder of the current fencing token may
 -- (the twin of decideFinish()). Sent again after a lost answer, the same token and result find
--- the key already finished: 'repeated', not a refusal. TIME, one HMGET, one HSET.
--- KEYS: P{key}:r
--- ARGV: token state(completed|failed|reset: a claim released unstarted) res_status res_headers res_body error
--- Returns {'accept', now, endpoint} (the desk moves the key in the indexes), or the verdict:
--- repeated | stale-token | not-processing | missing.
+-- the key already finished: 'repeated', not a refusal. TIME, one HMGET, one HSET, the index moves.
+-- KEYS: P{tag}:r:<key>, then its bucket's P{tag}:k:<ep>, P{tag}:s:<ep>:processing|failed|reset
+-- ARGV: token state(completed|failed|reset: a claim released unstarted) res_status res_headers res_body error key
+-- Returns {'accept', now, endpoint}, or the verdict: repeated | stale-token | not-processing | missing.
 local rk, token, newState = KEYS[1], ARGV[1], ARGV[2]
 local now = clock()
 local nowText = fmt(now)
-local cur = redis.call('HMGET', rk, 'm', 'h', 'e', 'state')
-if cur[1] and cur[4] then
-  refuseMixed(rk)
-end
+local cur = redis.call('HMGET', rk, 'm', 'h', 'e')
 if not cur[1] then
-  cur[1] = convertV2(rk) -- a v2 record left over, or nothing
-  if not cur[1] then
-    return 'missing'
-  end
-  cur[2], cur[3] = redis.call('HGET', rk, 'h'), redis.call('HGET', rk, 'e')
+  return 'missing'
 end
 local state, curToken, attempts, created, _, _, expires, status, provider, endpoint, fp = unpackMeta(cur[1], rk)
 if tonumber(expires) <= now then
@@ -52,4 +44,5 @@ else
     redis.call('HDEL', rk, 'e') -- an imported processing record may carry one
   end
 end
+reindex(2, ARGV[7], 'processing', newState, expires, false)
 return {'accept', nowText, endpoint}

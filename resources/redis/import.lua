@@ -1,23 +1,27 @@
--- import: write a record exported from another store (`keys import`) into layout v3; a live key
--- is left alone. Its fencing token is this store's (newToken, as claim.lua), above the token it
+-- import: write a record exported from another store (`keys import`), with its index entries;
+-- a live key is left alone. Its fencing token is this store's (newToken, as claim.lua), above the token it
 -- carries (the last the app saw for the key) as above a tombstone's: the record, then its
--- tombstone, keep that floor for the key's later tokens. Expiry and lease count from TIME. The
--- desk writes the indexes after it, as for every transition.
--- KEYS: P{key}:r
+-- tombstone, keep that floor for the key's later tokens. Expiry and lease count from TIME.
+-- KEYS: P{tag}:r:<key>, then its bucket's P{tag}:k:<ep>, P{tag}:s:<ep>:processing|failed|reset,
+--       P{tag}:eps
 -- ARGV: endpoint provider state fingerprint attempts created updated lease_ms ttl_ms
---       request result error history status token
+--       request result error history status token key
 --       (request and result: the q and s fields, common.lua; token: the exported one, < 2^53)
 -- Returns {token, expires_at}, or 0 when the key exists and has not expired.
 local rk = KEYS[1]
 local now, nowUs = clock()
-local cur = readMeta(rk)
+local cur = redis.call('HGET', rk, 'm')
 local before = tonumber(ARGV[15])
+local from
 if cur then
-  local _, token, _, _, _, _, expires = unpackMeta(cur, rk)
+  local state, token, _, _, _, _, expires = unpackMeta(cur, rk)
   if tonumber(expires) > now then
     return 0
   end
-  before = math.max(before, tonumber(token)) -- a tombstone
+  before = math.max(before, tonumber(token)) -- a tombstone, or a record expired under its state
+  if expires ~= '0' then
+    from = state
+  end
 end
 local expiresAt = now + tonumber(ARGV[9])
 local token = newToken(before, nowUs)
@@ -33,4 +37,6 @@ if ARGV[12] ~= '' then
   redis.call('HSET', rk, 'e', ARGV[12])
 end
 redis.call('PEXPIREAT', rk, keyExpiry(expiresAt))
+reindex(2, ARGV[16], from, ARGV[3], expiresAt, true)
+redis.call('SADD', KEYS[6], ARGV[1])
 return {fmt(token), fmt(expiresAt)}

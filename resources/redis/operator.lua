@@ -1,13 +1,13 @@
 -- operator: reset | force-fail | delete, by the dashboard or the CLI (the twin of decideOperator()).
--- KEYS: P{key}:r
--- ARGV: action force(0|1) detail
--- Returns {'accept', now, endpoint, state before, state after ('' when deleted)} (the desk
--- moves the key in the indexes), or the verdict: wrong-state | missing | leased (a processing key
--- whose lease is live: a run may be going, and nothing that would let it run again is done).
+-- KEYS: P{tag}:r:<key>, then its bucket's P{tag}:k:<ep>, P{tag}:s:<ep>:processing|failed|reset
+-- ARGV: action force(0|1) detail key
+-- Returns {'accept', now, endpoint, state before, state after ('' when deleted)}, or the verdict:
+-- wrong-state | missing | leased (a processing key whose lease is live: a run may be going, and
+-- nothing that would let it run again is done).
 local rk, action, force, detail = KEYS[1], ARGV[1], ARGV[2] == '1', ARGV[3]
 local now = clock()
 local nowText = fmt(now)
-local m = readMeta(rk)
+local m = redis.call('HGET', rk, 'm')
 if not m then
   return 'missing'
 end
@@ -22,6 +22,7 @@ if action == 'delete' then
   redis.call('DEL', rk)
   redis.call('HSET', rk, 'm', tombstoneMeta(state, token, attempts, created, provider, endpoint, fp))
   redis.call('PEXPIREAT', rk, keyExpiry(now))
+  reindex(2, ARGV[4], state, nil)
   return {'accept', nowText, endpoint, state, ''}
 end
 local to
@@ -41,4 +42,5 @@ redis.call('HSET', rk, 'm', packMeta(to, token, attempts, created, nowText, '0',
 if to == 'failed' then
   redis.call('HSET', rk, 'e', detail)
 end
+reindex(2, ARGV[4], state, to, expires, false)
 return {'accept', nowText, endpoint, state, to}

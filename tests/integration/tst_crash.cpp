@@ -9,15 +9,20 @@
 #include "util/clock.h"
 
 #include <QDateTime>
+#include <QDir>
+#include <QJsonArray>
 #include <QJsonDocument>
 #include <QJsonObject>
 #include <QProcess>
 #include <QRandomGenerator>
 #include <QRegularExpression>
+#include <QSet>
 #include <QTemporaryDir>
 #include <QTest>
 
+#include <atomic>
 #include <csignal>
+#include <mutex>
 #include <thread>
 
 using namespace idem;
@@ -146,6 +151,144 @@ private Q_SLOTS:
         QCOMPARE(down.total(), 3);
         ::kill(pid_t(third->processId()), SIGTERM);
         QVERIFY(third->waitForFinished(10000));
+    }
+
+    // Whatever is killed mid-traffic — the desk, or Redis itself (appendfsync always) — every
+    // record the store holds is listed, counted and exported, and every delivery answered
+    // "processed" has one: a record's index entries are written in the same step as the record.
+    void everyRecordIsFoundAfterAKill_data()
+    {
+        QTest::addColumn<QString>("backend");
+        QTest::addColumn<bool>("killRedis");
+        QTest::newRow("redis, the desk killed") << u"redis"_qs << false;
+        QTest::newRow("redis, Redis killed") << u"redis"_qs << true;
+        QTest::newRow("cluster, the desk killed") << u"cluster"_qs << false;
+    }
+    void everyRecordIsFoundAfterAKill()
+    {
+        QFETCH(QString, backend);
+        QFETCH(bool, killRedis);
+        const QString endpoint =
+            u"ix%1"_qs.arg(QRandomGenerator::global()->bounded(1u << 30), 0, 36);
+        std::unique_ptr<RedisServer> redis;
+        QString store;
+        QList<int> scanPorts;
+        if (backend == u"redis"_qs) {
+            const QString dir = m_dir.filePath(endpoint);
+            QDir().mkpath(dir);
+            redis = std::make_unique<RedisServer>(dir);
+            QVERIFY(redis->start());
+            store = redis->url();
+            scanPorts << redis->port();
+        } else {
+            const QString seeds = qEnvironmentVariable("IDEM_TEST_REDIS_CLUSTER_URL");
+            if (seeds.isEmpty())
+                QFAIL("IDEM_TEST_REDIS_CLUSTER_URL is not set: run through ./dev test");
+            store = seeds + u"?prefix="_qs + endpoint + u":"_qs;
+            for (const QString &port :
+                 qEnvironmentVariable("IDEM_TEST_REDIS_CLUSTER_PORTS").split(u','))
+                scanPorts << port.toInt();
+        }
+        const QString config = m_dir.filePath(endpoint + u".json"_qs);
+        QFile f(config);
+        QVERIFY(f.open(QIODevice::WriteOnly));
+        f.write(QStringLiteral("{\"store\": \"%1\", \"endpoints\": [{\"name\": \"%2\"}]}")
+                    .arg(store, endpoint)
+                    .toUtf8());
+        f.close();
+        quint16 port = 0;
+        auto desk = serve(config, port);
+        QVERIFY(port);
+
+        // Eight senders, a new key each time, until the kill and a moment after.
+        std::atomic<bool> stop{false};
+        std::mutex mutex;
+        QSet<QByteArray> processed;
+        std::vector<std::thread> senders;
+        const QByteArray path = "/hooks/" + endpoint.toUtf8();
+        for (int t = 0; t < 8; ++t)
+            senders.emplace_back([&, t] {
+                for (int i = 0; !stop; ++i) {
+                    const QByteArray id = QByteArray::number(t) + '-' + QByteArray::number(i);
+                    const ClientResponse r = post(port, path, "{}", {{"Idempotency-Key", id}});
+                    if (r.status == 0 && !killRedis)
+                        return; // the desk is gone
+                    if (r.status == 200 && r.header("Idempotency-Outcome") == "processed") {
+                        std::lock_guard lock(mutex);
+                        processed.insert(endpoint.toUtf8() + ':' + id);
+                    }
+                }
+            });
+        QTRY_VERIFY_WITH_TIMEOUT(
+            [&] {
+                std::lock_guard lock(mutex);
+                return processed.size() > 300;
+            }(),
+            20'000);
+        if (killRedis) {
+            redis->stop(true);
+            QVERIFY(redis->start());
+            QTest::qWait(300);
+        } else {
+            ::kill(pid_t(desk->processId()), SIGKILL);
+        }
+        stop = true;
+        for (auto &s : senders)
+            s.join();
+        if (killRedis) {
+            ::kill(pid_t(desk->processId()), SIGTERM);
+            QVERIFY(desk->waitForFinished(10'000));
+        } else {
+            QVERIFY(desk->waitForFinished(5000));
+        }
+
+        // What the store holds, read by redis-cli (every node of a cluster: SCAN is per node).
+        QSet<QByteArray> held;
+        const QByteArray marker = ":r:" + endpoint.toUtf8() + ':';
+        for (int p : std::as_const(scanPorts)) {
+            QProcess cli;
+            cli.start(u"redis-cli"_qs, {u"-p"_qs, QString::number(p), u"--scan"_qs, u"--pattern"_qs,
+                                        u"*"_qs + QString::fromUtf8(marker) + u"*"_qs});
+            QVERIFY(cli.waitForFinished(30'000));
+            for (const QByteArray &name : cli.readAllStandardOutput().split('\n'))
+                if (const qsizetype at = name.indexOf(marker); at >= 0)
+                    held.insert(name.mid(at + 3));
+        }
+        for (const QByteArray &key : std::as_const(processed))
+            QVERIFY2(held.contains(key), key.constData());
+
+        QProcess exported;
+        exported.start(QStringLiteral(IDEMDESK_BIN),
+                       {u"keys"_qs, u"export"_qs, u"--config"_qs, config});
+        QVERIFY(exported.waitForFinished(60'000));
+        QCOMPARE(exported.exitCode(), 0);
+        QSet<QByteArray> inExport;
+        for (const QByteArray &line : exported.readAllStandardOutput().split('\n'))
+            if (!line.isEmpty())
+                inExport.insert(QJsonDocument::fromJson(line)
+                                    .object()
+                                    .value(u"record"_qs)
+                                    .toObject()
+                                    .value(u"key"_qs)
+                                    .toString()
+                                    .toUtf8());
+        QCOMPARE(inExport.size(), held.size());
+        QVERIFY(inExport == held);
+
+        QProcess stats;
+        stats.start(QStringLiteral(IDEMDESK_BIN),
+                    {u"stats"_qs, u"--json"_qs, u"--config"_qs, config});
+        QVERIFY(stats.waitForFinished(60'000));
+        const QJsonObject counted = QJsonDocument::fromJson(stats.readAllStandardOutput()).object();
+        QCOMPARE(counted.value(u"keys"_qs).toObject().value(u"total"_qs).toInteger(),
+                 qint64(held.size()));
+
+        QProcess listed;
+        listed.start(QStringLiteral(IDEMDESK_BIN),
+                     {u"keys"_qs, u"list"_qs, u"--json"_qs, u"--limit"_qs,
+                      QString::number(held.size() + 10), u"--config"_qs, config});
+        QVERIFY(listed.waitForFinished(60'000));
+        QCOMPARE(listed.readAllStandardOutput().count('\n'), held.size()); // JSON Lines
     }
 };
 

@@ -325,7 +325,7 @@ class TestExactlyOnce : public QObject
         }
         // Redis: the record's one-line meta, its sixth field.
         const StoreUrl url = *StoreUrl::parse(qEnvironmentVariable("IDEM_TEST_REDIS_URL"));
-        const QString rk = QString::fromUtf8(redis::recordKey(url.prefix.toUtf8(), key));
+        const QString rk = QString::fromUtf8(redis::Layout(url.prefix.toUtf8(), 1).record(key));
         const QStringList cli{u"-p"_qs, QString::number(url.port), u"-n"_qs,
                               url.database.isEmpty() ? u"0"_qs : url.database};
         QByteArray meta;

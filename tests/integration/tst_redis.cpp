@@ -6,6 +6,7 @@
 #include "store/redisstore.h"
 #include "store/storefactory.h"
 #include "support/desk.h"
+#include "support/faultproxy.h"
 #include "support/names.h"
 #include "support/servers.h"
 #include "util/clock.h"
@@ -17,9 +18,14 @@
 #include <QTemporaryDir>
 #include <QTest>
 
+#include <arpa/inet.h>
 #include <atomic>
 #include <csignal>
+#include <mutex>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <thread>
+#include <unistd.h>
 
 using namespace idem;
 using namespace idem::test;
@@ -102,13 +108,13 @@ QList<QByteArray> runV1(quint16 port, const char *script, const QStringList &arg
         return {};
     return out.trimmed().split('\n');
 }
-// Runs a script of Redis layout v2 (tests/fixtures/redis-v2, loaded as that release did: the
-// history cap and common.lua prepended) on `keys`; its answer's lines.
-QList<QByteArray> runV2(quint16 port, const char *script, const QStringList &keys,
-                        const QStringList &argv)
+// Runs a script of Redis layout v2 or v3 (tests/fixtures/redis-v2, redis-v3: `dir`), loaded as
+// those releases did (the history cap and common.lua prepended), on `keys`; its answer's lines.
+QList<QByteArray> runScript(const QString &dir, quint16 port, const char *script,
+                            const QStringList &keys, const QStringList &argv)
 {
-    QFile common(QStringLiteral(IDEM_REDIS_V2 "/common.lua"));
-    QFile file(QStringLiteral(IDEM_REDIS_V2 "/%1.lua").arg(QLatin1String(script)));
+    QFile common(dir + u"/common.lua"_qs);
+    QFile file(dir + u"/%1.lua"_qs.arg(QLatin1String(script)));
     if (!common.open(QIODevice::ReadOnly) || !file.open(QIODevice::ReadOnly))
         return {};
     const QString source =
@@ -119,6 +125,110 @@ QList<QByteArray> runV2(quint16 port, const char *script, const QStringList &key
         return {};
     return out.trimmed().split('\n');
 }
+QList<QByteArray> runV2(quint16 port, const char *script, const QStringList &keys,
+                        const QStringList &argv)
+{
+    return runScript(QStringLiteral(IDEM_REDIS_V2), port, script, keys, argv);
+}
+QList<QByteArray> runV3(quint16 port, const char *script, const QStringList &keys,
+                        const QStringList &argv)
+{
+    return runScript(QStringLiteral(IDEM_REDIS_V3), port, script, keys, argv);
+}
+// A record's key in the current layout (a single Redis: one bucket), for redis-cli.
+QString recordOf(const QString &prefix, const QString &key)
+{
+    return QString::fromUtf8(redis::Layout(prefix.toUtf8(), 1).record(key));
+}
+
+// A Redis that answers each command by its name from `answers` (RESP bytes; "+OK" for the rest),
+// on a thread of its own: a hostile or broken server, for the desk's reading of what it says.
+class FakeRedis
+{
+public:
+    explicit FakeRedis(QHash<QByteArray, QByteArray> answers) : m_answers(std::move(answers))
+    {
+        m_listener = ::socket(AF_INET, SOCK_STREAM, 0);
+        sockaddr_in a{};
+        a.sin_family = AF_INET;
+        a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        ::bind(m_listener, reinterpret_cast<sockaddr *>(&a), sizeof a);
+        ::listen(m_listener, 16);
+        socklen_t len = sizeof a;
+        ::getsockname(m_listener, reinterpret_cast<sockaddr *>(&a), &len);
+        m_port = ntohs(a.sin_port);
+        m_thread = std::thread([this] { serve(); });
+    }
+    ~FakeRedis()
+    {
+        m_stop = true;
+        ::shutdown(m_listener, SHUT_RDWR);
+        ::close(m_listener);
+        m_thread.join();
+    }
+    quint16 port() const { return m_port; }
+
+private:
+    void serve()
+    {
+        std::vector<std::thread> clients;
+        for (;;) {
+            const int fd = ::accept(m_listener, nullptr, nullptr);
+            if (fd < 0 || m_stop)
+                break;
+            clients.emplace_back([this, fd] { answer(fd); });
+        }
+        for (auto &c : clients)
+            c.join();
+    }
+    void answer(int fd)
+    {
+        timeval t{10, 0};
+        ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &t, sizeof t);
+        QByteArray in;
+        char buffer[4096];
+        for (;;) {
+            // Whole commands only: *N, then N bulk strings; the first names the answer.
+            QList<QByteArray> args;
+            qsizetype at = 0;
+            bool whole = false;
+            if (in.startsWith('*')) {
+                const qsizetype eol = in.indexOf("\r\n");
+                const int n = eol > 0 ? in.mid(1, eol - 1).toInt() : -1;
+                at = eol + 2;
+                for (int i = 0; eol > 0 && i < n; ++i) {
+                    const qsizetype end = in.indexOf("\r\n", at);
+                    if (end < 0 || in.at(at) != '$')
+                        break;
+                    const int size = in.mid(at + 1, end - at - 1).toInt();
+                    if (in.size() < end + 2 + size + 2)
+                        break;
+                    args << in.mid(end + 2, size);
+                    at = end + 2 + size + 2;
+                }
+                whole = eol > 0 && args.size() == n;
+            }
+            if (!whole) {
+                const ssize_t got = ::recv(fd, buffer, sizeof buffer, 0);
+                if (got <= 0)
+                    break;
+                in.append(buffer, got);
+                continue;
+            }
+            in.remove(0, at);
+            const QByteArray name = (args.value(0) + ' ' + args.value(1)).toUpper();
+            QByteArray out =
+                m_answers.value(name, m_answers.value(args.value(0).toUpper(), "+OK\r\n"));
+            ::send(fd, out.constData(), size_t(out.size()), MSG_NOSIGNAL);
+        }
+        ::close(fd);
+    }
+    QHash<QByteArray, QByteArray> m_answers;
+    int m_listener = -1;
+    quint16 m_port = 0;
+    std::atomic<bool> m_stop{false};
+    std::thread m_thread;
+};
 constexpr qint64 kTombstoneMs = 86'400'000; // common.lua's TOKEN_GRACE_MS
 } // namespace
 
@@ -431,59 +541,51 @@ private Q_SLOTS:
         QVERIFY(!withPassword.isEmpty() && !url->display().contains(u"s3cret"_qs));
     }
 
-    // The indexes are a derived view: an entry whose record is in another state or gone is
-    // skipped by the listing and repaired; a record whose index writes were lost is indexed
-    // again by the purge's repair pass.
-    void staleIndexesAreSkippedAndRepaired()
+    // A record's index entries are written by the script that writes the record: the link to
+    // Redis lost the moment a claim is answered (here: cut from inside the answer, before the
+    // lane's event loop turns again), the key is listed, counted and exported all the same.
+    void aClaimIsListedWhateverHappensToTheLinkAfterIt()
     {
-        const quint16 port = m_redis->port();
-        auto url = *StoreUrl::parse(m_redis->url() + u"?prefix=stale:"_qs);
-        auto store = RedisStore::connect(url);
-        QVERIFY(store.ok());
-        const ClaimRequest busy = claimOf(u"ep:busy"_qs);
-        QVERIFY((*store)->claim(busy)->claimed());
-        // Listed under failed too, and a key with no record at all.
-        QVERIFY(redisCli(port, {u"ZADD"_qs, u"stale:i:es:ep:failed"_qs, u"1"_qs, u"ep:busy"_qs,
-                                u"2"_qs, u"ep:ghost"_qs}));
-        QVERIFY(redisCli(port, {u"ZADD"_qs, u"stale:i:k:ep"_qs, u"2"_qs, u"ep:ghost"_qs}));
-        KeyQuery q;
-        q.state = KeyState::Failed;
-        QCOMPARE((*store)->listKeys(q)->size(), 0);
-        QByteArray out;
-        QVERIFY(redisCli(port, {u"ZCARD"_qs, u"stale:i:es:ep:failed"_qs}, &out));
-        QCOMPARE(out.trimmed(), QByteArray("0"));
-        q.state.reset();
-        const auto all = *(*store)->listKeys(q);
-        QCOMPARE(all.size(), 1);
-        QCOMPARE(name(all.first().state), name(KeyState::Processing));
-        QCOMPARE((*store)->countKeys(u"ep"_qs)->total(), 1);
-        QVERIFY(redisCli(port, {u"ZSCORE"_qs, u"stale:i:k:ep"_qs, u"ep:ghost"_qs}, &out));
-        QCOMPARE(out.trimmed(), QByteArray()); // gone with its record
-        // Completed asked: i:k is read, a key in another state is skipped, not repaired away.
-        q.state = KeyState::Completed;
-        QCOMPARE((*store)->listKeys(q)->size(), 0);
-        QCOMPARE((*store)->countKeys(u"ep"_qs)->processing, 1);
+        FaultProxy proxy(m_redis->port());
+        const QString url = u"redis://127.0.0.1:%1/0?prefix=cut:"_qs.arg(proxy.port());
+        LaneOn on(url);
+        QVERIFY(on.lane);
+        std::optional<Result<ClaimResult>> answer;
+        on.lane->claim(claimOf(u"ep:cut"_qs), [&](Result<ClaimResult> r) {
+            proxy.setMode(FaultProxy::Mode::Reset);
+            answer = std::move(r);
+        });
+        QTRY_VERIFY_WITH_TIMEOUT(answer.has_value(), 10'000);
+        QVERIFY(answer->ok() && (*answer)->claimed());
+        QTest::qWait(50); // whatever the lane would still send goes nowhere
 
-        // Its index entries lost, and settled for two minutes: the purge indexes it again.
-        const QString rk = QString::fromUtf8(redis::recordKey("stale:", u"ep:busy"_qs));
-        QVERIFY(redisCli(port, {u"DEL"_qs, u"stale:i:es:ep:processing"_qs, u"stale:i:k:ep"_qs}));
-        QCOMPARE((*store)->countKeys(u"ep"_qs)->total(), 0);
-        QVERIFY(redisCli(port, {u"HGET"_qs, rk, u"m"_qs}, &out));
-        QList<QByteArray> meta = out.trimmed().split(' ');
-        QVERIFY(meta.size() >= 10);
-        meta[4] = QByteArray::number(wallMs() - 120'000); // updated
-        QVERIFY(redisCli(port, {u"HSET"_qs, rk, u"m"_qs, QString::fromUtf8(meta.join(' '))}));
-        for (int i = 0; i < 50 && (*store)->countKeys(u"ep"_qs)->total() == 0;
-             ++i) // a SCAN slice each
-            QVERIFY((*store)->purgeExpired().ok());
+        auto store = RedisStore::connect(*StoreUrl::parse(m_redis->url() + u"?prefix=cut:"_qs));
+        QVERIFY(store.ok());
+        KeyQuery q;
+        q.state = KeyState::Processing;
+        const auto listed = *(*store)->listKeys(q);
+        QCOMPARE(listed.size(), 1);
+        QCOMPARE(listed.first().key, u"ep:cut"_qs);
         QCOMPARE((*store)->countKeys(u"ep"_qs)->processing, 1);
-        q.state.reset();
+        QCOMPARE(*(*store)->keyNames({}), QStringList{u"ep:cut"_qs});
+        // The finish moves it in the same step: listed as completed, counted once.
+        FinishRequest f;
+        f.key = u"ep:cut"_qs;
+        f.token = (*answer)->record.token;
+        f.state = KeyState::Completed;
+        f.result = {200, {}, "ok"};
+        QCOMPARE(name(*(*store)->finish(f)), name(FinishVerdict::Accept));
+        const StateCounts counts = *(*store)->countKeys(u"ep"_qs);
+        QCOMPARE(counts.completed, 1);
+        QCOMPARE(counts.total(), 1);
+        QCOMPARE((*store)->listKeys(q)->size(), 0);
+        q.state = KeyState::Completed;
         QCOMPARE((*store)->listKeys(q)->size(), 1);
     }
 
-    // A store written by the previous release (layout v1) is migrated, record by record, with
-    // its state, TTL, token, result, request and history; the desk then carries on with it.
-    void migratesThePreviousLayout()
+    // A store written by the first releases (layout v1) is migrated, record by record, with its
+    // state, TTL, token, result, request and history; the desk then carries on with it.
+    void migratesLayoutOne()
     {
         const quint16 port = m_redis->port();
         const QString p = u"v1mig:"_qs;
@@ -530,10 +632,10 @@ private Q_SLOTS:
         auto url = *StoreUrl::parse(m_redis->url() + u"?prefix="_qs + p);
         auto store = RedisStore::connect(url);
         QVERIFY(store.ok());
-        // Not ready (/readyz) while v1 records are left.
+        // Not ready (/readyz) while the records of an earlier layout are left.
         auto ready = (*store)->ready();
         QVERIFY(!ready.ok());
-        QVERIFY2(ready.error().message.contains(u"layout v1"_qs),
+        QVERIFY2(ready.error().message.contains(u"idemdesk migrate"_qs),
                  qPrintable(ready.error().message));
         auto migrated = (*store)->migrateLayout();
         QVERIFY2(migrated.ok(), migrated.ok() ? "" : qPrintable(migrated.error().message));
@@ -541,9 +643,9 @@ private Q_SLOTS:
         QCOMPARE(*(*store)->migrateLayout(), 0); // nothing left of v1
         QVERIFY((*store)->ready().ok());
         // A layout newer than this build's is not ready either.
-        QVERIFY(redisCli(port, {u"SET"_qs, p + u"layout"_qs, u"4"_qs}));
+        QVERIFY(redisCli(port, {u"SET"_qs, p + u"layout"_qs, u"5"_qs}));
         QVERIFY(!(*store)->ready().ok());
-        QVERIFY(redisCli(port, {u"SET"_qs, p + u"layout"_qs, u"3"_qs}));
+        QVERIFY(redisCli(port, {u"SET"_qs, p + u"layout"_qs, u"4"_qs}));
         QVERIFY((*store)->ready().ok());
         QByteArray out;
         QVERIFY(redisCli(port,
@@ -578,10 +680,7 @@ private Q_SLOTS:
                      historyFromJson(parseJsonArray(old.value("history"))).size());
             // The TTL: the same expiry, on the new key, which Redis keeps a day longer as the
             // key's tombstone (its token the floor of the next).
-            QVERIFY(redisCli(
-                port,
-                {u"PEXPIRETIME"_qs, QString::fromUtf8(redis::recordKey(url.prefix.toUtf8(), k))},
-                &out));
+            QVERIFY(redisCli(port, {u"PEXPIRETIME"_qs, recordOf(p, k)}, &out));
             QCOMPARE(out.trimmed().toLongLong(),
                      ttl.value(k).trimmed().toLongLong() + kTombstoneMs);
         }
@@ -595,7 +694,7 @@ private Q_SLOTS:
         QCOMPARE(badRecord.history.last().detail, u"downstream \"down\""_qs);
         QCOMPARE((**(*store)->key(u"ep:again"_qs)).history.last().event, u"reset"_qs);
 
-        // Listed and counted as before (the indexes of layout v3 are built from the records).
+        // Listed and counted as before (the indexes are built from the records).
         const StateCounts counts = *(*store)->countKeys(u"ep"_qs);
         QCOMPARE(counts.completed, 1);
         QCOMPARE(counts.processing, 1);
@@ -635,15 +734,19 @@ private Q_SLOTS:
         QVERIFY((*store)->claim(c)->record.token > again.value(2).toLongLong());
     }
 
-    // A page never pays for a purge: a listing reads only i:k's live entries, and an expired
-    // record it meets in i:es leaves that index only; its i:k entry stays for the purge, which
-    // makes it a tombstone. A count runs a small purge slice, and counts only live i:k entries.
-    void listingLeavesExpiredKeysToThePurge()
+    // Listings and counts never pay for a purge: every index is scored by expiry, and they read
+    // only the entries above the store's clock. The purge then makes the expired record a
+    // tombstone and takes it out of its indexes, in one step.
+    void listingsAndCountsLeaveExpiredKeysToThePurge()
     {
         const quint16 port = m_redis->port();
         auto store = RedisStore::connect(*StoreUrl::parse(m_redis->url() + u"?prefix=lazy:"_qs));
         QVERIFY(store.ok());
-        const QString rk = QString::fromUtf8(redis::recordKey("lazy:", u"ep:brief"_qs));
+        const redis::Layout layout("lazy:", 1);
+        const QString rk = QString::fromUtf8(layout.record(u"ep:brief"_qs));
+        const QString failedIndex =
+            QString::fromUtf8(layout.stateIndex(0, u"ep"_qs, KeyState::Failed));
+        const QString all = QString::fromUtf8(layout.keys(0, u"ep"_qs));
         ClaimRequest brief = claimOf(u"ep:brief"_qs);
         brief.policy.ttlMs = 300;
         FinishRequest f;
@@ -657,27 +760,30 @@ private Q_SLOTS:
         QTRY_VERIFY_WITH_TIMEOUT(!(*(*store)->key(brief.key)).has_value(), 5000);
 
         KeyQuery q;
-        const auto all = *(*store)->listKeys(q);
-        QCOMPARE(all.size(), 1);
-        QCOMPARE(all.first().key, u"ep:kept"_qs);
+        const auto listed = *(*store)->listKeys(q);
+        QCOMPARE(listed.size(), 1);
+        QCOMPARE(listed.first().key, u"ep:kept"_qs);
         q.state = KeyState::Failed;
         QCOMPARE((*store)->listKeys(q)->size(), 0);
-        QByteArray out;
-        QVERIFY(redisCli(port, {u"ZCARD"_qs, u"lazy:i:es:ep:failed"_qs}, &out));
-        QCOMPARE(out.trimmed(), QByteArray("0"));
-        QVERIFY(redisCli(port, {u"ZSCORE"_qs, u"lazy:i:k:ep"_qs, u"ep:brief"_qs}, &out));
-        QVERIFY(!out.trimmed().isEmpty()); // left to the purge
-        QVERIFY(redisCli(port, {u"HEXISTS"_qs, rk, u"q"_qs}, &out));
-        QCOMPARE(out.trimmed(), QByteArray("1")); // no listing made it a tombstone
-
         const StateCounts counts = *(*store)->countKeys(u"ep"_qs);
         QCOMPARE(counts.total(), 1);
         QCOMPARE(counts.processing, 1);
         QCOMPARE(counts.failed, 0);
+        QByteArray out;
+        QVERIFY(redisCli(port, {u"ZSCORE"_qs, failedIndex, u"ep:brief"_qs}, &out));
+        QVERIFY(!out.trimmed().isEmpty()); // left to the purge
+        QVERIFY(redisCli(port, {u"HEXISTS"_qs, rk, u"q"_qs}, &out));
+        QCOMPARE(out.trimmed(), QByteArray("1")); // nothing made it a tombstone yet
+
+        QCOMPARE(*(*store)->purgeExpired(), 1);
         QVERIFY(redisCli(port, {u"HKEYS"_qs, rk}, &out));
-        QCOMPARE(out.trimmed(), QByteArray("m")); // the count's purge slice: a tombstone now
-        QVERIFY(redisCli(port, {u"ZSCORE"_qs, u"lazy:i:k:ep"_qs, u"ep:brief"_qs}, &out));
-        QCOMPARE(out.trimmed(), QByteArray());
+        QCOMPARE(out.trimmed(), QByteArray("m"));
+        for (const QString &index : {failedIndex, all}) {
+            QVERIFY(redisCli(port, {u"ZSCORE"_qs, index, u"ep:brief"_qs}, &out));
+            QCOMPARE(out.trimmed(), QByteArray());
+        }
+        QCOMPARE(*(*store)->purgeExpired(), 0);
+        QCOMPARE((*store)->countKeys(u"ep"_qs)->total(), 1);
     }
 
     // A key that expired, or was deleted, leaves a tombstone: absent to every reader, its token
@@ -688,7 +794,7 @@ private Q_SLOTS:
         const quint16 port = m_redis->port();
         auto store = RedisStore::connect(*StoreUrl::parse(m_redis->url() + u"?prefix=tomb:"_qs));
         QVERIFY(store.ok());
-        auto rk = [](const QString &k) { return QString::fromUtf8(redis::recordKey("tomb:", k)); };
+        auto rk = [](const QString &k) { return recordOf(u"tomb:"_qs, k); };
         auto raiseToken = [&](const QString &k) {
             QByteArray out;
             if (!redisCli(port, {u"HGET"_qs, rk(k), u"m"_qs}, &out))
@@ -763,7 +869,7 @@ private Q_SLOTS:
         const quint16 port = m_redis->port();
         auto store = RedisStore::connect(*StoreUrl::parse(m_redis->url() + u"?prefix=bad:"_qs));
         QVERIFY(store.ok());
-        const QString rk = QString::fromUtf8(redis::recordKey("bad:", u"ep:odd"_qs));
+        const QString rk = recordOf(u"bad:"_qs, u"ep:odd"_qs);
         QVERIFY(redisCli(port, {u"HSET"_qs, rk, u"m"_qs, u"completed not-a-token"_qs, u"s"_qs,
                                 u"200\n[]\nold"_qs}));
         auto claimed = (*store)->claim(claimOf(u"ep:odd"_qs));
@@ -781,31 +887,19 @@ private Q_SLOTS:
         QByteArray out;
         QVERIFY(redisCli(port, {u"HGET"_qs, rk, u"m"_qs}, &out));
         QCOMPARE(out.trimmed(), QByteArray("completed not-a-token"));
-
-        // A desk of the previous version that wrote its fields into a record of layout v3 (it
-        // takes every v3 key for a new one): refused loudly, never decided on.
-        const ClaimRequest mixed = claimOf(u"ep:mixed"_qs);
-        QVERIFY((*store)->claim(mixed)->claimed());
-        const QString mk = QString::fromUtf8(redis::recordKey("bad:", mixed.key));
-        QVERIFY(
-            redisCli(port, {u"HSET"_qs, mk, u"state"_qs, u"processing"_qs, u"token"_qs, u"1"_qs}));
-        auto refused = (*store)->claim(mixed);
-        QVERIFY(!refused.ok());
-        QVERIFY2(refused.error().message.contains(u"previous version"_qs),
-                 qPrintable(refused.error().message));
-        QVERIFY(!(*store)->key(mixed.key).ok());
-        QVERIFY(!(*store)->applyOperator(mixed.key, OperatorAction::Delete, true, {}).ok());
     }
 
-    // A store of layout v2 (the release before) is migrated to v3 in place: each record with its
-    // state, TTL, token, result, request and history, its indexes rebuilt, v2's own dropped. A
-    // record left in v2 is never taken for a new key (a claim on it is refused, not processed).
+    // A store of layout v2 is migrated (to v3 in place, then into its bucket): each record with
+    // its state, TTL, token, result, request and history, indexed, v2's own indexes dropped; a
+    // deleted key's token counter becomes its tombstone, the floor of its next token.
     void migratesLayoutTwo()
     {
         const quint16 port = m_redis->port();
         const QString p = u"v2mig:"_qs;
         const QByteArray prefix = p.toUtf8();
-        auto rk = [&](const QString &k) { return QString::fromUtf8(redis::recordKey(prefix, k)); };
+        auto rk = [&](const QString &k) {
+            return QString::fromUtf8(redis::v3RecordKey(prefix, k));
+        };
         auto tk = [&](const QString &k) { return QString::fromUtf8(redis::tokenKey(prefix, k)); };
         auto claimV2 = [&](const QString &key, const QString &ttlMs) {
             return runV2(port, "claim", {rk(key), tk(key)},
@@ -897,20 +991,9 @@ private Q_SLOTS:
         QVERIFY(redisCli(port, {u"HGET"_qs, rk(u"ep:done"_qs), u"attempts"_qs}, &out));
         QCOMPARE(out.trimmed(), v2[u"ep:done"_qs].value("attempts")); // untouched
 
-        // A v2 record met by a claim before the migration is converted on the spot.
-        ClaimRequest early = claimOf(u"ep:done"_qs);
-        early.fingerprint = "fp-ep:done";
-        auto replayed = (*store)->claim(early);
-        QVERIFY2(replayed.ok(), replayed.ok() ? "" : qPrintable(replayed.error().message));
-        QCOMPARE(name(replayed->decision.action), name(ClaimAction::Replay));
-        QCOMPARE(replayed->record.result.body, QByteArray("the result"));
-        v2[u"ep:done"_qs]["attempts"] =
-            QByteArray::number(v2[u"ep:done"_qs].value("attempts").toInt() + 1);
-        v2[u"ep:done"_qs]["updated"] = QByteArray::number(replayed->storeNowMs);
-
         auto migrated = (*store)->migrateLayout(true);
         QVERIFY2(migrated.ok(), migrated.ok() ? "" : qPrintable(migrated.error().message));
-        QCOMPARE(*migrated, 4); // three records and the deleted key's floor
+        QCOMPARE(*migrated, 5); // four records and the deleted key's floor
         QCOMPARE(*(*store)->migrateLayout(), 0);
         QVERIFY((*store)->ready().ok());
         QVERIFY(redisCli(port,
@@ -941,9 +1024,11 @@ private Q_SLOTS:
             QCOMPARE(record->error, QString::fromUtf8(old.value("error")));
             QCOMPARE(record->history.size(),
                      historyFromJson(parseJsonArray(old.value("history"))).size());
-            QVERIFY(redisCli(port, {u"PEXPIRETIME"_qs, rk(k)}, &out));
+            QVERIFY(redisCli(port, {u"PEXPIRETIME"_qs, recordOf(p, k)}, &out));
             QCOMPARE(out.trimmed().toLongLong(),
                      expiry.value(k).trimmed().toLongLong() + kTombstoneMs);
+            QVERIFY(redisCli(port, {u"EXISTS"_qs, rk(k)}, &out));
+            QCOMPARE(out.trimmed(), QByteArray("0")); // moved, not copied
         }
         const auto doneRecord = **(*store)->key(u"ep:done"_qs);
         QCOMPARE(doneRecord.result.status, 201);
@@ -962,13 +1047,12 @@ private Q_SLOTS:
         QCOMPARE((*store)->listKeys(q)->size(), 4);
         q.state = KeyState::Completed;
         QCOMPARE((*store)->listKeys(q)->size(), 1);
-        // A migration cut short (records converted, indexes not yet written) is finished by the
-        // next one: every live record indexed again, nothing converted twice.
-        QVERIFY(
-            redisCli(port, {u"DEL"_qs, p + u"layout"_qs, p + u"i:k:ep"_qs, p + u"i:es:ep:failed"_qs,
-                            p + u"i:es:ep:processing"_qs, p + u"i:es:ep:reset"_qs}));
-        QCOMPARE((*store)->countKeys(u"ep"_qs)->total(), 0);
+        // A migration cut short before it marked the layout is finished by the next one, which
+        // finds nothing left to move and indexes nothing twice.
+        QVERIFY(redisCli(port, {u"DEL"_qs, p + u"layout"_qs}));
+        QVERIFY(!(*store)->ready().ok());
         QCOMPARE(*(*store)->migrateLayout(), 0);
+        QVERIFY((*store)->ready().ok());
         const StateCounts again = *(*store)->countKeys(u"ep"_qs);
         QCOMPARE(again.completed, 1);
         QCOMPARE(again.processing, 1);
@@ -1004,6 +1088,215 @@ private Q_SLOTS:
         auto again2 = (*store)->claim(c);
         QCOMPARE(name(again2->decision.action), name(ClaimAction::Create));
         QVERIFY2(again2->record.token > floor, qPrintable(QString::number(again2->record.token)));
+    }
+
+    // A store of layout v3 (the release before) is moved into layout v4: each record into its
+    // bucket with its state, TTL, token, result, request and history, indexed in the same step,
+    // v3's record and indexes gone; a tombstone keeps its token floor. Refused while a desk of
+    // the previous version may be writing, unless confirmed.
+    void migratesLayoutThree()
+    {
+        const quint16 port = m_redis->port();
+        const QString p = u"v3mig:"_qs;
+        auto rk = [&](const QString &k) {
+            return QString::fromUtf8(redis::v3RecordKey(p.toUtf8(), k));
+        };
+        auto claimV3 = [&](const QString &key, const QString &ttlMs) {
+            return runV3(port, "claim", {rk(key)},
+                         {u"ep"_qs, u"generic"_qs, u"fp-"_qs + key, u"60000"_qs, ttlMs, u"RM"_qs,
+                          u"POST /hooks/ep\n[[\"X-A\",\"1\"]]\nbody of "_qs + key});
+        };
+        auto finishV3 = [&](const QString &key, const QByteArray &token, const QString &state,
+                            const QString &status, const QString &body, const QString &error) {
+            return runV3(port, "finish", {rk(key)},
+                         {QString::fromLatin1(token), state, status, u"[[\"X-R\",\"r\"]]"_qs, body,
+                          error})
+                .value(0);
+        };
+        const auto done = claimV3(u"ep:done"_qs, u"3600000"_qs);
+        QCOMPARE(done.value(0), QByteArray("create"));
+        QCOMPARE(finishV3(u"ep:done"_qs, done.value(2), u"completed"_qs, u"201"_qs,
+                          u"the result"_qs, QString()),
+                 QByteArray("accept"));
+        const auto busy = claimV3(u"ep:busy"_qs, u"3600000"_qs);
+        const auto bad = claimV3(u"ep:bad"_qs, u"7200000"_qs);
+        QCOMPARE(finishV3(u"ep:bad"_qs, bad.value(2), u"failed"_qs, u"502"_qs, u"down"_qs,
+                          u"downstream \"down\""_qs),
+                 QByteArray("accept"));
+        const auto again = claimV3(u"ep:again"_qs, u"3600000"_qs);
+        QCOMPARE(
+            finishV3(u"ep:again"_qs, again.value(2), u"failed"_qs, u"500"_qs, u"x"_qs, u"boom"_qs),
+            QByteArray("accept"));
+        QCOMPARE(
+            runV3(port, "operator", {rk(u"ep:again"_qs)}, {u"reset"_qs, u"0"_qs, u"by hand"_qs})
+                .value(0),
+            QByteArray("accept"));
+        const auto gone = claimV3(u"ep:gone"_qs, u"3600000"_qs);
+        QCOMPARE(
+            finishV3(u"ep:gone"_qs, gone.value(2), u"completed"_qs, u"200"_qs, u"y"_qs, QString()),
+            QByteArray("accept"));
+        QCOMPARE(runV3(port, "operator", {rk(u"ep:gone"_qs)}, {u"delete"_qs, u"1"_qs, QString()})
+                     .value(0),
+                 QByteArray("accept"));
+        const QStringList keys{u"ep:done"_qs, u"ep:busy"_qs, u"ep:bad"_qs, u"ep:again"_qs};
+
+        // What v3 holds, and its indexes as that desk wrote them after the scripts.
+        QHash<QString, QByteArray> meta, expiry;
+        QByteArray out;
+        for (const QString &k : keys + QStringList{u"ep:gone"_qs}) {
+            QVERIFY(redisCli(port, {u"HGET"_qs, rk(k), u"m"_qs}, &meta[k]));
+            meta[k] = meta[k].trimmed();
+            QVERIFY(redisCli(port, {u"PEXPIRETIME"_qs, rk(k)}, &expiry[k]));
+            expiry[k] = expiry[k].trimmed();
+            const QList<QByteArray> m = meta[k].split(' ');
+            QVERIFY(m.size() >= 11);
+            if (k == u"ep:gone"_qs)
+                continue;
+            QVERIFY(
+                redisCli(port, {u"ZADD"_qs, p + u"i:k:ep"_qs, QString::fromLatin1(m.at(6)), k}));
+            if (m.at(0) != "completed")
+                QVERIFY(
+                    redisCli(port, {u"ZADD"_qs, p + u"i:es:ep:"_qs + QString::fromLatin1(m.at(0)),
+                                    QString::fromLatin1(m.at(4)), k}));
+        }
+        QVERIFY(redisCli(port, {u"SADD"_qs, p + u"i:eps"_qs, u"ep"_qs}));
+        QVERIFY(redisCli(port, {u"SET"_qs, p + u"layout"_qs, u"3"_qs}));
+        const qint64 floor = meta.value(u"ep:gone"_qs).split(' ').value(1).toLongLong();
+
+        auto store = RedisStore::connect(*StoreUrl::parse(m_redis->url() + u"?prefix="_qs + p));
+        QVERIFY(store.ok());
+        QVERIFY(!(*store)->ready().ok());
+        DeliveryEvent logged;
+        logged.endpoint = u"ep"_qs;
+        logged.key = u"ep:busy"_qs;
+        logged.atMs = *(*store)->clockMs();
+        logged.instance = u"old-desk"_qs;
+        QVERIFY((*store)->appendDeliveries({logged}).ok());
+        auto refused = (*store)->migrateLayout();
+        QVERIFY(!refused.ok());
+        QCOMPARE(int(refused.error().code), int(ErrorCode::Conflict));
+        QVERIFY2(refused.error().message.contains(u"old-desk"_qs) &&
+                     refused.error().message.contains(u"idemdesk migrate"_qs),
+                 qPrintable(refused.error().message));
+        QVERIFY(redisCli(port, {u"EXISTS"_qs, rk(u"ep:done"_qs)}, &out));
+        QCOMPARE(out.trimmed(), QByteArray("1")); // untouched
+
+        auto migrated = (*store)->migrateLayout(true);
+        QVERIFY2(migrated.ok(), migrated.ok() ? "" : qPrintable(migrated.error().message));
+        QCOMPARE(*migrated, 5); // four records and the deleted key's tombstone
+        QCOMPARE(*(*store)->migrateLayout(), 0);
+        QVERIFY((*store)->ready().ok());
+        QVERIFY(redisCli(port,
+                         {u"EXISTS"_qs, p + u"i:k:ep"_qs, p + u"i:es:ep:failed"_qs,
+                          p + u"i:es:ep:processing"_qs, p + u"i:es:ep:reset"_qs, p + u"i:eps"_qs,
+                          rk(u"ep:done"_qs), rk(u"ep:gone"_qs)},
+                         &out));
+        QCOMPARE(out.trimmed(), QByteArray("0"));
+        for (const QString &k : keys) {
+            QVERIFY(redisCli(port, {u"HGET"_qs, recordOf(p, k), u"m"_qs}, &out));
+            QCOMPARE(out.trimmed(), meta.value(k)); // the meta line as it was
+            QVERIFY(redisCli(port, {u"PEXPIRETIME"_qs, recordOf(p, k)}, &out));
+            QCOMPARE(out.trimmed(), expiry.value(k));
+        }
+        const auto doneRecord = **(*store)->key(u"ep:done"_qs);
+        QCOMPARE(doneRecord.result.status, 201);
+        QCOMPARE(doneRecord.result.body, QByteArray("the result"));
+        QCOMPARE(headerValue(doneRecord.result.headers, "X-R"), QByteArray("r"));
+        QCOMPARE(doneRecord.request.body, QByteArray("body of ep:done"));
+        QCOMPARE(doneRecord.history.size(), 2);
+        QCOMPARE((**(*store)->key(u"ep:bad"_qs)).error, u"downstream \"down\""_qs);
+        QCOMPARE((**(*store)->key(u"ep:again"_qs)).history.last().event, u"reset"_qs);
+        QVERIFY(!(*(*store)->key(u"ep:gone"_qs)).has_value());
+
+        const StateCounts counts = *(*store)->countKeys(u"ep"_qs);
+        QCOMPARE(counts.completed, 1);
+        QCOMPARE(counts.processing, 1);
+        QCOMPARE(counts.failed, 1);
+        QCOMPARE(counts.reset, 1);
+        KeyQuery q;
+        QCOMPARE((*store)->listKeys(q)->size(), 4);
+        q.state = KeyState::Failed;
+        QCOMPARE((*store)->listKeys(q)->size(), 1);
+        QCOMPARE((*store)->keyNames({})->size(), 4);
+
+        // The desk carries on: a replay, a duplicate in progress, the holder's finish, the
+        // reset key again under a higher token, the deleted key above its tombstone's.
+        ClaimRequest c = claimOf(u"ep:done"_qs);
+        c.fingerprint = "fp-ep:done";
+        auto replay = (*store)->claim(c);
+        QCOMPARE(name(replay->decision.action), name(ClaimAction::Replay));
+        QCOMPARE(replay->record.result.body, QByteArray("the result"));
+        c = claimOf(u"ep:busy"_qs);
+        c.fingerprint = "fp-ep:busy";
+        QCOMPARE(name((*store)->claim(c)->decision.action), name(ClaimAction::InProgress));
+        FinishRequest f;
+        f.key = u"ep:busy"_qs;
+        f.token = busy.value(2).toLongLong();
+        f.result = {200, {}, "late"};
+        QCOMPARE(name(*(*store)->finish(f)), name(FinishVerdict::Accept));
+        c = claimOf(u"ep:again"_qs);
+        c.fingerprint = "fp-ep:again";
+        auto reclaimed = (*store)->claim(c);
+        QCOMPARE(name(reclaimed->decision.action), name(ClaimAction::Reclaim));
+        QVERIFY(reclaimed->record.token > again.value(2).toLongLong());
+        auto reborn = (*store)->claim(claimOf(u"ep:gone"_qs));
+        QCOMPARE(name(reborn->decision.action), name(ClaimAction::Create));
+        QVERIFY(reborn->record.token > floor);
+        QVERIFY(floor >= gone.value(2).toLongLong());
+    }
+
+    // Desks started together on a store to migrate (here: an empty one) all start: one marks
+    // or migrates it, the others wait for it instead of giving up.
+    void desksStartedTogetherAllMigrate()
+    {
+        const QString url = m_redis->url() + u"?prefix=together:"_qs;
+        std::atomic<int> ok{0};
+        std::vector<std::thread> desks;
+        QStringList errors;
+        std::mutex m;
+        for (int i = 0; i < 6; ++i)
+            desks.emplace_back([&] {
+                auto store = RedisStore::connect(*StoreUrl::parse(url));
+                auto r = store ? (*store)->migrateLayout() : Result<qint64>(store.error());
+                if (r)
+                    ++ok;
+                else {
+                    std::lock_guard lock(m);
+                    errors << r.error().message;
+                }
+            });
+        for (auto &t : desks)
+            t.join();
+        QVERIFY2(ok == 6, qPrintable(errors.join(u"; "_qs)));
+        auto store = RedisStore::connect(*StoreUrl::parse(url));
+        QVERIFY((*store)->ready().ok());
+    }
+
+    // A hostile or broken Redis (a shared store, a man in the middle) answers anything: the desk
+    // reads every nested answer with its type and count checked, and says what it could not read
+    // instead of crashing. Here the delivery log answers an entry that is a bare string: the key
+    // is shown, and the unreadable timeline said.
+    void aHostileRedisIsRefusedNotCrashedOn()
+    {
+        const QByteArray meta = "completed 1 1 1 1 0 99999999999999 200 generic ep f";
+        auto bulk = [](const QByteArray &s) {
+            return "$" + QByteArray::number(s.size()) + "\r\n" + s + "\r\n";
+        };
+        FakeRedis fake({{"CLUSTER INFO", "-ERR This instance has cluster support disabled\r\n"},
+                        {"SCRIPT LOAD", bulk(QByteArray(40, 'a'))},
+                        {"GET", bulk("4")},
+                        {"TIME", "*2\r\n" + bulk("1700000000") + bulk("0")},
+                        {"HGETALL", "*2\r\n" + bulk("m") + bulk(meta)},
+                        {"XREVRANGE", "*1\r\n$1\r\nx\r\n"}});
+        QProcess show;
+        show.start(QStringLiteral(IDEMDESK_BIN), {u"keys"_qs, u"show"_qs, u"ep:a"_qs, u"--store"_qs,
+                                                  u"redis://127.0.0.1:%1"_qs.arg(fake.port())});
+        QVERIFY(show.waitForFinished(30'000));
+        const QByteArray err = show.readAllStandardError();
+        QCOMPARE(show.exitStatus(), QProcess::NormalExit); // no SIGSEGV
+        QVERIFY2(show.exitCode() == 0 && err.contains("unreadable entry in the delivery log"),
+                 qPrintable(u"exit %1: %2"_qs.arg(show.exitCode()).arg(QString::fromUtf8(err))));
+        QVERIFY(show.readAllStandardOutput().contains("ep:a"));
     }
 
     // Every command migrates a v1 store at start, and says so; `idemdesk migrate` too.

@@ -10,6 +10,7 @@
 #include "support/desk.h"
 #include "support/downstream.h"
 #include "support/faultproxy.h"
+#include "support/serveprocess.h"
 #include "util/clock.h"
 
 #include <QDateTime>
@@ -115,13 +116,25 @@ int replicaPort(int port)
     return replication.mid(replication.indexOf("port=", at) + 5).split(',').first().toInt();
 }
 
+// A record's name in a cluster's layout, and its slot: its bucket's (whatever the prefix, which
+// holds no hash tag here).
+QByteArray recordName(const QByteArray &prefix, const QByteArray &key)
+{
+    return redis::Layout(prefix, redis::Layout::kClusterBuckets).record(QString::fromUtf8(key));
+}
+int recordSlot(const QByteArray &key)
+{
+    static const redis::Layout layout({}, redis::Layout::kClusterBuckets);
+    return keySlot(layout.record(QString::fromUtf8(key)));
+}
+
 // Three idempotency keys whose records ("<endpoint>:<id>") share one slot.
 QList<QByteArray> idsInOneSlot(const QByteArray &endpoint, const QByteArray &base)
 {
-    const int slot = keySlot(endpoint + ":" + base + "0");
+    const int slot = recordSlot(endpoint + ":" + base + "0");
     QList<QByteArray> ids{base + "0"};
     for (int i = 1; ids.size() < 3; ++i)
-        if (keySlot(endpoint + ":" + base + QByteArray::number(i)) == slot)
+        if (recordSlot(endpoint + ":" + base + QByteArray::number(i)) == slot)
             ids << base + QByteArray::number(i);
     return ids;
 }
@@ -137,7 +150,7 @@ QString halfMoveThenFailOver(const ClusterNode &from, const ClusterNode &to, int
     if (cli(to.port, {u"CLUSTER"_qs, u"SETSLOT"_qs, s, u"IMPORTING"_qs, fromId}) != "OK" ||
         cli(from.port, {u"CLUSTER"_qs, u"SETSLOT"_qs, s, u"MIGRATING"_qs, toId}) != "OK")
         return u"SETSLOT IMPORTING / MIGRATING refused"_qs;
-    const QByteArray keys = cli(from.port, {u"CLUSTER"_qs, u"GETKEYSINSLOT"_qs, s, u"1000"_qs});
+    const QByteArray keys = cli(from.port, {u"CLUSTER"_qs, u"GETKEYSINSLOT"_qs, s, u"100000"_qs});
     if (!keys.contains(oneKey))
         return u"not in the slot: "_qs + QString::fromUtf8(keys);
     for (const QByteArray &key : keys.split('\n'))
@@ -311,6 +324,31 @@ private Q_SLOTS:
         QCOMPARE(commandSlot({"EVALSHA", "sha", "0", "{idem:}"}), keySlot("idem:"));
         QCOMPARE(commandSlot({"WAIT", "1", "100"}), -1);
         QCOMPARE(commandSlot({"PING"}), -1);
+    }
+
+    // Desks started together on an empty cluster all start: one marks the store's layout, the
+    // others wait for it (one of them exited 1, "another desk is migrating", with nothing to move).
+    void desksStartedTogetherAllStart()
+    {
+        const QString store = qEnvironmentVariable("IDEM_TEST_REDIS_CLUSTER_URL") +
+                              u"?prefix=start"_qs + QString::fromLatin1(g_run) + u":"_qs;
+        std::vector<std::unique_ptr<QProcess>> desks(3);
+        std::vector<quint16> ports(3, 0);
+        std::vector<QByteArray> errors(3);
+        std::vector<std::thread> starting;
+        for (size_t i = 0; i < desks.size(); ++i)
+            starting.emplace_back([&, i] {
+                desks[i] = idem::test::startServe(QStringLiteral(IDEMDESK_BIN),
+                                                  {u"--store"_qs, store}, ports[i], &errors[i]);
+            });
+        for (auto &t : starting)
+            t.join();
+        for (size_t i = 0; i < desks.size(); ++i)
+            QVERIFY2(ports[i] != 0, errors[i].constData());
+        for (auto &desk : desks) {
+            desk->terminate();
+            QVERIFY(desk->waitForFinished(10'000));
+        }
     }
 
     void clusterUrls()
@@ -503,7 +541,7 @@ private Q_SLOTS:
                                   url);
         // Three keys of one slot (a record's slot is its key's, "mr:<id>"), each completed.
         const QList<QByteArray> ids = idsInOneSlot("mr", "k" + g_run + "-");
-        const int slot = keySlot("mr:" + ids.first());
+        const int slot = recordSlot("mr:" + ids.first());
         auto deliver = [&](const QByteArray &id) {
             return post(desk.port, "/hooks/mr", "{}", {{"Idempotency-Key", id}});
         };
@@ -525,8 +563,7 @@ private Q_SLOTS:
         const auto settle = [&] { return settleSlot(ports, to, s); };
         auto settled = qScopeGuard([&] { settle(); });
         const QString halfMoved =
-            halfMoveThenFailOver(from, to, fromReplica, s,
-                                 redis::recordKey(prefix, QString::fromUtf8("mr:" + ids.first())));
+            halfMoveThenFailOver(from, to, fromReplica, s, recordName(prefix, "mr:" + ids.first()));
         QVERIFY2(halfMoved.isEmpty(), qPrintable(halfMoved));
 
         // Every completed key sent again: refused, run nowhere, claimed nowhere.
@@ -535,16 +572,15 @@ private Q_SLOTS:
             QVERIFY2(r.status == 503, qPrintable(u"%1 %2"_qs.arg(r.status).arg(
                                           QString::fromUtf8(r.body.left(300)))));
             QCOMPARE(down.count("mr:" + id), 1);
-            QCOMPARE(cli(fromReplica, {u"EXISTS"_qs, QString::fromUtf8(redis::recordKey(
-                                                         prefix, QString::fromUtf8("mr:" + id)))}),
-                     QByteArray("0"));
+            QCOMPARE(
+                cli(fromReplica, {u"EXISTS"_qs, QString::fromUtf8(recordName(prefix, "mr:" + id))}),
+                QByteArray("0"));
         }
         {
             // Told to run `--cluster fix` only once the state lasted across reads seconds apart
             // (a reshard being set up looks the same for a moment).
             ClusterLinks direct(m_seeds, 2000, 3000, {});
-            const QList<QByteArray> get{
-                "GET", redis::recordKey(prefix, QString::fromUtf8("mr:" + ids.first()))};
+            const QList<QByteArray> get{"GET", recordName(prefix, "mr:" + ids.first())};
             auto r = direct.command(get, false);
             QVERIFY(!r.ok());
             QCOMPARE(r.error().code, ErrorCode::Unavailable);
@@ -602,7 +638,7 @@ private Q_SLOTS:
                                   qEnvironmentVariable("IDEM_TEST_REDIS_CLUSTER_URL") +
                                       u"?prefix="_qs + QString::fromLatin1(prefix));
         const QList<QByteArray> ids = idsInOneSlot("fb", "k" + g_run + "-");
-        const int slot = keySlot("fb:" + ids.first());
+        const int slot = recordSlot("fb:" + ids.first());
         auto deliver = [&](const QByteArray &id) {
             return post(desk.port, "/hooks/fb", "{}", {{"Idempotency-Key", id}});
         };
@@ -621,8 +657,7 @@ private Q_SLOTS:
         const auto settle = [&] { return settleSlot(ports, to, s); };
         auto settled = qScopeGuard([&] { settle(); });
         const QString halfMoved =
-            halfMoveThenFailOver(from, to, fromReplica, s,
-                                 redis::recordKey(prefix, QString::fromUtf8("fb:" + ids.first())));
+            halfMoveThenFailOver(from, to, fromReplica, s, recordName(prefix, "fb:" + ids.first()));
         QVERIFY2(halfMoved.isEmpty(), qPrintable(halfMoved));
         // Back, once the old owner replicates its replica (a manual failover needs it in sync);
         // asked again while the masters refuse their votes so soon after the first (2 × the node
@@ -687,7 +722,7 @@ private Q_SLOTS:
                                   qEnvironmentVariable("IDEM_TEST_REDIS_CLUSTER_URL") +
                                       u"?prefix="_qs + QString::fromLatin1(prefix));
         const QList<QByteArray> ids = idsInOneSlot("si", "k" + g_run + "-");
-        const int slot = keySlot("si:" + ids.first());
+        const int slot = recordSlot("si:" + ids.first());
         auto deliver = [&](const QByteArray &id) {
             return post(desk.port, "/hooks/si", "{}", {{"Idempotency-Key", id}});
         };
@@ -708,8 +743,7 @@ private Q_SLOTS:
         const QList<ClusterNode> otherSeeds{m_seeds.at(1)};
         ClusterLinks before(otherSeeds, 2000, 3000, {});
         QVERIFY(before.refresh().ok());
-        const QList<QByteArray> get{
-            "GET", redis::recordKey(prefix, QString::fromUtf8("si:" + ids.first()))};
+        const QList<QByteArray> get{"GET", recordName(prefix, "si:" + ids.first())};
         const int fromReplica = replicaPort(from.port);
         const qint64 toPid = serverPid(to.port);
         QVERIFY(fromReplica > 0 && toPid > 0);
@@ -717,8 +751,7 @@ private Q_SLOTS:
         auto settled = qScopeGuard([&] { settle(); });
         // Half-moved and the owner failed over, as in failoverMidReshardIsRefusedUntilSettled.
         const QString halfMoved =
-            halfMoveThenFailOver(from, to, fromReplica, s,
-                                 redis::recordKey(prefix, QString::fromUtf8("si:" + ids.first())));
+            halfMoveThenFailOver(from, to, fromReplica, s, recordName(prefix, "si:" + ids.first()));
         QVERIFY2(halfMoved.isEmpty(), qPrintable(halfMoved));
 
         // The importer stalls (the node timeout raised meanwhile: a slow machine must not turn the
@@ -762,9 +795,9 @@ private Q_SLOTS:
             QVERIFY2(r.status == 503, qPrintable(u"%1 %2"_qs.arg(r.status).arg(
                                           QString::fromUtf8(r.body.left(300)))));
             QCOMPARE(down.count("si:" + id), 1);
-            QCOMPARE(cli(fromReplica, {u"EXISTS"_qs, QString::fromUtf8(redis::recordKey(
-                                                         prefix, QString::fromUtf8("si:" + id)))}),
-                     QByteArray("0"));
+            QCOMPARE(
+                cli(fromReplica, {u"EXISTS"_qs, QString::fromUtf8(recordName(prefix, "si:" + id))}),
+                QByteArray("0"));
         }
         setNodeTimeout(QString::fromUtf8(nodeTimeout));
         resumed.dismiss();
@@ -895,9 +928,9 @@ private Q_SLOTS:
         std::vector<bool> victimSlots(kSlots);
         for (int slot = 0; slot < kSlots; ++slot)
             victimSlots[size_t(slot)] = *l->map().master(slot) == master;
-        // A record's slot is its key's ("fo:<id>", the hash tag of P{fo:<id>}:r).
+        // A record's slot is its bucket's.
         auto onVictim = [&](const QByteArray &id) {
-            return bool(victimSlots[size_t(keySlot("fo:" + id))]);
+            return bool(victimSlots[size_t(recordSlot("fo:" + id))]);
         };
 
         std::atomic<bool> stop{false}, killed{false};
@@ -1210,7 +1243,7 @@ private Q_SLOTS:
         const QByteArray id = "k" + g_run + "-paused";
         auto l = links();
         QVERIFY(l->refresh().ok());
-        const ClusterNode master = *l->map().master(keySlot("wr:" + id));
+        const ClusterNode master = *l->map().master(recordSlot("wr:" + id));
         const qint64 replicaPid = serverPid(replicaPort(master.port));
         QVERIFY(replicaPid > 0);
         QCOMPARE(::kill(pid_t(replicaPid), SIGSTOP), 0);
@@ -1239,7 +1272,7 @@ private Q_SLOTS:
         QVERIFY2(warm.ok(), warm.ok() ? "" : qPrintable(warm.error().message));
         auto l = links();
         QVERIFY(l->refresh().ok());
-        const ClusterNode master = *l->map().master(keySlot(first.toUtf8()));
+        const ClusterNode master = *l->map().master(recordSlot(first.toUtf8()));
         const int replica = replicaPort(master.port);
         QVERIFY(replica > 0);
         QCOMPARE(cli(replica, {u"CLUSTER"_qs, u"FAILOVER"_qs}), QByteArray("OK"));
@@ -1254,7 +1287,7 @@ private Q_SLOTS:
         // A new key of the same slot: sent to the old master first (the store's map is old).
         QString key;
         for (int i = 0; key.isEmpty(); ++i)
-            if (keySlot("ep:" + QByteArray::number(i)) == keySlot(first.toUtf8()))
+            if (recordSlot("ep:" + QByteArray::number(i)) == recordSlot(first.toUtf8()))
                 key = u"ep:%1"_qs.arg(i);
         auto claimed = store->claim(claimOf(key));
         QVERIFY2(claimed.ok(), claimed.ok() ? "" : qPrintable(claimed.error().message));
@@ -1273,7 +1306,7 @@ private Q_SLOTS:
         *logMaster = *l->map().master(keySlot(prefix + "log"));
         QString key;
         for (int i = 0; key.isEmpty(); ++i)
-            if ((*l->map().master(keySlot("ep:" + QByteArray::number(i))) == *logMaster) ==
+            if ((*l->map().master(recordSlot("ep:" + QByteArray::number(i))) == *logMaster) ==
                 onLogMaster)
                 key = u"ep:%1"_qs.arg(i);
         DeliveryEvent event;

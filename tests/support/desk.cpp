@@ -12,6 +12,10 @@ Desk startDesk(const QByteArray &configJson, const QString &storeUrl, quint16 po
     auto pool = openStorePool(storeUrl);
     if (!pool)
         qFatal("store %s: %s", qPrintable(storeUrl), qPrintable(pool.error().message));
+    // As every command does at start: a store of an earlier layout migrated, a new one marked.
+    if (auto migrated = (*pool)->run<qint64>([](IdempotencyStore &s) { return s.migrateLayout(); });
+        !migrated)
+        qFatal("store %s: %s", qPrintable(storeUrl), qPrintable(migrated.error().message));
     Desk desk;
     desk.pool = *pool;
     desk.receiver = std::make_unique<Receiver>(*config, desk.pool);

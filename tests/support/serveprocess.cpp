@@ -163,7 +163,7 @@ QString generateRedisKeys(const QString &urlText, int count, int endpoints, int 
     constexpr qint64 kTtlMs = 86'400'000, kGraceMs = 86'400'000; // TOKEN_GRACE_MS
     const qint64 now = wallMs();
     const qint64 expired = qint64(count) * expiredPercent / 100;
-    redis::IndexBatch indexes;
+    const redis::Layout layout(prefix, cluster ? redis::Layout::kClusterBuckets : 1);
     for (int i = 0; i < count && failure.isEmpty(); ++i) {
         const QByteArray endpoint =
             endpoints <= 1 ? QByteArrayLiteral("big") : "big" + QByteArray::number(i % endpoints);
@@ -187,25 +187,28 @@ QString generateRedisKeys(const QString &urlText, int count, int endpoints, int 
         const QByteArray request = "POST /hooks/" + endpoint + '\n' + headers + '\n' + body;
         const QByteArray result = (failed ? "500\n" : "200\n") + headers +
                                   (failed ? "\n{\"error\":\"boom\"}" : "\n{\"ok\":true}");
-        const QByteArray rk = redis::recordKey(prefix, QString::fromUtf8(key));
+        const QByteArray rk = layout.record(QString::fromUtf8(key));
         QList<QByteArray> hset{"HSET", rk, "m", meta, "h", history, "q", request, "s", result};
         if (failed)
             hset << "e"
                  << "downstream answered 500";
         send(hset);
         send({"PEXPIREAT", rk, QByteArray::number(expiresAt + kGraceMs)});
-        indexes.add({QString::fromUtf8(key), QString::fromUtf8(endpoint),
-                     failed ? KeyState::Failed : KeyState::Completed, 0, updated, expiresAt});
-        if (indexes.size() == 2000 || i + 1 == count) {
-            for (const auto &command : indexes.commands(prefix))
-                send(command);
-            indexes.clear();
+        // The index entries claim.lua and finish.lua write with the record, in its bucket.
+        const int bucket = layout.bucketOf(QString::fromUtf8(key));
+        send({"ZADD", layout.keys(bucket, QString::fromUtf8(endpoint)),
+              QByteArray::number(expiresAt), key});
+        if (failed)
+            send({"ZADD", layout.stateIndex(bucket, QString::fromUtf8(endpoint), KeyState::Failed),
+                  QByteArray::number(expiresAt), key});
+        send({"SADD", layout.endpoints(bucket), endpoint});
+        if (i % 2000 == 1999 || i + 1 == count)
             if (failure.isEmpty())
                 failure = drain();
-        }
     }
     if (failure.isEmpty()) {
-        send({"SET", prefix + "layout", "3"}); // as the desk's first start leaves it
+        send({"SET", layout.layoutKey(),
+              QByteArray::number(redis::kLayoutVersion)}); // as a desk leaves it
         failure = drain();
     }
     return failure;

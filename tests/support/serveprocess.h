@@ -22,9 +22,9 @@ std::unique_ptr<QProcess> startServe(const QString &binary, const QStringList &a
 // scale test and benchmark: three completed for every failed one, newest last.
 void generateSqliteKeys(const QString &path, int count, const QByteArray &body = {});
 
-// `count` keys of Redis layout v3 written straight into the Redis or Redis Cluster of `url` (its
-// prefix), as claim.lua + finish.lua and the desk's index writes leave them (records with their
-// Redis expiry, i:k, i:es, i:eps, layout "3"), pipelined to each master: a million in seconds,
+// `count` keys of Redis layout v4 written straight into the Redis or Redis Cluster of `url` (its
+// prefix), as claim.lua + finish.lua leave them (records with their Redis expiry, their buckets'
+// k, s:<ep>:failed and eps, layout "4"), pipelined to each master: a million in seconds,
 // where the scripts through the desk take minutes. Spread over `endpoints` endpoints ("big" for
 // one, "big0"…); three completed for every failed one, newest last; the oldest `expiredPercent`
 // past their expiry but not yet purged. Returns the error, empty when all were written.
