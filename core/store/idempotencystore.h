@@ -128,8 +128,9 @@ public:
     virtual Result<QList<KeyRecord>> listKeys(const KeyQuery &query) = 0;
     // Every live key's name the filter matches (endpoint, glob and, except on Redis, state;
     // not offset and limit), in one pass that neither loses nor repeats a key living from its
-    // start to its end, whatever claims and finishes do meanwhile (`keys export`). The caller
-    // reading the records checks their state. Names only: millions of keys, millions of names.
+    // start to its end, whatever claims and finishes do meanwhile (`keys export`). It may name
+    // keys no longer live too (Redis: its tombstones): the caller reading the records checks
+    // their state and expiry. Names only: millions of keys, millions of names.
     virtual Result<QStringList> keyNames(const KeyQuery &filter) = 0;
     virtual Result<StateCounts> countKeys(const QString &endpoint) = 0;
     virtual Result<OperatorVerdict> applyOperator(const QString &key, OperatorAction action,

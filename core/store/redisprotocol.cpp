@@ -278,7 +278,7 @@ Result<QHash<QByteArray, Script>> scripts()
         return file.readAll();
     };
     QHash<QByteArray, Script> loaded;
-    for (const char *name : {"claim", "finish", "operator", "import", "tombstone", "migrate4",
+    for (const char *name : {"claim", "finish", "operator", "import", "tombstone", "migrate4", "lock",
                              "v3/migrate", "v3/migrate3", "v3/drop"}) {
         const QString file = QLatin1String(name);
         const auto common = read(file.startsWith(u"v3/"_qs) ? u"v3/common"_qs : u"common"_qs);

@@ -49,6 +49,9 @@ public:
     // indexes of processing, failed and reset, for `endpoint`.
     QList<QByteArray> indexes(int bucket, const QString &endpoint) const;
     QByteArray layoutKey() const { return m_prefix + "layout"; } // "4"
+    // How many buckets the desk that laid the store out used: a cluster's keys copied to a
+    // single Redis (or back) are in buckets no desk there reads.
+    QByteArray bucketsKey() const { return m_prefix + "buckets"; }
     QByteArray migratingKey() const { return m_prefix + "migrating"; }
     QByteArray logKey() const { return m_prefix + "log"; }
 

@@ -4,6 +4,7 @@
 #include "store/redisprotocol.h"
 #include "util/format.h"
 
+#include <QRandomGenerator>
 #include <QRegularExpression>
 #include <QScopeGuard>
 #include <QSet>
@@ -59,6 +60,9 @@ private:
 // engine's, every minute, and `keys purge-expired`), a slice after another. Listings and counts
 // purge nothing: they read only the entries scored above the store's clock.
 constexpr qint64 kPurgeSlice = 5000;
+// Keys per run of tombstone.lua: about 5 ms of Redis's time (a run of 5000 took 70 ms, every
+// other client waiting).
+constexpr size_t kTombstoneRun = 400;
 
 using redis::fieldsFrom;
 using redis::text;
@@ -666,13 +670,17 @@ Result<qint64> RedisStore::purgeSlice(qint64 now, const QStringList &names, qint
                                  m_url.display(), QString::fromUtf8(text(members))));
         if (members->elements == 0)
             continue;
-        QList<QByteArray> keys = m_layout.indexes(dues.at(i).bucket, dues.at(i).endpoint), names;
-        for (size_t m = 0; m < members->elements; ++m) {
-            const QByteArray key = text(members->element[m]);
-            keys << m_layout.record(QString::fromUtf8(key));
-            names << key;
+        // At most kTombstoneRun keys per script: Redis runs nothing else while one runs.
+        for (size_t first = 0; first < members->elements; first += kTombstoneRun) {
+            QList<QByteArray> keys = m_layout.indexes(dues.at(i).bucket, dues.at(i).endpoint),
+                              names;
+            for (size_t m = first; m < std::min(members->elements, first + kTombstoneRun); ++m) {
+                const QByteArray key = text(members->element[m]);
+                keys << m_layout.record(QString::fromUtf8(key));
+                names << key;
+            }
+            args.append(QList<QByteArray>{num(keys.size())} + keys + names);
         }
-        args.append(QList<QByteArray>{num(keys.size())} + keys + names);
     }
     if (args.isEmpty())
         return 0;
@@ -742,45 +750,37 @@ RedisStore::scanStep(redisContext *node, const QByteArray &cursor, const QByteAr
 
 Result<QStringList> RedisStore::keyNames(const KeyQuery &q)
 {
-    // Each bucket's k holds every live key of the endpoint from its claim to its end, whatever
-    // its state, written with the record itself: ZSCAN returns each member present for the whole
-    // scan at least once (duplicates dropped here). The state is the caller's to check on the
-    // record. Any failure fails the whole: a partial list is never an answer.
+    // The records themselves, every master's, not the indexes: an export must hold every live
+    // record, and an index entry lost (an index evicted under an allkeys-* policy, a key written
+    // by hand) would lose one without a word. SCAN returns each key present for the whole scan
+    // at least once (duplicates dropped here). Tombstones and expired records are named too: the
+    // caller reads each record and checks it. Any failure fails the whole: a partial list is
+    // never an answer.
     const QRegularExpression glob = keyGlob(q.glob);
-    auto endpointNames =
-        q.endpoint.isEmpty() ? endpoints() : Result<QStringList>(QStringList{q.endpoint});
-    if (!endpointNames)
-        return endpointNames.error();
+    const QByteArray match = globEscaped(m_prefix) + "{b*}:r:" +
+                             (q.endpoint.isEmpty() ? QByteArray()
+                                                   : globEscaped(q.endpoint.toUtf8()) + ':') +
+                             '*';
     QSet<QString> seen;
     QStringList names;
-    for (const QString &endpoint : std::as_const(*endpointNames)) {
-        for (int b = 0; b < m_layout.buckets(); ++b) {
-            QByteArray cursor = "0";
-            do {
-                auto r =
-                    command({"ZSCAN", m_layout.keys(b, endpoint), cursor, "COUNT", "1000"}, false);
-                if (!r)
-                    return r.error();
-                const redisReply *answer = r->get();
-                if (answer->type != REDIS_REPLY_ARRAY || answer->elements != 2 ||
-                    answer->element[0]->type != REDIS_REPLY_STRING ||
-                    answer->element[1]->type != REDIS_REPLY_ARRAY)
-                    return makeError(
-                        ErrorCode::Unavailable,
-                        u"Redis %1: unexpected answer to ZSCAN"_qs.arg(m_url.display()));
-                cursor = text(answer->element[0]);
-                const redisReply *members = answer->element[1];
-                for (size_t i = 0; i + 1 < members->elements; i += 2) { // member, score
-                    const QString key = QString::fromUtf8(text(members->element[i]));
-                    if ((glob.pattern().isEmpty() || glob.match(key).hasMatch()) &&
-                        !seen.contains(key)) {
-                        seen.insert(key);
-                        names << key;
-                    }
-                }
-            } while (cursor != "0");
+    auto scanned = scanAll(match, [&](const QList<QByteArray> &found) -> Result<void> {
+        for (const QByteArray &name : found) {
+            const qsizetype at = name.indexOf("}:r:", m_prefix.size());
+            if (at < 0)
+                continue;
+            const QString key = QString::fromUtf8(name.mid(at + 4));
+            // Only a record of this layout's buckets: the name its key would be written under.
+            if (m_layout.record(key) != name || seen.contains(key))
+                continue;
+            if (!glob.pattern().isEmpty() && !glob.match(key).hasMatch())
+                continue;
+            seen.insert(key);
+            names << key;
         }
-    }
+        return {};
+    });
+    if (!scanned)
+        return scanned.error();
     names.sort();
     return names;
 }
@@ -991,6 +991,8 @@ Result<qint64> RedisStore::purgeExpired()
     auto names = endpoints();
     if (!names)
         return names.error();
+    if (auto swept = sweepStateIndexes(*names); !swept)
+        return swept.error();
     qint64 total = 0;
     for (;;) {
         auto now = clockMs();
@@ -1006,6 +1008,35 @@ Result<qint64> RedisStore::purgeExpired()
     return total;
 }
 
+Result<void> RedisStore::sweepStateIndexes(const QStringList &names)
+{
+    // A state index entry is read only while its score (the key's expiry) is ahead of the
+    // clock, so one behind it can go at any time. Most leave with their record's purge; these
+    // are the ones a record took with it when Redis expired or evicted it before a purge ran
+    // (claimed again, the key's entries in k and processing were rewritten, not this one).
+    auto now = clockMs();
+    if (!now)
+        return now.error();
+    constexpr KeyState kIndexed[] = {KeyState::Processing, KeyState::Failed, KeyState::Reset};
+    QList<QList<QByteArray>> sweeps;
+    for (const QString &endpoint : names)
+        for (int b = 0; b < m_layout.buckets(); ++b)
+            for (KeyState s : kIndexed)
+                sweeps.append({"ZREMRANGEBYSCORE", m_layout.stateIndex(b, endpoint, s), "-inf",
+                               "(" + num(*now)});
+    if (sweeps.isEmpty())
+        return {};
+    auto r = pipeline(sweeps, true);
+    if (!r)
+        return r.error();
+    for (const Reply &reply : *r)
+        if (reply->type != REDIS_REPLY_INTEGER)
+            return makeError(ErrorCode::Unavailable,
+                             u"Redis %1: unexpected answer to ZREMRANGEBYSCORE: %2"_qs.arg(
+                                 m_url.display(), QString::fromUtf8(text(reply.get()))));
+    return {};
+}
+
 Result<qint64> RedisStore::migrateLayout(bool confirmed)
 {
     auto layout = command({"GET", m_layout.layoutKey()}, false);
@@ -1017,8 +1048,10 @@ Result<qint64> RedisStore::migrateLayout(bool confirmed)
     // it as it goes), and take over if it went away without finishing. On an empty store it is
     // done in a few round trips, so a fleet started together all starts.
     const QByteArray lock = m_layout.migratingKey();
+    const QByteArray mine = QByteArray::number(QRandomGenerator::system()->generate64(), 16) +
+                            QByteArray::number(QRandomGenerator::system()->generate64(), 16);
     for (;;) {
-        auto locked = command({"SET", lock, "1", "NX", "PX", num(kMigrationLockMs)}, true);
+        auto locked = command({"SET", lock, mine, "NX", "PX", num(kMigrationLockMs)}, true);
         if (!locked)
             return locked.error();
         if ((*locked)->type != REDIS_REPLY_NIL)
@@ -1030,7 +1063,11 @@ Result<qint64> RedisStore::migrateLayout(bool confirmed)
         if (text(now->get()).toLongLong() >= redis::kLayoutVersion)
             return 0; // the other desk finished
     }
-    auto unlock = qScopeGuard([&] { (void)command({"DEL", lock}, true); });
+    m_migrationLock = mine;
+    auto unlock = qScopeGuard([&] {
+        (void)script("lock", {"1", lock, mine, "0"}, true);
+        m_migrationLock.clear();
+    });
     if (auto again = command({"GET", m_layout.layoutKey()}, false); !again)
         return again.error();
     else if (text(again->get()).toLongLong() >= redis::kLayoutVersion)
@@ -1042,9 +1079,29 @@ Result<qint64> RedisStore::migrateLayout(bool confirmed)
     if (!moved)
         return moved.error();
     // Last, so that a migration cut short is found and finished by the next one.
+    if (auto held = renewMigrationLock(); !held)
+        return held.error();
+    if (auto buckets = command({"SET", m_layout.bucketsKey(), num(m_layout.buckets())}, true);
+        !buckets)
+        return buckets.error();
     if (auto done = command({"SET", m_layout.layoutKey(), num(redis::kLayoutVersion)}, true); !done)
         return done.error();
     return std::max(*v1, *moved); // a v1 record is migrated twice (v1 to v2, then on), counted once
+}
+
+Result<void> RedisStore::renewMigrationLock()
+{
+    auto held = script("lock", {"1", m_layout.migratingKey(), m_migrationLock, num(kMigrationLockMs)},
+                       true);
+    if (!held)
+        return held.error();
+    if ((*held)->type != REDIS_REPLY_INTEGER || (*held)->integer != 1)
+        return makeError(ErrorCode::Conflict,
+                         u"Redis %1: another desk took over the migration (this one held its "
+                         u"lock past %2 s without renewing it): stopped; run idemdesk migrate "
+                         u"again if that desk does not finish"_qs.arg(m_url.display())
+                             .arg(kMigrationLockMs / 1000));
+    return {};
 }
 
 Result<void> RedisStore::refuseIfWritten(bool confirmed, const QString &what)
@@ -1105,6 +1162,9 @@ Result<void> RedisStore::scanAll(const QByteArray &match,
             auto page = scanStep(node, cursor, match);
             if (!page)
                 return page.error();
+            if (!m_migrationLock.isEmpty())
+                if (auto held = renewMigrationLock(); !held)
+                    return held.error();
             cursor = page->first;
             if (!page->second.isEmpty())
                 if (auto done = each(page->second); !done)
@@ -1144,7 +1204,6 @@ Result<qint64> RedisStore::migrateV3(bool confirmed)
                     return refused.error();
                 checked = true;
             }
-            (void)command({"PEXPIRE", m_layout.migratingKey(), num(kMigrationLockMs)}, true);
             QStringList left = keys;
             for (int pass = 0; pass < 3 && !left.isEmpty(); ++pass) {
                 auto done = moveV3(left);
@@ -1391,17 +1450,28 @@ Result<void> RedisStore::ping()
 
 Result<void> RedisStore::ready()
 {
-    auto layout = command({"GET", m_layout.layoutKey()}, false);
-    if (!layout)
-        return layout.error();
+    auto marks = pipeline({{"GET", m_layout.layoutKey()}, {"GET", m_layout.bucketsKey()}}, false);
+    if (!marks)
+        return marks.error();
     // Not marked: no desk of this version started on it (each migrates, or marks an empty store,
     // before it serves), so an earlier layout's records may be there.
-    const qint64 version = text(layout->get()).toLongLong();
+    const qint64 version = text((*marks)[0].get()).toLongLong();
     if (version == 0)
         return makeError(ErrorCode::Internal,
                          u"Redis layout: not marked as v%1 (no desk of this version migrated it): "
                          u"run idemdesk migrate"_qs.arg(redis::kLayoutVersion));
-    return schemaCurrent(u"Redis layout"_qs, version, redis::kLayoutVersion);
+    if (auto current = schemaCurrent(u"Redis layout"_qs, version, redis::kLayoutVersion); !current)
+        return current;
+    const QByteArray buckets = text((*marks)[1].get());
+    if (!buckets.isEmpty() && buckets != num(m_layout.buckets()))
+        return makeError(ErrorCode::Internal,
+                         u"Redis layout: its records are in %1 buckets, and a desk on %2 reads "
+                         u"%3 (a single Redis: 1, a cluster: %4): were they copied from a "
+                         u"cluster to a single Redis, or back? Move them with keys export and "
+                         u"keys import"_qs.arg(escapeControls(QString::fromUtf8(buckets)).left(20),
+                                               m_url.display(), QString::number(m_layout.buckets()),
+                                               QString::number(redis::Layout::kClusterBuckets)));
+    return {};
 }
 
 } // namespace idem

@@ -97,7 +97,6 @@ private:
     // Many commands in one write; every answer, in order (an error answer is an answer).
     Result<std::vector<Reply>> pipeline(const QList<QList<QByteArray>> &commands, bool writes);
     Result<qint64> migrateV1();               // P k:<key> to layout v2 (v3/migrate.lua)
-    Result<qint64> migrateV2(bool confirmed); // layout v2 to v3 in place (v3/migrate3.lua)
     Result<qint64> migrateV3(bool confirmed); // layouts v3 and v2 to v4 (migrate4.lua, v3/drop.lua)
     // One page of migrateV3's keys moved: how many, and those that changed while being moved.
     struct Moved
@@ -106,18 +105,23 @@ private:
         QStringList changed;
     };
     Result<Moved> moveV3(const QStringList &keys);
-    // "P migrating" is held this long, renewed with each page moved.
+    // "P migrating" is held this long, renewed with each SCAN page of a migration (scanAll).
     static constexpr qint64 kMigrationLockMs = 60'000;
+    // Renews "P migrating" while it still holds this desk's value (lock.lua); Conflict when
+    // another desk took it over, after this one paused past its lifetime: it must stop writing.
+    Result<void> renewMigrationLock();
     // Refused (Conflict) unless `confirmed` when a delivery was logged lately: a desk of the
     // previous version may still be writing records this one would not see. `what` names them.
     Result<void> refuseIfWritten(bool confirmed, const QString &what);
     // Every key matching `match` (a SCAN glob), a SCAN page at a time; on a cluster, every
-    // master's.
+    // master's. During a migration, the lock is renewed before each page is handed to `each`.
     Result<void> scanAll(const QByteArray &match,
                          const std::function<Result<void>(const QList<QByteArray> &)> &each);
     Result<QStringList> endpoints(); // the endpoints that have keys (every bucket's eps)
     Result<Reply> script(const char *name, const QList<QByteArray> &args, bool writes);
     Result<void> loadScripts();
+    // Drops the state index entries behind the store's clock, of every bucket of `endpoints`.
+    Result<void> sweepStateIndexes(const QStringList &endpoints);
     // Up to `limit` expired keys of each bucket of each endpoint made tombstones and unindexed.
     Result<qint64> purgeSlice(qint64 now, const QStringList &endpoints, qint64 limit);
     // What a listing or a count starts with: the store's clock and the endpoints asked for
@@ -152,6 +156,7 @@ private:
     QByteArray m_prefix;
     redis::Layout m_layout; // one bucket on a single Redis, kClusterBuckets on a cluster
     QHash<QByteArray, QByteArray> m_sha; // script name → SHA1
+    QByteArray m_migrationLock;          // this desk's value in "P migrating" while it migrates
 };
 
 } // namespace idem

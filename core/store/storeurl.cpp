@@ -59,6 +59,14 @@ Result<void> redisOptions(StoreUrl &url, const QUrlQuery &query, const QString &
     }
     if (url.prefix.isEmpty())
         url.prefix = u"idem:"_qs;
+    // Redis Cluster hashes a key on its first {…}: every key name is the prefix, then its
+    // bucket's tag, so a brace in the prefix would move the tag (one slot for every bucket, or
+    // keys of one record in several slots). Refused on a single Redis too, whose keys a cluster
+    // may receive.
+    if (url.prefix.contains(u'{') || url.prefix.contains(u'}'))
+        return makeError(ErrorCode::Invalid,
+                         u"store URL %1: prefix must not contain { or } (Redis Cluster hashes a "
+                         u"key on the part between braces)"_qs.arg(shownUrl(text)));
     return {};
 }
 

@@ -1,7 +1,7 @@
 -- claim: read the record, decide (the Redis twin of decideClaim() in core/model/statemachine.cpp,
 -- held to it by the store contract suite), apply; all atomic, on the record's bucket only. On
 -- every delivery's path, so it does the least it can: TIME, one HMGET, and for a new claim one
--- HSET of three fields, PEXPIREAT and the index writes. No JSON decode; the request's bytes are
+-- HSET of three fields, PEXPIREAT and the index writes (two ZADDs and an SADD). No JSON decode; the request's bytes are
 -- copied, never parsed.
 -- KEYS: P{tag}:r:<key>, then its bucket's P{tag}:k:<ep>, P{tag}:s:<ep>:processing|failed|reset,
 --       P{tag}:eps
@@ -98,9 +98,9 @@ if expires == '0' then
   from = nil
 end
 reindex(2, ARGV[8], from, 'processing', expiresAt, true)
-if not state then
-  redis.call('SADD', KEYS[6], ARGV[1])
-end
+-- Whatever was there: a tombstone or an expired record may have come from a migration or an
+-- import that never listed its endpoint here, and listing reads the endpoints from this set.
+redis.call('SADD', KEYS[6], ARGV[1])
 if action == 'reclaim' then
   return {action, outcome, newTok, attempts, created, before or '[]', nowText, state}
 end

@@ -18,6 +18,8 @@
 #include <QTemporaryDir>
 #include <QTest>
 
+#include <hiredis.h>
+
 #include <arpa/inet.h>
 #include <atomic>
 #include <csignal>
@@ -1217,7 +1219,7 @@ private Q_SLOTS:
         QCOMPARE((*store)->listKeys(q)->size(), 4);
         q.state = KeyState::Failed;
         QCOMPARE((*store)->listKeys(q)->size(), 1);
-        QCOMPARE((*store)->keyNames({})->size(), 4);
+        QCOMPARE((*store)->keyNames({})->size(), 5); // and the tombstone: export reads each
 
         // The desk carries on: a replay, a duplicate in progress, the holder's finish, the
         // reset key again under a higher token, the deleted key above its tombstone's.
@@ -1285,6 +1287,7 @@ private Q_SLOTS:
         FakeRedis fake({{"CLUSTER INFO", "-ERR This instance has cluster support disabled\r\n"},
                         {"SCRIPT LOAD", bulk(QByteArray(40, 'a'))},
                         {"GET", bulk("4")},
+                        {"GET IDEM:BUCKETS", bulk("1")},
                         {"TIME", "*2\r\n" + bulk("1700000000") + bulk("0")},
                         {"HGETALL", "*2\r\n" + bulk("m") + bulk(meta)},
                         {"XREVRANGE", "*1\r\n$1\r\nx\r\n"}});
@@ -1297,6 +1300,188 @@ private Q_SLOTS:
         QVERIFY2(show.exitCode() == 0 && err.contains("unreadable entry in the delivery log"),
                  qPrintable(u"exit %1: %2"_qs.arg(show.exitCode()).arg(QString::fromUtf8(err))));
         QVERIFY(show.readAllStandardOutput().contains("ep:a"));
+    }
+
+    // A v3 record that had expired came over as a tombstone, in no index; claimed again, the
+    // key is listed, counted and exported like any other (its endpoint listed in the bucket).
+    void aKeyMigratedExpiredThenClaimedAgainIsListed()
+    {
+        const quint16 port = m_redis->port();
+        const QString p = u"v3exp:"_qs;
+        const QString v3 = QString::fromUtf8(redis::v3RecordKey(p.toUtf8(), u"ep:k1"_qs));
+        const auto claimed =
+            runV3(port, "claim", {v3},
+                  {u"ep"_qs, u"generic"_qs, u"fp"_qs, u"60000"_qs, u"1"_qs, u"RM"_qs,
+                   u"POST /hooks/ep\n[]\nbody"_qs});
+        QCOMPARE(claimed.value(0), QByteArray("create"));
+        QVERIFY(redisCli(port, {u"SET"_qs, p + u"layout"_qs, u"3"_qs}));
+        QTest::qWait(5); // its 1 ms TTL over
+        auto store = RedisStore::connect(*StoreUrl::parse(m_redis->url() + u"?prefix="_qs + p));
+        QVERIFY(store.ok());
+        QVERIFY((*store)->migrateLayout(true).ok());
+        QVERIFY((*store)->ready().ok());
+        QCOMPARE(name((*store)->claim(claimOf(u"ep:k1"_qs))->decision.action),
+                 name(ClaimAction::Create));
+        QCOMPARE(*(*store)->keyNames({}), QStringList{u"ep:k1"_qs});
+        QCOMPARE((*store)->listKeys({})->size(), 1);
+        QCOMPARE((*store)->countKeys(QString())->processing, 1);
+    }
+
+    // A migrator that paused past its lock (here: its v3 copy written after the migration
+    // finished and a desk claimed and finished the key under layout v4) never replaces the newer
+    // record: the duplicate still gets the v4 answer.
+    void aMigrationNeverReplacesANewerRecord()
+    {
+        const quint16 port = m_redis->port();
+        const QString p = u"late:"_qs;
+        const QString v3 = QString::fromUtf8(redis::v3RecordKey(p.toUtf8(), u"ep:k"_qs));
+        const auto old = runV3(port, "claim", {v3},
+                               {u"ep"_qs, u"generic"_qs, u"f"_qs, u"60000"_qs, u"3600000"_qs,
+                                u"RM"_qs, u"POST /hooks/ep\n[]\nbody"_qs});
+        QCOMPARE(runV3(port, "finish", {v3},
+                       {QString::fromLatin1(old.value(2)), u"completed"_qs, u"200"_qs, u"[]"_qs,
+                        u"old answer"_qs, QString()})
+                     .value(0),
+                 QByteArray("accept"));
+        auto store = RedisStore::connect(*StoreUrl::parse(m_redis->url() + u"?prefix="_qs + p));
+        QVERIFY(store.ok());
+        auto fresh = (*store)->claim(claimOf(u"ep:k"_qs));
+        QVERIFY(fresh->claimed());
+        FinishRequest f;
+        f.key = u"ep:k"_qs;
+        f.token = fresh->record.token;
+        f.result = {201, {}, "new answer"};
+        QCOMPARE(name(*(*store)->finish(f)), name(FinishVerdict::Accept));
+        QVERIFY(redisCli(port, {u"SET"_qs, p + u"layout"_qs, u"3"_qs}));
+        QVERIFY((*store)->migrateLayout(true).ok());
+        const auto replay = (*store)->claim(claimOf(u"ep:k"_qs));
+        QCOMPARE(name(replay->decision.action), name(ClaimAction::Replay));
+        QCOMPARE(replay->record.result.body, QByteArray("new answer"));
+        QByteArray out;
+        QVERIFY(redisCli(port, {u"EXISTS"_qs, v3}, &out));
+        QCOMPARE(out.trimmed(), QByteArray("0")); // the stale copy is gone all the same
+    }
+
+    // The migration lock is this desk's while its value is: a desk that finds it taken over
+    // (it paused past the lock's lifetime, another desk holds it now) stops, and leaves the
+    // other desk's lock where it is.
+    void aMigratorThatLostItsLockStops()
+    {
+        const quint16 port = m_redis->port();
+        const QString p = u"stolen:"_qs;
+        // 20000 v3 records (20 SCAN pages), written in one script.
+        const QString make =
+            uR"(for i = 1, 20000 do
+                  local k = ARGV[1] .. '{ep:k' .. i .. '}:r'
+                  redis.call('HSET', k, 'm', 'completed ' .. i .. ' 1 1 1 0 ' .. ARGV[2] ..
+                             ' 200 generic ep f', 'h', '[]', 'q', 'POST /hooks/ep\n[]\nb', 's', '[]\nok')
+                end
+                return 1)"_qs;
+        const QString until = QString::number(QDateTime::currentMSecsSinceEpoch() + 3'600'000);
+        QVERIFY(redisCli(port, {u"EVAL"_qs, make, u"0"_qs, p, until}));
+        QVERIFY(redisCli(port, {u"SET"_qs, p + u"layout"_qs, u"3"_qs}));
+        const QByteArray lock = (p + u"migrating"_qs).toUtf8();
+        std::atomic<bool> stolen{false}, stop{false};
+        std::thread other([&] {
+            redisContext *c = redisConnect("127.0.0.1", port);
+            while (c && !c->err && !stop && !stolen) {
+                auto *r = static_cast<redisReply *>(
+                    redisCommand(c, "SET %b other-desk XX PX 60000", lock.constData(),
+                                 size_t(lock.size())));
+                stolen = r && r->type == REDIS_REPLY_STATUS;
+                if (r)
+                    freeReplyObject(r);
+            }
+            if (c)
+                redisFree(c);
+        });
+        auto store = RedisStore::connect(*StoreUrl::parse(m_redis->url() + u"?prefix="_qs + p));
+        QVERIFY(store.ok());
+        auto migrated = (*store)->migrateLayout(true);
+        stop = true;
+        other.join();
+        QVERIFY(stolen);
+        QVERIFY(!migrated.ok());
+        QCOMPARE(int(migrated.error().code), int(ErrorCode::Conflict));
+        QVERIFY2(migrated.error().message.contains(u"another desk took over"_qs),
+                 qPrintable(migrated.error().message));
+        QByteArray out;
+        QVERIFY(redisCli(port, {u"GET"_qs, QString::fromUtf8(lock)}, &out));
+        QCOMPARE(out.trimmed(), QByteArray("other-desk"));
+        QVERIFY(redisCli(port, {u"GET"_qs, p + u"layout"_qs}, &out));
+        QCOMPARE(out.trimmed(), QByteArray("3"));
+        QVERIFY(redisCli(port, {u"DEL"_qs, QString::fromUtf8(lock)}));
+        QCOMPARE(*(*store)->migrateLayout(true), 20000); // the next migration finishes it
+    }
+
+    // Export walks the records, not the indexes: a record whose index entries are gone (an
+    // index evicted, a key written by hand) is exported all the same.
+    void exportFindsRecordsWhoseIndexesAreGone()
+    {
+        const quint16 port = m_redis->port();
+        const QString p = u"noindex:"_qs;
+        auto store = RedisStore::connect(*StoreUrl::parse(m_redis->url() + u"?prefix="_qs + p));
+        QVERIFY(store.ok());
+        for (const QString &k : {u"ep:a"_qs, u"ep:b"_qs, u"other:c"_qs})
+            QVERIFY((*store)->claim(claimOf(k))->claimed());
+        const redis::Layout layout(p.toUtf8(), 1);
+        QVERIFY(redisCli(port, {u"DEL"_qs, QString::fromUtf8(layout.keys(0, u"ep"_qs)),
+                                QString::fromUtf8(layout.endpoints(0))}));
+        QCOMPARE(*(*store)->keyNames({}), (QStringList{u"ep:a"_qs, u"ep:b"_qs, u"other:c"_qs}));
+        KeyQuery q;
+        q.endpoint = u"ep"_qs;
+        QCOMPARE(*(*store)->keyNames(q), (QStringList{u"ep:a"_qs, u"ep:b"_qs}));
+        q.glob = u"*b"_qs;
+        QCOMPARE(*(*store)->keyNames(q), QStringList{u"ep:b"_qs});
+    }
+
+    // Records laid out in a cluster's buckets, copied to a single Redis (or back), are where no
+    // desk there reads them: refused, not served as an empty store.
+    void recordsOfAnotherBucketCountAreRefused()
+    {
+        const quint16 port = m_redis->port();
+        const QString p = u"buckets:"_qs;
+        auto store = RedisStore::connect(*StoreUrl::parse(m_redis->url() + u"?prefix="_qs + p));
+        QVERIFY(store.ok());
+        QVERIFY((*store)->migrateLayout().ok());
+        QVERIFY((*store)->ready().ok());
+        QVERIFY(redisCli(port, {u"SET"_qs, p + u"buckets"_qs, u"64"_qs}));
+        const auto refused = (*store)->ready();
+        QVERIFY(!refused.ok());
+        QVERIFY2(refused.error().message.contains(u"in 64 buckets"_qs),
+                 qPrintable(refused.error().message));
+    }
+
+    // A record Redis expired before a purge ran takes its state index entry's owner with it;
+    // the key claimed again, the purge still drops that entry (it is read by nobody, but it
+    // is memory).
+    void purgeDropsStateEntriesOfRecordsRedisExpired()
+    {
+        const quint16 port = m_redis->port();
+        const QString p = u"stale:"_qs;
+        auto store = RedisStore::connect(*StoreUrl::parse(m_redis->url() + u"?prefix="_qs + p));
+        QVERIFY(store.ok());
+        ClaimRequest brief = claimOf(u"ep:k"_qs);
+        brief.policy.ttlMs = 200;
+        FinishRequest f;
+        f.key = brief.key;
+        f.token = (*store)->claim(brief)->record.token;
+        f.state = KeyState::Failed;
+        f.result = {500, {}, "no"};
+        f.error = u"boom"_qs;
+        QCOMPARE(name(*(*store)->finish(f)), name(FinishVerdict::Accept));
+        QTRY_VERIFY_WITH_TIMEOUT(!(*(*store)->key(brief.key)).has_value(), 5000);
+        const redis::Layout layout(p.toUtf8(), 1);
+        QVERIFY(redisCli(port, {u"DEL"_qs, QString::fromUtf8(layout.record(brief.key))}));
+        QVERIFY((*store)->claim(claimOf(u"ep:k"_qs))->claimed());
+        const QString failed = QString::fromUtf8(layout.stateIndex(0, u"ep"_qs, KeyState::Failed));
+        QByteArray out;
+        QVERIFY(redisCli(port, {u"ZCARD"_qs, failed}, &out));
+        QCOMPARE(out.trimmed(), QByteArray("1"));
+        QVERIFY((*store)->purgeExpired().ok());
+        QVERIFY(redisCli(port, {u"ZCARD"_qs, failed}, &out));
+        QCOMPARE(out.trimmed(), QByteArray("0"));
+        QCOMPARE((*store)->countKeys(u"ep"_qs)->processing, 1);
     }
 
     // Every command migrates a v1 store at start, and says so; `idemdesk migrate` too.

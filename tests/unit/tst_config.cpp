@@ -222,6 +222,17 @@ private Q_SLOTS:
         }
     }
 
+    void aRedisPrefixWithABraceIsRefused()
+    {
+        for (const char *url : {"redis-cluster://h:1,h:2?prefix=x%7B%7D", "redis://h:1/0?prefix=a{b}:",
+                                "redis://h:1/0?prefix=a}"}) {
+            const auto parsed = StoreUrl::parse(QString::fromLatin1(url));
+            QVERIFY2(!parsed.ok() && parsed.error().message.contains(u"prefix must not contain {"),
+                     url);
+        }
+        QVERIFY(StoreUrl::parse(u"redis-cluster://h:1,h:2?prefix=desk-1:"_qs).ok());
+    }
+
     void postgresTlsSettingsComeFromTheUrl()
     {
         auto pg = StoreUrl::parse(QStringLiteral("postgresql://idem:pw@db:5432/desk?sslmode=verify-full&sslrootcert=/etc/ca.pem"
