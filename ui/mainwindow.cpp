@@ -1,6 +1,7 @@
 #include "mainwindow.h"
 
 #include "colours.h"
+#include "curlcommand.h"
 #include "deliveriesmodel.h"
 #include "engine/engine.h"
 #include "engine/stats.h"
@@ -57,13 +58,6 @@ namespace {
 const std::array<std::optional<KeyState>, 5> kTabStates{std::nullopt, KeyState::Processing, KeyState::Failed,
                                                         KeyState::Completed, KeyState::Reset};
 
-QString shellQuote(const QString &text)
-{
-    QString quoted = text;
-    quoted.replace(u"'"_qs, u"'\\''"_qs);
-    return u"'"_qs + quoted + u"'"_qs;
-}
-
 // A theme icon where the desktop has one, else the style's own.
 QIcon themed(const QWidget *widget, const char *name, QStyle::StandardPixmap fallback)
 {
@@ -95,8 +89,8 @@ QString tryHint(const Config &config, const QString &base)
     for (const auto &[name, value] : d.headers)
         if (name.compare("Content-Type", Qt::CaseInsensitive) != 0)
             curl += u" -H "_qs + shellQuote(QString::fromLatin1(name + ": " + value));
-    curl += u" -d "_qs + shellQuote(QString::fromUtf8(d.body)) + u" "_qs + base + u"/hooks/"_qs +
-            unsigned_->name;
+    curl += u" -d "_qs + shellQuote(QString::fromUtf8(d.body)) + u" "_qs +
+            shellQuote(base + u"/hooks/"_qs + unsigned_->name);
     return QObject::tr("Try: <code>%1</code>").arg(curl.toHtmlEscaped());
 }
 
@@ -298,11 +292,18 @@ void MainWindow::buildActions()
                QKeySequence(Qt::CTRL | Qt::SHIFT | Qt::Key_C), [this] {
                    if (m_detail->currentKey().isEmpty())
                        return;
-                   QApplication::clipboard()->setText(curlFor(m_detail->current()));
-                   finishAction(
+                   const auto curl = curlFor(m_detail->current());
+                   if (!curl)
+                       return finishAction(tr("Not copied: %1.").arg(curl.error().message), false);
+                   QApplication::clipboard()->setText(curl->text);
+                   QString message =
                        tr("Copied a curl command for %1 to the clipboard (secret headers masked).")
-                           .arg(m_detail->currentKey()),
-                       true);
+                           .arg(m_detail->currentKey());
+                   if (curl->headersLeftOut)
+                       message +=
+                           tr(" %1 out: curl cannot send them as stored.")
+                               .arg(countOf(curl->headersLeftOut, u"header left", u"headers left"));
+                   finishAction(message, true);
                });
     m_resetAllFailedAction =
         action(tr("Reset all failed…"), themed(this, "view-refresh", QStyle::SP_DialogResetButton),
@@ -1102,23 +1103,11 @@ void MainWindow::openSettings()
     dialog->show();
 }
 
-QString MainWindow::curlFor(const KeyRecord &r) const
+Result<CurlCommand> MainWindow::curlFor(const KeyRecord &r) const
 {
     const QString base = m_session.receiver ? u"http://"_qs + m_session.receiver->address().toString()
                                             : u"http://"_qs + m_session.config.listen.toString();
-    // --globoff: a stored path's [ ] { } are not curl's URL patterns.
-    QString curl = u"curl -i --globoff -X %1 %2"_qs.arg(
-        QString::fromLatin1(r.request.method.isEmpty() ? QByteArray("POST") : r.request.method),
-        shellQuote(base + QString::fromUtf8(r.request.path)));
-    for (const auto &[name, value] : maskSecrets(r.request.headers)) {
-        if (isHopByHopHeader(name))
-            continue;
-        curl += u" \\\n  -H "_qs + shellQuote(QString::fromLatin1(name) + u": "_qs + QString::fromUtf8(value));
-    }
-    // --data-raw, not --data-binary: a body that begins with @ is sent as it is, never read
-    // as the name of one of the operator's files.
-    curl += u" \\\n  --data-raw "_qs + shellQuote(QString::fromUtf8(r.request.body));
-    return curl;
+    return curlCommand(r.request, base);
 }
 
 } // namespace idem

@@ -1,6 +1,7 @@
 #pragma once
 
 #include "config/config.h"
+#include "curlcommand.h"
 #include "model/keyrecord.h"
 #include "store/storepool.h"
 
@@ -109,8 +110,8 @@ public:
     void exportTo(const QString &path, const QStringList &keys);
     void importFrom(const QString &path);
 
-    // A curl command that sends the key's stored request again (secret headers masked).
-    QString curlFor(const KeyRecord &record) const;
+    // A curl command that sends the key's stored request again (curlcommand.h).
+    Result<CurlCommand> curlFor(const KeyRecord &record) const;
 
 Q_SIGNALS:
     void actionFinished(const QString &message, bool ok); // also shown in the detail

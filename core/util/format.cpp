@@ -123,6 +123,15 @@ QString escapeControls(QStringView text, bool keepLineBreaks)
     return out;
 }
 
+bool isHttpToken(QByteArrayView text)
+{
+    static constexpr std::string_view kSymbols = "!#$%&'*+-.^_`|~";
+    return !text.isEmpty() && std::all_of(text.begin(), text.end(), [](char c) {
+        return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
+               (c != 0 && kSymbols.find(c) != std::string_view::npos);
+    });
+}
+
 QString displayUrl(const QUrl &url)
 {
     return url.adjusted(QUrl::RemoveUserInfo).toString();

@@ -28,6 +28,10 @@ QString prettyBody(const QByteArray &body, bool raw = false);
 // (multi-line output), never a carriage return. The escape is JSON's: JSON text stays JSON.
 QString escapeControls(QStringView text, bool keepLineBreaks = false);
 
+// An RFC 9110 token (a method, a header field name): 1*tchar. Note that tchar admits ` $ ' | &:
+// a token is safe on a request line, not in a shell.
+bool isHttpToken(QByteArrayView text);
+
 // A URL for people (answers, logs, stored errors, the window): without user name and password.
 QString displayUrl(const QUrl &url);
 // The same for text that may not parse as a URL (a store URL in an error message): everything

@@ -770,6 +770,16 @@ private Q_SLOTS:
             {"{\"record\": {\"key\": \"" + QByteArray(12 * 1024 * 1024, 'z') + "\"}}",
              "longer than"},
             {line(u"after"_qs, [](O &, O &, O &, O &) {}), "imported"},
+            // A method is an RFC 9110 token; a token may be shell syntax all the same (Copy as
+            // curl quotes it: tst_ui).
+            {line(u"m1"_qs,
+                  [](O &, O &req, O &, O &) { req[u"method"_qs] = u"POST $(touch pwned)"_qs; }),
+             "request.method 'POST $(touch pwned)' is not an HTTP method"},
+            {line(u"m2"_qs, [](O &, O &req, O &, O &) { req[u"method"_qs] = u"PO\nST"_qs; }),
+             "request.method 'PO\\u000aST' is not an HTTP method"},
+            {line(u"m3"_qs,
+                  [](O &, O &req, O &, O &) { req[u"method"_qs] = u"`touch$IFS.pwned`"_qs; }),
+             "imported"},
         };
         QByteArray content;
         for (const auto &l : lines)
@@ -787,7 +797,7 @@ private Q_SLOTS:
                          r.err.indexOf(expected, at) > at,
                      (prefix + expected + "\n--\n" + r.err.mid(at, 400)).constData());
         }
-        QVERIFY2(r.out.contains("6 keys imported, 0 already here, 25 refused"), r.out.constData());
+        QVERIFY2(r.out.contains("7 keys imported, 0 already here, 27 refused"), r.out.constData());
         QCOMPARE(idemdesk({u"keys"_qs, u"show"_qs, ep + u":after"_qs, u"--config"_qs, config}).rc,
                  0);
         // The token the app last saw for a key, where it was exported: this store's is above it.

@@ -2,6 +2,7 @@
 // driven through the widgets, against a real store and the embedded receiver. Every store call
 // goes through a recording wrapper: none may run on the GUI thread (checked after each test).
 #include "colours.h"
+#include "curlcommand.h"
 #include "deliveriesmodel.h"
 #include "engine/engine.h"
 #include "http/blockingclient.h"
@@ -32,8 +33,10 @@
 #include <QApplication>
 #include <QClipboard>
 #include <QComboBox>
+#include <QCryptographicHash>
 #include <QDeadlineTimer>
 #include <QDialogButtonBox>
+#include <QDir>
 #include <QElapsedTimer>
 #include <QLabel>
 #include <QLineEdit>
@@ -1373,9 +1376,169 @@ private Q_SLOTS:
         r.request.path = "/hooks/c?x[1]={a}";
         r.request.headers = {{"Idempotency-Key", "k"}};
         r.request.body = "@/etc/passwd";
-        const QString curl = desk.window->curlFor(r);
+        const QString curl = desk.window->curlFor(r)->text;
         QVERIFY2(curl.contains(u"--data-raw '@/etc/passwd'"_qs) && !curl.contains(u"--data-binary"_qs), qPrintable(curl));
         QVERIFY2(curl.contains(u"--globoff"_qs), qPrintable(curl));
+    }
+
+    void copyAsCurlRunsCurlWithTheStoredBytesAndNothingElse_data()
+    {
+        QTest::addColumn<QString>("shell");
+        QTest::newRow("bash") << u"bash"_qs;
+        QTest::newRow("sh") << u"sh"_qs; // dash on Debian: POSIX alone
+    }
+    void copyAsCurlRunsCurlWithTheStoredBytesAndNothingElse()
+    {
+        // What a shared store may hold, or an import took: a method that is an RFC 9110 token
+        // and shell syntax, values that run commands unquoted, an ESC that ends a terminal's
+        // bracketed paste followed by Ctrl-U, bidi controls, bytes that are not UTF-8, a body
+        // with NUL and final line breaks. The copied command, run by a shell with curl replaced
+        // by a recorder, runs curl with exactly the stored bytes, and nothing else.
+        QFETCH(QString, shell);
+        Desk desk = open("[{\"name\": \"c\"}]");
+        QTemporaryDir run;
+        QVERIFY(QDir(run.path()).mkpath(u"bin"_qs) && QDir(run.path()).mkpath(u"work"_qs));
+        QFile recorder(run.filePath(u"bin/curl"_qs));
+        QVERIFY(recorder.open(QIODevice::WriteOnly));
+        recorder.write("#!/bin/sh\n: > \"$CURL_ARGS\"\n"
+                       "for a in \"$@\"; do printf '%s\\0' \"$a\" >> \"$CURL_ARGS\"; done\n"
+                       "cat > \"$CURL_STDIN\"\n");
+        recorder.close();
+        QVERIFY(recorder.setPermissions(QFileDevice::ReadOwner | QFileDevice::WriteOwner |
+                                        QFileDevice::ExeOwner));
+        const HeaderList headers{{"X-Sub", "$(touch pwned) `touch pwned` ${IFS}"},
+                                 {"X-Quote", "it's'; touch pwned; '"},
+                                 {"X-Paste", "\x1b[201~\x15touch pwned"},
+                                 {"X-Bidi", "\xe2\x80\xae"
+                                            "desrever"},
+                                 {"X-Latin1", "caf\xe9"},
+                                 {"X-Empty", ""},
+                                 {"Authorization", "Bearer hunter2"},
+                                 {"Bad Name", "v"},
+                                 {"@headers.txt", "v"},
+                                 {"X-Split", "a\r\nInjected: 1"}};
+        const QByteArray printableBody = "{\"it's\": \"$(touch pwned)\",\n \"a\": \"`id`\"}\n";
+        static const char binary[] = "-\x00"
+                                     "1\x1b[201~\ntouch pwned\n\n";
+        const QByteArray binaryBody(binary, sizeof binary - 1);
+        const auto put = [&](const QString &id, const QByteArray &method, const QByteArray &body) {
+            KeyRecord r;
+            r.key = u"c:"_qs + id;
+            r.endpoint = u"c"_qs;
+            r.provider = u"generic"_qs;
+            r.state = KeyState::Completed;
+            r.fingerprint = QCryptographicHash::hash(body, QCryptographicHash::Sha256).toHex();
+            r.attempts = 1;
+            r.createdMs = r.updatedMs = wallMs();
+            r.request = {method, "/hooks/c?q=$(touch${IFS}pwned)&r='x'&s=\x1b", headers, body};
+            r.result.status = 200;
+            return desk.pool
+                ->run<ImportVerdict>(
+                    [&](IdempotencyStore &store) { return store.importRecord(r, 3'600'000, 0); })
+                .ok();
+        };
+        QVERIFY(put(u"token-method"_qs, "`touch$IFS.pwned`", printableBody));
+        QVERIFY(put(u"binary-body"_qs, "POST", binaryBody));
+        QVERIFY(put(u"no-method"_qs, "POST $(touch pwned)", printableBody));
+        MainWindow &w = *desk.window;
+        const QByteArray url = "http://127.0.0.1:" + QByteArray::number(desk.port) +
+                               "/hooks/c?q=$(touch${IFS}pwned)&r='x'&s=%1B";
+
+        const auto copied = [&](const QString &key) {
+            selectAndWait(w, key);
+            QApplication::clipboard()->clear();
+            w.copyCurlAction()->trigger();
+            return QApplication::clipboard()->text();
+        };
+        // Runs the command; returns curl's arguments and standard input.
+        const auto runIt = [&](const QString &command) -> std::pair<QList<QByteArray>, QByteArray> {
+            QProcess p;
+            QProcessEnvironment env = QProcessEnvironment::systemEnvironment();
+            env.insert(u"PATH"_qs, run.filePath(u"bin"_qs) + u':' + env.value(u"PATH"_qs));
+            env.insert(u"CURL_ARGS"_qs, run.filePath(u"args"_qs));
+            env.insert(u"CURL_STDIN"_qs, run.filePath(u"stdin"_qs));
+            p.setProcessEnvironment(env);
+            p.setWorkingDirectory(run.filePath(u"work"_qs));
+            p.start(shell, {u"-c"_qs, command});
+            p.closeWriteChannel();
+            if (!p.waitForFinished(20000) || p.exitCode() != 0)
+                qWarning("%s", p.readAllStandardError().constData());
+            QFile args(run.filePath(u"args"_qs)), in(run.filePath(u"stdin"_qs));
+            if (!args.open(QIODevice::ReadOnly) || !in.open(QIODevice::ReadOnly))
+                return {};
+            QList<QByteArray> list = args.readAll().split('\0');
+            list.removeLast(); // after the last NUL
+            return {list, in.readAll()};
+        };
+        const auto pasteSafe = [](const QString &command) {
+            for (const char32_t c : command.toUcs4()) {
+                const auto category = QChar::category(c);
+                if ((c != u'\n' && category == QChar::Other_Control) ||
+                    category == QChar::Other_Format || category == QChar::Separator_Line ||
+                    category == QChar::Separator_Paragraph)
+                    return false;
+            }
+            return true;
+        };
+        const QList<QByteArray> headerArgs{"-H",
+                                           "X-Sub: $(touch pwned) `touch pwned` ${IFS}",
+                                           "-H",
+                                           "X-Quote: it's'; touch pwned; '",
+                                           "-H",
+                                           "X-Paste: \x1b[201~\x15touch pwned",
+                                           "-H",
+                                           "X-Bidi: \xe2\x80\xae"
+                                           "desrever",
+                                           "-H",
+                                           "X-Latin1: caf\xe9",
+                                           "-H",
+                                           "X-Empty;",
+                                           "-H",
+                                           "Authorization: \xe2\x80\xa2\xe2\x80\xa2\xe2\x80"
+                                           "\xa2\xe2\x80\xa2 (masked)"};
+
+        QSignalSpy finished(&w, &MainWindow::actionFinished);
+        QString command = copied(u"c:token-method"_qs);
+        QVERIFY2(pasteSafe(command), qPrintable(command));
+        QVERIFY2(finished.last().first().toString().contains(u"3 headers left out"_qs),
+                 qPrintable(finished.last().first().toString()));
+        auto [args, in] = runIt(command);
+        QList<QByteArray> expected{"-i", "--globoff", "-X", "`touch$IFS.pwned`", url};
+        const QList<QByteArray> inlineBody{"--data-raw", printableBody};
+        QCOMPARE(args, expected + headerArgs + inlineBody);
+        QCOMPARE(in, QByteArray());
+        QCOMPARE(QDir(run.filePath(u"work"_qs))
+                     .entryList(QDir::AllEntries | QDir::Hidden | QDir::NoDotAndDotDot),
+                 QStringList());
+
+        command = copied(u"c:binary-body"_qs);
+        QVERIFY2(pasteSafe(command), qPrintable(command));
+        std::tie(args, in) = runIt(command);
+        expected[3] = "POST";
+        const QList<QByteArray> pipedBody{"--data-binary", "@-"};
+        QCOMPARE(args, expected + headerArgs + pipedBody);
+        QCOMPARE(in, binaryBody);
+        QCOMPARE(QDir(run.filePath(u"work"_qs))
+                     .entryList(QDir::AllEntries | QDir::Hidden | QDir::NoDotAndDotDot),
+                 QStringList());
+
+        // A method that is not a token is never put into a command.
+        QCOMPARE(copied(u"c:no-method"_qs), QString());
+        QVERIFY2(finished.last().first().toString().startsWith(u"Not copied"_qs) &&
+                     !finished.last().at(1).toBool(),
+                 qPrintable(finished.last().first().toString()));
+    }
+
+    void aLongBodyIsPipedNotPassedAsOneArgument()
+    {
+        // Linux refuses one argument over 128 KiB at exec: a 1 MiB body is piped in by printf.
+        KeyRecord r;
+        r.request = {"POST", "/hooks/c", {}, QByteArray(1 << 20, 'a')};
+        const auto curl = curlCommand(r.request, u"http://127.0.0.1:1"_qs);
+        QVERIFY(curl.ok());
+        QVERIFY2(curl->text.startsWith(u"printf '"_qs) &&
+                     curl->text.endsWith(u"--data-binary @-"_qs),
+                 qPrintable(curl->text.right(200)));
     }
 
     void settingsShowNoCredentials()
