@@ -1,7 +1,9 @@
 #include "deliveriesmodel.h"
 
 #include "colours.h"
+#include "richtext.h"
 #include "util/format.h"
+
 #include <QBrush>
 #include <QColor>
 #include <QDateTime>
@@ -65,13 +67,14 @@ QVariant DeliveriesModel::data(const QModelIndex &index, int role) const
         if (role == Qt::DisplayRole && index.column() == Latency)
             return QString();
         if (role == Qt::ToolTipRole)
-            return tr("%1 past the list's budget (%2 at once, then %3 a minute per endpoint and "
-                      "status), counted in this row since %4; the last at %5: %6")
-                .arg(countOf(e.count, u"rejected delivery", u"rejected deliveries"))
-                .arg(kRejectionBurst)
-                .arg(kRejectionsPerMinute)
-                .arg(time(row.foldedSinceMs, u"hh:mm:ss.zzz"), time(e.atMs, u"hh:mm:ss.zzz"),
-                     e.detail.isEmpty() ? tr("(no reason given)") : e.detail);
+            return plainToolTip(
+                tr("%1 past the list's budget (%2 at once, then %3 a minute per endpoint and "
+                   "status), counted in this row since %4; the last at %5: %6")
+                    .arg(countOf(e.count, u"rejected delivery", u"rejected deliveries"))
+                    .arg(kRejectionBurst)
+                    .arg(kRejectionsPerMinute)
+                    .arg(time(row.foldedSinceMs, u"hh:mm:ss.zzz"), time(e.atMs, u"hh:mm:ss.zzz"),
+                         e.detail.isEmpty() ? tr("(no reason given)") : e.detail));
         if (role == Qt::FontRole) {
             QFont font;
             font.setItalic(true);
@@ -89,19 +92,21 @@ QVariant DeliveriesModel::data(const QModelIndex &index, int role) const
         }
     }
     if (role == Qt::DisplayRole) {
+        // Key and endpoint are what a sender or a shared store wrote: no bidi control
+        // reorders the row.
         switch (index.column()) {
         case Time: return QDateTime::fromMSecsSinceEpoch(e.atMs).toString(u"hh:mm:ss.zzz"_qs);
-        case Endpoint: return e.endpoint;
-        case Key: return e.key.isEmpty() ? tr("(none)") : e.key;
+        case Endpoint: return escapeControls(e.endpoint);
+        case Key: return e.key.isEmpty() ? tr("(none)") : escapeControls(e.key);
         case Outcome: return toString(e.outcome);
         case Status: return e.status;
         case Latency: return u"%1 ms"_qs.arg(double(e.latencyUs) / 1000.0, 0, 'f', 1);
         }
     }
     if (role == Qt::ToolTipRole && deliveryFailed(e))
-        return e.detail.isEmpty() ? tr("failed: %1").arg(e.status) : e.detail;
+        return plainToolTip(e.detail.isEmpty() ? tr("failed: %1").arg(e.status) : e.detail);
     if (role == Qt::ToolTipRole && !e.detail.isEmpty())
-        return e.detail;
+        return plainToolTip(e.detail);
     // A processed delivery whose processor failed (5xx) is a failure, whatever its outcome.
     if (role == Qt::ForegroundRole && deliveryFailed(e) &&
         (index.column() == Outcome || index.column() == Status))

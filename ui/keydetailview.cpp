@@ -1,8 +1,8 @@
 #include "keydetailview.h"
 
 #include "colours.h"
-
 #include "jsonhighlighter.h"
+#include "richtext.h"
 #include "textdiff.h"
 #include "timelinemodel.h"
 #include "util/clock.h"
@@ -93,6 +93,10 @@ KeyDetailView::KeyDetailView(QWidget *parent)
     m_summary->setTextInteractionFlags(Qt::TextSelectableByMouse);
     m_summary->setWordWrap(true);
     m_banner->setWordWrap(true);
+    // Action results quote keys and store errors: never read as HTML.
+    m_title->setTextFormat(Qt::RichText);
+    m_summary->setTextFormat(Qt::RichText);
+    m_banner->setTextFormat(Qt::PlainText);
     m_banner->hide();
     layout->addWidget(m_title);
     layout->addWidget(m_summary);
@@ -158,7 +162,7 @@ void KeyDetailView::showNothing(const QString &message)
     m_record = {};
     m_historyText.clear();
     m_events.clear();
-    m_title->setText(message);
+    m_title->setText(richTextEscaped(message));
     m_summary->clear();
     m_tabs->setEnabled(false);
     m_requestHeaders->setRowCount(0);
@@ -172,7 +176,7 @@ void KeyDetailView::showNothing(const QString &message)
 
 void KeyDetailView::showActionResult(const QString &message, bool ok)
 {
-    m_banner->setText(message);
+    m_banner->setText(escapeControls(message, true));
     m_banner->setStyleSheet(ok ? u"background:#e3f4e8;color:#1b5e20;padding:4px;border-radius:3px"_qs
                                : u"background:#fde7e7;color:#8a1c1c;padding:4px;border-radius:3px"_qs);
     m_banner->show();
@@ -193,25 +197,29 @@ void KeyDetailView::showKey(const KeyRecord &r, const QList<DeliveryEvent> &newe
                                            {KeyState::Failed, failed},
                                            {KeyState::Processing, stateColour(KeyState::Processing).name()},
                                            {KeyState::Reset, stateColour(KeyState::Reset).name()}};
-    m_title->setText(u"<b>%1</b> &nbsp; <span style='color:%2'><b>%3</b></span>"_qs.arg(r.key.toHtmlEscaped(), colours.value(r.state), toString(r.state)));
+    // Key, endpoint, provider and error are what a sender or a shared store wrote.
+    m_title->setText(u"<b>%1</b> &nbsp; <span style='color:%2'><b>%3</b></span>"_qs.arg(
+        richTextEscaped(r.key), colours.value(r.state), toString(r.state)));
     QString summary =
         tr("endpoint %1 (%2) · %3 · TTL %4 · token %5 · first seen %6 · last seen "
            "%7<br>fingerprint sha256:%8")
-            .arg(r.endpoint, r.provider)
+            .arg(richTextEscaped(r.endpoint), richTextEscaped(r.provider))
             .arg(countOf(r.attempts, u"delivery", u"deliveries"))
             .arg(formatDuration(r.expiresAtMs - now))
             .arg(r.token)
             .arg(QDateTime::fromMSecsSinceEpoch(r.createdMs).toString(u"yyyy-MM-dd hh:mm:ss"_qs),
                  QDateTime::fromMSecsSinceEpoch(r.updatedMs).toString(u"yyyy-MM-dd hh:mm:ss"_qs),
-                 QString::fromLatin1(r.fingerprint));
+                 richTextEscaped(QString::fromLatin1(r.fingerprint)));
     if (r.state == KeyState::Processing)
         summary += r.leaseUntilMs > now ? tr("<br>lease: %1 left").arg(formatDuration(r.leaseUntilMs - now))
                                         : tr("<br><span style='color:%2'><b>stuck</b>: the lease ran out %1 ago</span>").arg(formatDuration(now - r.leaseUntilMs), failed);
     // A key reset or reprocessed keeps the error of its failed run: shown as the last one then.
     if (!r.error.isEmpty() && r.state == KeyState::Failed)
-        summary += tr("<br><span style='color:%2'><b>error:</b> %1</span>").arg(r.error.toHtmlEscaped(), failed);
+        summary += tr("<br><span style='color:%2'><b>error:</b> %1</span>")
+                       .arg(richTextEscaped(r.error), failed);
     else if (!r.error.isEmpty())
-        summary += tr("<br><b>last error</b> (before it was %2): %1").arg(r.error.toHtmlEscaped(), toString(r.state));
+        summary += tr("<br><b>last error</b> (before it was %2): %1")
+                       .arg(richTextEscaped(r.error), toString(r.state));
     m_summary->setText(summary);
 
     if (tabsChanged) {
@@ -228,10 +236,12 @@ void KeyDetailView::showKey(const KeyRecord &r, const QList<DeliveryEvent> &newe
 
     QString history;
     for (const HistoryEntry &h : r.history)
-        history += u"%1  %2  (token %3)%4\n"_qs.arg(QDateTime::fromMSecsSinceEpoch(h.atMs).toString(u"yyyy-MM-dd hh:mm:ss.zzz"_qs),
-                                                    h.event.leftJustified(12))
-                       .arg(h.token)
-                       .arg(h.detail.isEmpty() ? QString() : u"  "_qs + h.detail);
+        history +=
+            u"%1  %2  (token %3)%4\n"_qs
+                .arg(QDateTime::fromMSecsSinceEpoch(h.atMs).toString(u"yyyy-MM-dd hh:mm:ss.zzz"_qs),
+                     escapeControls(h.event).leftJustified(12))
+                .arg(h.token)
+                .arg(h.detail.isEmpty() ? QString() : u"  "_qs + escapeControls(h.detail));
     if (history != m_historyText) {
         m_historyText = history;
         m_history->setPlainText(history);

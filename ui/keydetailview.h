@@ -27,6 +27,7 @@ public:
     void showKey(const KeyRecord &record, const QList<DeliveryEvent> &newestFirst);
     // The store's clock minus this machine's: TTL and lease are shown on the store's clock.
     void setClockOffsetMs(qint64 offset) { m_clockOffsetMs = offset; }
+    // Both messages are plain text (they quote keys and store errors), shown as such.
     void showNothing(const QString &message);
     void showActionResult(const QString &message, bool ok);
     QString currentKey() const { return m_key; }

@@ -1,6 +1,7 @@
 #include "keysmodel.h"
 
 #include "colours.h"
+#include "richtext.h"
 #include "util/clock.h"
 #include "util/format.h"
 
@@ -88,9 +89,11 @@ QVariant KeysModel::data(const QModelIndex &index, int role) const
         }
         return {};
     case Qt::DisplayRole:
+        // Key and endpoint are what a sender or a shared store wrote: no bidi control
+        // reorders the row.
         switch (index.column()) {
-        case Key: return r.key;
-        case Endpoint: return r.endpoint;
+        case Key: return escapeControls(r.key);
+        case Endpoint: return escapeControls(r.endpoint);
         case State: return toString(r.state);
         case Deliveries: return r.attempts;
         case FirstSeen: return shortTime(r.createdMs);
@@ -114,12 +117,12 @@ QVariant KeysModel::data(const QModelIndex &index, int role) const
         return {};
     case Qt::ToolTipRole:
         if (index.column() == Key)
-            return r.key; // the whole key: the column elides it in the middle
+            return plainToolTip(r.key); // the whole key: the column elides it in the middle
         if (stuck)
             return tr("The lease ran out %1 ago: the worker likely died. The next delivery recovers it; or force-fail it.")
                 .arg(formatDuration(now - r.leaseUntilMs));
         if (!r.error.isEmpty())
-            return r.error;
+            return plainToolTip(r.error);
         return {};
     }
     return {};

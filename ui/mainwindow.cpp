@@ -10,6 +10,7 @@
 #include "processing/processor.h"
 #include "providers/provider.h"
 #include "receiver/receiver.h"
+#include "richtext.h"
 #include "senddialog.h"
 #include "settingsdialog.h"
 #include "store/storeurl.h"
@@ -673,7 +674,7 @@ void MainWindow::showWarnings(const QStringList &warnings)
                             : tr("<span style='color:%1'>⚠ %2</span>")
                                   .arg(stateColour(KeyState::Processing).name(),
                                        countOf(warnings.size(), u"warning", u"warnings")));
-    m_warnings->setToolTip(warnings.join(u'\n'));
+    m_warnings->setToolTip(plainToolTip(warnings.join(u'\n')));
 }
 
 void MainWindow::applyFilter()
@@ -843,7 +844,7 @@ void MainWindow::updateStatus()
     }
     m_storeLabel->setText(tr("Store %1 <span style='color:%2'>● %3</span>")
                               .arg(store.toHtmlEscaped(), stateColour(colour).name(), verdict));
-    m_storeLabel->setToolTip(why);
+    m_storeLabel->setToolTip(plainToolTip(why));
 }
 
 QString MainWindow::statusText() const
@@ -853,14 +854,18 @@ QString MainWindow::statusText() const
 
 bool MainWindow::confirm(const QString &title, const QString &text)
 {
-    return QMessageBox::question(this, title, text, QMessageBox::Yes | QMessageBox::Cancel, QMessageBox::Cancel)
-           == QMessageBox::Yes;
+    // The text names keys: plain, never read as HTML.
+    QMessageBox box(QMessageBox::Question, title, escapeControls(text, true),
+                    QMessageBox::Yes | QMessageBox::Cancel, this);
+    box.setTextFormat(Qt::PlainText);
+    box.setDefaultButton(QMessageBox::Cancel);
+    return box.exec() == QMessageBox::Yes;
 }
 
 void MainWindow::finishAction(const QString &message, bool ok)
 {
     Q_EMIT actionFinished(message, ok);
-    statusBar()->showMessage(message, 8000);
+    statusBar()->showMessage(escapeControls(message), 8000);
     refreshAll();
 }
 

@@ -2,6 +2,7 @@
 
 #include "colours.h"
 #include "jsonhighlighter.h"
+#include "richtext.h"
 #include "util/crypto.h"
 #include "util/format.h"
 
@@ -264,7 +265,7 @@ void SendDialog::addAnswer(int copy, const SentAnswer &a)
     item(2, QString::fromLatin1(a.outcome));
     item(3, QString::fromLatin1(a.key));
     item(4, a.status ? QString::fromUtf8(a.body.left(500)).simplified() : a.error);
-    m_answers->item(row, 4)->setToolTip(QString::fromUtf8(a.body.left(4000)));
+    m_answers->item(row, 4)->setToolTip(plainToolTip(QString::fromUtf8(a.body.left(4000))));
 }
 
 } // namespace idem

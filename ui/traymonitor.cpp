@@ -1,5 +1,6 @@
 #include "traymonitor.h"
 
+#include "richtext.h"
 #include "util/clock.h"
 #include "util/format.h"
 
@@ -40,7 +41,7 @@ void TrayMonitor::delivered(const DeliveryEvent &event)
     const bool ran = event.outcome == Outcome::Processed || event.outcome == Outcome::Reprocessed ||
                      event.outcome == Outcome::Recovered;
     if (ran && (event.status < 200 || event.status > 299))
-        note(tr("%1 failed (%2)").arg(event.key).arg(event.status));
+        note(tr("%1 failed (%2)").arg(richTextEscaped(event.key)).arg(event.status));
 }
 
 QString TrayMonitor::toolTip() const

@@ -36,6 +36,8 @@ public:
     QString toolTip() const;
 
 Q_SIGNALS:
+    // `text` is markup, as notification servers read a notification's body (and Qt's own
+    // balloon): what a sender wrote in it (a key) is escaped.
     void notify(const QString &title, const QString &text);
     void countsChanged();
 

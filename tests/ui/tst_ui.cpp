@@ -76,6 +76,16 @@ using idem::test::name;
 
 namespace {
 
+// What a label, a tooltip or a notification shows of `text`.
+QString shownText(const QString &text, Qt::TextFormat format = Qt::AutoText)
+{
+    if (format == Qt::PlainText || (format == Qt::AutoText && !Qt::mightBeRichText(text)))
+        return text;
+    QTextDocument doc;
+    doc.setHtml(text);
+    return doc.toPlainText();
+}
+
 // Answers the next modal message box with `button` as soon as it shows.
 void answerNextMessageBox(QMessageBox::StandardButton button, QString *text = nullptr)
 {
@@ -421,7 +431,8 @@ private Q_SLOTS:
         QCOMPARE(w.keysTable()->textElideMode(), Qt::ElideMiddle);
         const QString full = u"gh:"_qs + QString::fromLatin1(prefix) + u"0002"_qs;
         const int row = w.keys()->rowOfKey(full);
-        QCOMPARE(w.keys()->index(row, KeysModel::Key).data(Qt::ToolTipRole).toString(), full);
+        QCOMPARE(shownText(w.keys()->index(row, KeysModel::Key).data(Qt::ToolTipRole).toString()),
+                 full);
         const QString shown = w.keysTable()->fontMetrics().elidedText(full, Qt::ElideMiddle, 120);
         QVERIFY2(shown.endsWith(u"0002"_qs), qPrintable(shown)); // what ElideMiddle keeps
         // Copy key (Ctrl+C) puts the selected key on the clipboard.
@@ -1115,9 +1126,7 @@ private Q_SLOTS:
         QCOMPARE(model.index(0, DeliveriesModel::Outcome).data().toString(), u"rejected"_qs);
         QCOMPARE(model.index(0, DeliveriesModel::Status).data().toInt(), 401);
         QCOMPARE(model.index(0, DeliveriesModel::Latency).data().toString(), QString());
-        QVERIFY(model.index(0, DeliveriesModel::Key)
-                    .data(Qt::ToolTipRole)
-                    .toString()
+        QVERIFY(shownText(model.index(0, DeliveriesModel::Key).data(Qt::ToolTipRole).toString())
                     .endsWith(u"reason %1"_qs.arg(kFloodMs + 199)));
         // One more kind's rejections after a real delivery: its row is brought up to date and
         // moved up by its time, above the real one, below one that came after them.
@@ -1539,6 +1548,88 @@ private Q_SLOTS:
         QVERIFY2(curl->text.startsWith(u"printf '"_qs) &&
                      curl->text.endsWith(u"--data-binary @-"_qs),
                  qPrintable(curl->text.right(200)));
+    }
+
+    void whatASenderOrAStoreWroteIsShownAsText()
+    {
+        // A key is any printable ASCII a sender chooses, and a shared store holds any endpoint,
+        // provider and error: rich text shows them as the characters they are (a link in a key
+        // is no link), with their controls escaped, in the detail, the tooltips, the action
+        // results, the confirmations and the desktop notifications.
+        const QString link = u"<a href='http://evil.example/'>click</a>"_qs;
+        const QString key = u"<b>ep</b>:"_qs + link;
+        TrayMonitor tray(0);
+        QSignalSpy notes(&tray, &TrayMonitor::notify);
+        tray.setCounts(0, 0);
+        DeliveryEvent failed;
+        failed.key = key + u"\u202e\x1b[2J"_qs;
+        failed.outcome = Outcome::Processed;
+        failed.status = 500;
+        tray.delivered(failed);
+        QCOMPARE(notes.count(), 1);
+        QCOMPARE(shownText(notes.last().at(1).toString()),
+                 key + u"\\u202e\\u001b[2J failed (500)"_qs);
+
+        Desk desk = open("[{\"name\": \"c\"}]");
+        const auto put = [&](const QString &k, KeyState state) {
+            KeyRecord r;
+            r.key = k;
+            r.endpoint = u"<b>ep</b>"_qs;
+            r.provider = u"<img src='x'>gen"_qs;
+            r.state = state;
+            r.fingerprint = QCryptographicHash::hash("{}", QCryptographicHash::Sha256).toHex();
+            r.attempts = 1;
+            r.createdMs = r.updatedMs = wallMs();
+            r.request = {"POST", "/hooks/c", {}, "{}"};
+            r.result.status = 500;
+            r.error = link + u"\nforged line"_qs;
+            return desk.pool
+                ->run<ImportVerdict>(
+                    [&](IdempotencyStore &store) { return store.importRecord(r, 3'600'000, 0); })
+                .ok();
+        };
+        QVERIFY(put(key, KeyState::Failed));
+        QVERIFY(put(key + u"2"_qs, KeyState::Completed));
+        MainWindow &w = *desk.window;
+        selectAndWait(w, key);
+        const QString summary = shownText(w.detail()->summaryText(), Qt::RichText);
+        QVERIFY2(summary.contains(u"endpoint <b>ep</b> (<img src='x'>gen)"_qs) &&
+                     summary.contains(u"error: "_qs + link + u"\\u000aforged line"_qs),
+                 qPrintable(summary));
+        const auto labelShowing = [&](const QString &text) {
+            for (const QLabel *label : w.detail()->findChildren<QLabel *>())
+                if (shownText(label->text(), label->textFormat()).contains(text))
+                    return true;
+            return false;
+        };
+        QVERIFY(labelShowing(key)); // the title
+        const int row = w.keys()->rowOfKey(key);
+        QCOMPARE(shownText(w.keys()->index(row, KeysModel::Key).data(Qt::ToolTipRole).toString()),
+                 key);
+        QCOMPARE(shownText(w.keys()->index(row, KeysModel::State).data(Qt::ToolTipRole).toString()),
+                 link + u"\nforged line"_qs);
+        // An action's result names the key: the banner above the tabs.
+        w.copyCurlAction()->trigger();
+        QVERIFY(labelShowing(u"Copied a curl command for "_qs + key));
+        // A confirmation names it too.
+        selectAndWait(w, key + u"2"_qs);
+        QString asked;
+        Qt::TextFormat askedFormat = Qt::AutoText;
+        auto *timer = new QTimer(this);
+        timer->setInterval(20);
+        connect(timer, &QTimer::timeout, timer, [&, timer] {
+            if (auto *box = qobject_cast<QMessageBox *>(QApplication::activeModalWidget())) {
+                asked = box->text();
+                askedFormat = box->textFormat();
+                box->button(QMessageBox::Cancel)->click();
+                timer->deleteLater();
+            }
+        });
+        timer->start();
+        w.retryAction()->trigger();
+        QTRY_VERIFY(!asked.isEmpty());
+        QVERIFY2(shownText(asked, askedFormat).startsWith(key + u"2 is completed."_qs),
+                 qPrintable(asked));
     }
 
     void settingsShowNoCredentials()
