@@ -35,6 +35,7 @@ const char kUsage[] =
 int main(int argc, char **argv)
 {
     QCoreApplication::setApplicationName(QStringLiteral("idemdesk"));
+    idem::cli::escapeQtMessages();
     // The open-file limit's soft value up to its hard one, as systemd services and Go programs
     // do: a shell's 1024 would cap the receiver near 450 connections (receiver.h).
     if (rlimit files{}; getrlimit(RLIMIT_NOFILE, &files) == 0 && files.rlim_cur < files.rlim_max) {

@@ -25,6 +25,20 @@ void printOut(const QString &text)
     std::fputs(escapeControls(text, true).toUtf8().constData(), stdout);
 }
 
+namespace {
+QtMessageHandler g_qtMessages = nullptr;
+
+void escapedQtMessage(QtMsgType type, const QMessageLogContext &context, const QString &message)
+{
+    g_qtMessages(type, context, escapeControls(message));
+}
+} // namespace
+
+void escapeQtMessages()
+{
+    g_qtMessages = qInstallMessageHandler(escapedQtMessage);
+}
+
 void addCommonOptions(QCommandLineParser &parser, bool withListen)
 {
     parser.addHelpOption();

@@ -29,6 +29,10 @@ struct CommonOptions
 
 void printError(const QString &message);
 void printOut(const QString &text);
+// Qt's messages (qWarning, from any thread) go to Qt's own handler one line each, controls
+// escaped (escapeControls): they quote store errors and what senders wrote, which must neither
+// drive the terminal nor forge a log line. main() installs it before any command runs.
+void escapeQtMessages();
 void addCommonOptions(QCommandLineParser &parser, bool withListen = true);
 // Parses `arguments`; on --help prints it and returns ExitOk, on errors ExitUsage; -1: go on.
 int parseOrExit(QCommandLineParser &parser, const QStringList &arguments, int maxPositional = -1);

@@ -46,7 +46,9 @@ std::atomic<LineOutput *> g_errOutput = nullptr;
 
 void toErrOutput(QtMsgType type, const QMessageLogContext &context, const QString &message)
 {
-    const QByteArray line = qFormatLogMessage(type, context, message).toLocal8Bit() + '\n';
+    // One line, nothing a terminal acts on (escapeQtMessages).
+    const QByteArray line =
+        qFormatLogMessage(type, context, escapeControls(message)).toLocal8Bit() + '\n';
     LineOutput *err = g_errOutput.load();
     if (err && type != QtFatalMsg) // a fatal one is said now: the process aborts next
         err->append(line);

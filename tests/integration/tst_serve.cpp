@@ -7,13 +7,16 @@
 #include "support/servers.h"
 #include "util/clock.h"
 
+#include <QDeadlineTimer>
 #include <QJsonDocument>
 #include <QJsonObject>
 #include <QProcess>
+#include <QRandomGenerator>
 #include <QRegularExpression>
 #include <QScopeGuard>
 #include <QTemporaryDir>
 #include <QTest>
+#include <QUrl>
 
 #include <sqlite3.h>
 
@@ -425,6 +428,75 @@ private Q_SLOTS:
         }
         QCOMPARE(s.process->state(), QProcess::Running);
         QCOMPARE(stop(s), 0);
+    }
+
+    void aStoresTextReachesStderrEscaped()
+    {
+        // A shared PostgreSQL another party can change: a trigger on the desk's table that
+        // refuses every finish with a message holding terminal escapes (clear the screen, set
+        // the window's title) and line breaks, after a NOTICE of the same kind. serve says so on
+        // stderr through a Qt warning ("recording a result failed"), one line, escaped; the
+        // notice never reaches it raw.
+        const QString shared = qEnvironmentVariable("IDEM_TEST_POSTGRES_URL");
+        if (shared.isEmpty())
+            QFAIL("IDEM_TEST_POSTGRES_URL is not set: run through ./dev test");
+        const QString db =
+            u"hostile_"_qs + QString::number(QRandomGenerator::global()->bounded(1u << 30), 36);
+        const auto psql = [](const QString &url, const QString &sql) {
+            QProcess p;
+            p.start(u"psql"_qs,
+                    {u"-qX"_qs, u"-v"_qs, u"ON_ERROR_STOP=1"_qs, u"-d"_qs, url, u"-c"_qs, sql});
+            p.waitForFinished(20000);
+            return p.exitCode() == 0 ? QByteArray() : p.readAllStandardError() + "(psql failed)";
+        };
+        QCOMPARE(psql(shared, u"CREATE DATABASE "_qs + db), QByteArray());
+        auto dropped = qScopeGuard([&] { psql(shared, u"DROP DATABASE IF EXISTS "_qs + db); });
+        QUrl url(shared);
+        url.setPath(u"/"_qs + db);
+        const QString config = write(u"pg-hostile.json"_qs,
+                                     "{\"store\": \"" + url.toString().toUtf8() +
+                                         "\", \"endpoints\": [{\"name\": \"e\", "
+                                         "\"forward_timeout_seconds\": 1, \"lease_seconds\": 3}]}");
+        Served s = serve({u"--config"_qs, config});
+        QVERIFY2(s.port, s.stderrText.constData());
+        QCOMPARE(psql(url.toString(),
+                      uR"(CREATE FUNCTION hostile() RETURNS trigger LANGUAGE plpgsql AS $$
+                          BEGIN
+                            RAISE NOTICE E'\x1b]0;owned by a notice\x07';
+                            RAISE EXCEPTION E'\x1b[2J\x1b]0;owned\x07\r\n2030-01-01 forged line';
+                          END $$;
+                          CREATE TRIGGER hostile BEFORE UPDATE ON idem_keys
+                            FOR EACH ROW WHEN (NEW.state = 'completed')
+                            EXECUTE FUNCTION hostile();)"_qs),
+                 QByteArray());
+        const ClientResponse r = post(s.port, "/hooks/e", "{}", {{"Idempotency-Key", "k1"}});
+        QCOMPARE(r.status, 503); // the result could not be recorded within the lease
+        QCOMPARE(stop(s), 0);
+        const QByteArray err = s.stderrText + s.process->readAllStandardError();
+        QVERIFY2(err.contains("recording a result failed"), err.constData());
+        QVERIFY2(
+            err.contains("\\u001b[2J\\u001b]0;owned\\u0007\\u000d\\u000a2030-01-01 forged line"),
+            err.constData());
+        for (const char c : err)
+            QVERIFY2(uchar(c) >= 0x20 || c == '\n', err.constData());
+        for (const QByteArray &line : err.split('\n'))
+            QVERIFY2(!line.startsWith("2030-01-01"), err.constData());
+        // The same through Qt's own handler (every command but serve): keys retry, once the
+        // lease of serve's run has ended.
+        QByteArray retryErr;
+        const QDeadlineTimer deadline(20000);
+        do {
+            QProcess retry;
+            retry.start(QStringLiteral(IDEMDESK_BIN), {u"keys"_qs, u"retry"_qs, u"e:k1"_qs,
+                                                       u"--force"_qs, u"--config"_qs, config});
+            QVERIFY(retry.waitForFinished(30000));
+            retryErr = retry.readAllStandardError();
+        } while (retryErr.contains("its lease has not ended") && !deadline.hasExpired());
+        QVERIFY2(retryErr.contains("recording a result failed") &&
+                     retryErr.contains("\\u001b[2J\\u001b]0;owned\\u0007"),
+                 retryErr.constData());
+        for (const char c : retryErr)
+            QVERIFY2(uchar(c) >= 0x20 || c == '\n', retryErr.constData());
     }
 
     void completedRecordsSurviveARestart()
