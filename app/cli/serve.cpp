@@ -67,8 +67,11 @@ void onSignal(int)
 
 QString logLine(const DeliveryEvent &e, bool json)
 {
+    // QJsonDocument escapes C0 controls only: the C1 ones (U+009B is a terminal's CSI), bidi
+    // controls and U+2028/2029 (line breaks to a JavaScript reader) become \uXXXX as well.
     if (json)
-        return QString::fromUtf8(QJsonDocument(deliveryToJson(e)).toJson(QJsonDocument::Compact));
+        return escapeControls(
+            QString::fromUtf8(QJsonDocument(deliveryToJson(e)).toJson(QJsonDocument::Compact)));
     QString line = u"%1 %2 %3 %4 %5 %6ms"_qs.arg(
         formatTime(e.atMs), e.endpoint.isEmpty() ? u"-"_qs : e.endpoint,
         e.key.isEmpty() ? u"-"_qs : e.key, toString(e.outcome), QString::number(e.status),

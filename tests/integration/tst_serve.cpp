@@ -430,6 +430,42 @@ private Q_SLOTS:
         QCOMPARE(stop(s), 0);
     }
 
+    void logLinesCarryNoBidiOrC1Control_data()
+    {
+        QTest::addColumn<QString>("format");
+        QTest::newRow("json") << u"json"_qs;
+        QTest::newRow("text") << u"text"_qs;
+    }
+    void logLinesCarryNoBidiOrC1Control()
+    {
+        // An unknown endpoint's percent-decoded name reaches the log line: U+202E (right-to-left
+        // override), U+009B (a terminal's CSI), U+2028 and U+2029 (line breaks to JavaScript)
+        // are written as \uXXXX, never raw. JSON stays JSON and reads back the same text.
+        QFETCH(QString, format);
+        Served s = serve({u"--store"_qs, u"sqlite:"_qs + m_dir.filePath(u"bidi.db"_qs),
+                          u"--log-format"_qs, format});
+        QVERIFY2(s.port, s.stderrText.constData());
+        QCOMPARE(
+            post(s.port, "/hooks/a%E2%80%AEb%C2%9B%5B2Jc%E2%80%A8d%E2%80%A9e%7Fz", "{}").status,
+            404);
+        QCOMPARE(stop(s), 0);
+        const QByteArray log = s.process->readAllStandardOutput();
+        QCOMPARE(log.count('\n'), 1);
+        for (const QByteArray raw :
+             {"\xe2\x80\xae", "\xc2\x9b", "\xe2\x80\xa8", "\xe2\x80\xa9", "\x7f"})
+            QVERIFY2(!log.contains(raw), log.constData());
+        QVERIFY2(log.contains("a\\u202eb\\u009b[2Jc\\u2028d\\u2029e\\u007fz"), log.constData());
+        if (format == u"json"_qs) {
+            QJsonParseError error;
+            const QJsonObject line = QJsonDocument::fromJson(log, &error).object();
+            QCOMPARE(error.error, QJsonParseError::NoError);
+            QVERIFY2(line.value(u"detail"_qs)
+                         .toString()
+                         .contains(u"a\u202eb\u009b[2Jc\u2028d\u2029e\u007fz"_qs),
+                     log.constData());
+        }
+    }
+
     void aStoresTextReachesStderrEscaped()
     {
         // A shared PostgreSQL another party can change: a trigger on the desk's table that
