@@ -21,6 +21,27 @@ constexpr qint64 kMaxHeaderBytes = 64 * 1024; // status lines and fields, interi
 constexpr int kMaxHeaderFields = 256; // distinct or not: each is looked up among those before it
 constexpr int kMaxInterimAnswers = 8; // 100 Continue, 103 Early Hints: one or two in practice
 
+QString causeOf(QAbstractSocket::SocketError error)
+{
+    using E = QAbstractSocket::SocketError;
+    switch (error) {
+    case E::ConnectionRefusedError:
+        return u"connection refused"_qs;
+    case E::HostNotFoundError:
+        return u"host not found"_qs;
+    case E::SocketTimeoutError:
+        return u"connection timed out"_qs;
+    case E::NetworkError:
+        return u"network unreachable"_qs;
+    case E::SslHandshakeFailedError:
+    case E::SslInternalError:
+    case E::SslInvalidUserDataError:
+        return u"TLS handshake failed"_qs;
+    default:
+        return u"connection failed"_qs;
+    }
+}
+
 // One request on one connection. Deletes itself once `done` has been called.
 class ForwardCall final : public QObject
 {
@@ -213,6 +234,9 @@ void ForwardCall::finish(Kind kind, const QString &error)
         return;
     m_finished = true;
     m_deadline.stop();
+    QString cause;
+    if (kind == Kind::Unreachable)
+        cause = m_socket ? causeOf(m_socket->error()) : u"TLS not available"_qs;
     if (m_socket) {
         m_socket->disconnect(this);
         m_socket->abort();
@@ -225,6 +249,7 @@ void ForwardCall::finish(Kind kind, const QString &error)
         outcome.error = error;
         outcome.body.clear();
     }
+    outcome.cause = cause;
     auto done = std::move(m_done);
     deleteLater();
     done(std::move(outcome));

@@ -35,6 +35,9 @@ struct ForwardOutcome
         headers;     // as received, each field once (repeated fields joined with ", "), no trailers
     QByteArray body; // the chunked framing removed; content codings untouched
     QString error;   // for every kind but Answered: what went wrong, without the URL
+    // For Unreachable: why, in a fixed phrase ("connection refused", "host not found") that
+    // names nothing of the URL or the network (`error` may name the host): for the sender.
+    QString cause;
     // The connection stood (and its TLS handshake), so the request went out: the app may have it.
     // False for a TimedOut that never connected: nothing reached the app.
     bool connected = false;

@@ -43,6 +43,28 @@ ProcessResult timedOut(const QString &what, qint64 deadlineMs, bool reached)
     return result;
 }
 
+// A failure of the app's. The operator's error (the log, the stored error, the history, the
+// delivery log) names the downstream by its redacted URL and says `why` in full; the sender's
+// answer, stored and replayed to every duplicate, says "the app at forward_to" and `what`
+// alone: forward_to and what the network says of it (a host name) are the operator's, and its
+// query may hold the app's API key.
+ProcessResult appFailed(int status, const QString &title, const QString &target,
+                        const QString &what, const QString &why = {}, bool outcomeUnknown = false)
+{
+    ProcessResult result;
+    result.error = u"the downstream %1 %2"_qs.arg(target, what);
+    if (!why.isEmpty())
+        result.error += u": "_qs + why;
+    QString told = u"the app at forward_to "_qs + what;
+    result.outcomeUnknown = outcomeUnknown;
+    if (outcomeUnknown) {
+        result.error = leftToItsLease(result.error);
+        told = leftToItsLease(told);
+    }
+    result.response = problemResult(status, title, told);
+    return result;
+}
+
 } // namespace
 
 bool isHopByHopHeader(QByteArrayView name)
@@ -149,7 +171,7 @@ void ForwardProcessor::run(const ProcessJob &job, Done done)
     request.body = job.request.body;
     request.deadlineMs = job.deadlineMs;
     request.maxResponseBytes = m_maxResponseBytes;
-    const QString target = displayUrl(m_target); // never the user info, in answers, logs or the store
+    const QString target = redactedUrl(m_target); // for the operator, never the sender
     const qint64 maxBytes = m_maxResponseBytes;
     const qint64 deadlineMs = job.deadlineMs;
     forwardRequest(std::move(request), this, [done, target, maxBytes, deadlineMs](ForwardOutcome outcome) {
@@ -159,10 +181,8 @@ void ForwardProcessor::run(const ProcessJob &job, Done done)
         case Kind::Answered:
             if (outcome.status < 200 || outcome.status > 599) {
                 // No final status a sender can read ("HTTP/1.1 099"): neither passed on nor stored.
-                result.error =
-                    u"the downstream %1 answered the invalid status %2"_qs.arg(target).arg(
-                        outcome.status);
-                result.response = problemResult(502, u"Bad downstream answer"_qs, result.error);
+                result = appFailed(502, u"Bad downstream answer"_qs, target,
+                                   u"answered the invalid status %1"_qs.arg(outcome.status));
                 break;
             }
             result.response.status = outcome.status;
@@ -180,27 +200,24 @@ void ForwardProcessor::run(const ProcessJob &job, Done done)
                 result.error = u"the downstream answered %1"_qs.arg(result.response.status);
             break;
         case Kind::TimedOut:
-            result = timedOut(u"the downstream %1"_qs.arg(target), deadlineMs,
-                              outcome.connected && !outcome.finalStatusRead);
+            result = appFailed(
+                504, u"Downstream timeout"_qs, target,
+                u"did not answer within %1 ms (forward_timeout_seconds)"_qs.arg(deadlineMs), {},
+                outcome.connected && !outcome.finalStatusRead);
             break;
         case Kind::TooLarge: // its status line read: the app is done
-            result.error =
-                u"the downstream %1 answered more than %2 bytes (max_response_bytes)"_qs.arg(target)
-                    .arg(maxBytes);
-            result.response = problemResult(502, u"Downstream answer too large"_qs, result.error);
+            result =
+                appFailed(502, u"Downstream answer too large"_qs, target,
+                          u"answered more than %1 bytes (max_response_bytes)"_qs.arg(maxBytes));
             break;
         case Kind::Unreachable:
-            result.error = u"the downstream %1 is unreachable: %2"_qs.arg(target, outcome.error);
-            result.response = problemResult(502, u"Downstream unreachable"_qs, result.error);
+            result = appFailed(502, u"Downstream unreachable"_qs, target,
+                               u"is unreachable (%1)"_qs.arg(outcome.cause), outcome.error);
             break;
         case Kind::BrokenAnswer:
-            result.error =
-                u"the downstream %1 gave no whole answer: %2"_qs.arg(target, outcome.error);
             // Broken before a final status line: the app may be at work on it still.
-            result.outcomeUnknown = !outcome.finalStatusRead;
-            if (result.outcomeUnknown)
-                result.error = leftToItsLease(result.error);
-            result.response = problemResult(502, u"Bad downstream answer"_qs, result.error);
+            result = appFailed(502, u"Bad downstream answer"_qs, target, u"gave no whole answer"_qs,
+                               outcome.error, !outcome.finalStatusRead);
             break;
         }
         done(std::move(result));

@@ -137,6 +137,20 @@ QString displayUrl(const QUrl &url)
     return url.adjusted(QUrl::RemoveUserInfo).toString();
 }
 
+QString redactedUrl(const QUrl &url)
+{
+    QUrl shown = url.adjusted(QUrl::RemoveUserInfo | QUrl::RemoveFragment);
+    if (shown.hasQuery()) {
+        QStringList parts = shown.query(QUrl::FullyEncoded).split(u'&');
+        for (QString &part : parts) {
+            const qsizetype equals = part.indexOf(u'=');
+            part = equals < 0 ? u"***"_qs : part.left(equals + 1) + u"***"_qs;
+        }
+        shown.setQuery(parts.join(u'&'));
+    }
+    return shown.toString();
+}
+
 namespace {
 
 // Where the user information of a URL given as text is: from after "://" to the last '@'

@@ -34,6 +34,9 @@ bool isHttpToken(QByteArrayView text);
 
 // A URL for people (answers, logs, stored errors, the window): without user name and password.
 QString displayUrl(const QUrl &url);
+// A URL for the operator's log and stored errors, never for a sender: displayUrl's, with each
+// query value masked and no fragment, since apps take API keys in the query (?api_key=…).
+QString redactedUrl(const QUrl &url);
 // The same for text that may not parse as a URL (a store URL in an error message): everything
 // between "://" and the last '@' goes.
 QString displayUrl(const QString &text);

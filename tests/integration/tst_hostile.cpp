@@ -8,6 +8,7 @@
 
 #include <QElapsedTimer>
 #include <QFile>
+#include <QScopeGuard>
 #include <QTemporaryDir>
 #include <QTest>
 
@@ -47,6 +48,7 @@ class TestHostile : public QObject
     Q_OBJECT
     QTemporaryDir m_dir;
     test::CountingDownstream m_relay;
+    test::CountingDownstream m_held; // its gate closed: no answer
     BigDownstream m_big;
     std::shared_ptr<StorePool> m_pool;
     std::unique_ptr<Receiver> m_receiver;
@@ -101,7 +103,15 @@ private Q_SLOTS:
                                     " {\"name\": \"relay\", \"forward_to\": \"" + relay + "\"},"
                                     " {\"name\": \"big\", \"forward_to\": \"" + m_big.url() + "\"},"
                                     // Port 1: nothing listens, the delivery fails with 502.
-                                    " {\"name\": \"creds\", \"forward_to\": \"http://deskuser:hunter2@127.0.0.1:1/hook\"}]}",
+                                    " {\"name\": \"creds\", \"forward_to\": \"http://deskuser:hunter2@127.0.0.1:1/hook\"},"
+                                    // The app's API key in forward_to's query, the app down,
+                                    // slow (held past the timeout), or answering too much.
+                                    " {\"name\": \"qdown\", \"on_failed\": \"reject\", \"forward_to\": "
+                                    "\"http://deskuser:hunter2@127.0.0.1:1/hook?api_key=SECRET123&v=2\"},"
+                                    " {\"name\": \"qslow\", \"forward_timeout_seconds\": 1, \"lease_seconds\": 3,"
+                                    " \"forward_to\": \"" + m_held.url().toString().toUtf8() + "?api_key=SECRET123\"},"
+                                    " {\"name\": \"qbig\", \"on_failed\": \"reject\", \"max_response_bytes\": 1000,"
+                                    " \"forward_to\": \"" + m_big.url() + "?api_key=SECRET123\"}]}",
                                     u"hostile"_qs);
         QVERIFY2(config.ok(), config.ok() ? "" : qPrintable(config.error().message));
         m_pool = *openStorePool(u"sqlite:"_qs + m_dir.filePath(u"h.db"_qs));
@@ -202,10 +212,10 @@ private Q_SLOTS:
         // sender's answer, nor the stored error and result, nor the log line shows them.
         const ClientResponse r = post(m_port, "/hooks/creds", "{}", {{"Idempotency-Key", "c1"}});
         QCOMPARE(r.status, 502);
-        QVERIFY2(r.body.contains("127.0.0.1:1"), r.body.constData()); // still says where
         QVERIFY2(!r.body.contains("hunter2") && !r.body.contains("deskuser"), r.body.constData());
         const auto record = stored(u"creds:c1"_qs);
         QVERIFY(record.has_value());
+        QVERIFY2(record->error.contains(u"127.0.0.1:1/hook"_qs), qPrintable(record->error));
         QVERIFY2(!record->error.isEmpty() && !record->error.contains(u"hunter2") && !record->error.contains(u"deskuser"),
                  qPrintable(record->error));
         QVERIFY(!record->result.body.contains("hunter2"));
@@ -215,6 +225,66 @@ private Q_SLOTS:
         QTRY_COMPARE_WITH_TIMEOUT(logged().size(), 1, 10000);
         const QString detail = logged().first().detail;
         QVERIFY2(!detail.contains(u"hunter2") && !detail.contains(u"deskuser"), qPrintable(detail));
+    }
+
+    void aForwardedSecretNeverReachesTheSender_data()
+    {
+        QTest::addColumn<QByteArray>("endpoint");
+        QTest::addColumn<int>("status");
+        QTest::addColumn<QByteArray>("reason");
+        QTest::newRow("unreachable") << QByteArray("qdown") << 502
+                                     << QByteArray("the app at forward_to is unreachable "
+                                                   "(connection refused)");
+        QTest::newRow("timed out") << QByteArray("qslow") << 504
+                                   << QByteArray("the app at forward_to did not answer within");
+        QTest::newRow("too large") << QByteArray("qbig") << 502
+                                   << QByteArray("the app at forward_to answered more than 1000 "
+                                                 "bytes");
+    }
+    void aForwardedSecretNeverReachesTheSender()
+    {
+        // forward_to holds the app's API key in its query. The sender's answer (stored, and
+        // replayed to every duplicate) says what went wrong without the URL; the operator's error,
+        // history and delivery log name it with the query's values masked.
+        QFETCH(QByteArray, endpoint);
+        QFETCH(int, status);
+        QFETCH(QByteArray, reason);
+        m_held.closeGate();
+        auto reopen = qScopeGuard([&] { m_held.openGate(); });
+        const QString key = QString::fromLatin1(endpoint) + u":s1"_qs;
+        const auto leaks = [](const QByteArray &text) {
+            return text.contains("SECRET123") || text.contains("hunter2") ||
+                   text.contains("api_key") || text.contains("127.0.0.1");
+        };
+        const ClientResponse first = post(m_port, "/hooks/" + endpoint, "{}", {{"Idempotency-Key", "s1"}});
+        QCOMPARE(first.status, status);
+        QVERIFY2(first.body.contains(reason) && !leaks(first.body), first.body.constData());
+        const auto record = stored(key);
+        QVERIFY(record.has_value());
+        QVERIFY2(!leaks(record->result.body), record->result.body.constData());
+        // (A timed-out run is not finished: its error is the log's alone.)
+        QVERIFY2((status == 504 || record->error.contains(u"?api_key=***"_qs)) &&
+                     !record->error.contains(u"SECRET123"_qs) &&
+                     !record->error.contains(u"hunter2"_qs),
+                 qPrintable(record->error));
+        for (const HistoryEntry &h : record->history)
+            QVERIFY2(!h.detail.contains(u"SECRET123"_qs), qPrintable(h.detail));
+        // A duplicate: the stored failure replayed (on_failed: reject), or "in progress" while
+        // the timed-out run's lease lasts.
+        const ClientResponse again = post(m_port, "/hooks/" + endpoint, "{}", {{"Idempotency-Key", "s1"}});
+        QVERIFY2(!leaks(again.body), again.body.constData());
+        if (status == 502)
+            QCOMPARE(again.body, first.body);
+        DeliveryQuery query;
+        query.key = key;
+        auto logged = [&] { return *m_pool->run<QList<DeliveryEvent>>([&](IdempotencyStore &s) { return s.deliveries(query); }); };
+        QTRY_COMPARE_WITH_TIMEOUT(logged().size(), 2, 10000);
+        QString details;
+        for (const DeliveryEvent &e : logged())
+            details += e.detail + u'\n';
+        QVERIFY2(details.contains(u"?api_key=***"_qs) && !details.contains(u"SECRET123"_qs) &&
+                     !details.contains(u"hunter2"_qs),
+                 qPrintable(details));
     }
 
     void aClientThatDoesNotReadIsNotBuffered()
