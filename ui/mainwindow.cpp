@@ -20,6 +20,7 @@
 #include "traymonitor.h"
 #include "util/clock.h"
 #include "util/format.h"
+#include "util/privatefile.h"
 #include "util/version.h"
 
 #include <QAction>
@@ -38,7 +39,6 @@
 #include <QMessageBox>
 #include <QProgressDialog>
 #include <QPushButton>
-#include <QSaveFile>
 #include <QSettings>
 #include <QSignalBlocker>
 #include <QSortFilterProxyModel>
@@ -1025,16 +1025,16 @@ void MainWindow::exportTo(const QString &path, const QStringList &keys)
     m_session.pool->submit<ExportReport>(
         this,
         [path, keys, filter, closing = m_closing](IdempotencyStore &store) -> Result<ExportReport> {
-            QSaveFile file(path);
-            if (!file.open(QIODevice::WriteOnly))
-                return makeError(ErrorCode::Invalid, u"%1: %2"_qs.arg(path, file.errorString()));
+            PrivateFile file; // 0600, whole or not at all
+            if (auto opened = file.open(path); !opened)
+                return opened.error();
             auto report = idem::exportKeys(
-                store, filter, keys, [&](const QByteArray &line) { file.write(line + '\n'); },
-                closing.get());
+                store, filter, keys,
+                [&](const QByteArray &line) { file.device()->write(line + '\n'); }, closing.get());
             if (!report)
                 return report.error(); // the file is not replaced
-            if (!file.commit())
-                return makeError(ErrorCode::Invalid, u"%1: %2"_qs.arg(path, file.errorString()));
+            if (auto committed = file.commit(); !committed)
+                return committed.error();
             return report;
         },
         [this, path](Result<ExportReport> report) {

@@ -3,10 +3,9 @@
 
 #include "store/transfer.h"
 #include "util/format.h"
+#include "util/privatefile.h"
 
 #include <QFile>
-#include <QFileInfo>
-#include <QSaveFile>
 
 #include <cstdio>
 
@@ -39,27 +38,18 @@ int keysExport(const QStringList &arguments)
     }
     filter.endpoint = parser.value(u"endpoint"_qs);
     filter.glob = parser.value(u"match"_qs);
-    // --output: all or nothing (QSaveFile), never a file cut half-way.
-    QSaveFile file;
+    // --output: all or nothing, 0600 (PrivateFile).
+    PrivateFile file;
     QFile stdOut;
     QIODevice *out = &stdOut;
-    bool opened;
-    // A FIFO or a device (/dev/null) is written as it is: QSaveFile would rename a new regular
-    // file over it.
-    const QFileInfo target(parser.value(u"output"_qs));
-    const bool special = parser.isSet(u"output"_qs) && target.exists() && !target.isFile();
-    if (parser.isSet(u"output"_qs) && !special) {
-        file.setFileName(parser.value(u"output"_qs));
-        opened = file.open(QIODevice::WriteOnly);
-        out = &file;
-    } else if (special) {
-        stdOut.setFileName(target.filePath());
-        opened = stdOut.open(QIODevice::WriteOnly);
-    } else {
-        opened = stdOut.open(stdout, QIODevice::WriteOnly);
-    }
-    if (!opened) {
-        printError(u"--output %1: %2"_qs.arg(parser.value(u"output"_qs), out->errorString()));
+    if (parser.isSet(u"output"_qs)) {
+        if (auto opened = file.open(parser.value(u"output"_qs)); !opened) {
+            printError(u"--output "_qs + opened.error().message);
+            return ExitUsage;
+        }
+        out = file.device();
+    } else if (!stdOut.open(stdout, QIODevice::WriteOnly)) {
+        printError(u"standard output: %1"_qs.arg(stdOut.errorString()));
         return ExitUsage;
     }
     StoreSession session;
@@ -77,13 +67,18 @@ int keysExport(const QStringList &arguments)
         printError(report.error().message);
         return ExitRuntime; // an --output file is not written
     }
-    if (file.isOpen() && !file.commit()) {
-        printError(u"--output %1: %2"_qs.arg(file.fileName(), file.errorString()));
-        return ExitRuntime;
+    if (writeFailed) {
+        printError(u"writing %1: %2"_qs.arg(
+            out == &stdOut ? u"the output"_qs : parser.value(u"output"_qs), out->errorString()));
+        return ExitRuntime; // an --output file is not replaced
     }
-    if (stdOut.isOpen() && (!stdOut.flush() || writeFailed)) {
-        printError(u"writing %1: %2"_qs.arg(special ? stdOut.fileName() : u"the output"_qs,
-                                            stdOut.errorString()));
+    if (out != &stdOut) {
+        if (auto committed = file.commit(); !committed) {
+            printError(u"--output "_qs + committed.error().message);
+            return ExitRuntime;
+        }
+    } else if (!stdOut.flush()) {
+        printError(u"writing the output: %1"_qs.arg(stdOut.errorString()));
         return ExitRuntime;
     }
     for (const QString &key : std::as_const(report->missing))

@@ -6,19 +6,22 @@
 
 #include <QCryptographicHash>
 #include <QDateTime>
+#include <QDir>
 #include <QJsonArray>
 #include <QJsonDocument>
 #include <QJsonObject>
 #include <QProcess>
-#include <QUrl>
 #include <QRandomGenerator>
 #include <QRegularExpression>
 #include <QTemporaryDir>
 #include <QTest>
+#include <QUrl>
 
 #include <sqlite3.h>
 
 #include <csignal>
+#include <sys/stat.h>
+#include <thread>
 
 using namespace idem;
 
@@ -622,6 +625,68 @@ private Q_SLOTS:
         QVERIFY2(r.rc == 0, r.err.constData());
         for (const QString &key : {f1, ep + u":f2"_qs})
             QCOMPARE(idemdesk(QStringList{u"keys"_qs, u"delete"_qs, key} + into).rc, 0);
+    }
+
+    void anExportIsForItsOwnerAloneAndWritesThroughNoLink()
+    {
+        // The export holds every stored request and result: 0600 like the store, new or
+        // replacing a file of another mode. A link planted where the file was expected (a
+        // shared folder) is refused, the file it points to left alone; a pipe or /dev/null, even
+        // through a link, is written in place; a directory is refused.
+        const QStringList store{u"--store"_qs, u"sqlite:"_qs + m_dir.filePath(u"priv.db"_qs)};
+        const auto exportTo = [&](const QString &path) {
+            return idemdesk(QStringList{u"keys"_qs, u"export"_qs, u"--output"_qs, path} + store);
+        };
+        const auto mode = [](const QString &path) {
+            struct stat st = {};
+            return ::lstat(QFile::encodeName(path).constData(), &st) == 0 ? st.st_mode & 07777 : 0u;
+        };
+        const QString fresh = m_dir.filePath(u"priv-new.jsonl"_qs);
+        Run r = exportTo(fresh);
+        QVERIFY2(r.rc == 0, r.err.constData());
+        QCOMPARE(mode(fresh), 0600u);
+        const QString old = writeFile(m_dir, u"priv-old.jsonl"_qs, "old\n");
+        QVERIFY(QFile::setPermissions(old, QFileDevice::ReadOwner | QFileDevice::WriteOwner |
+                                               QFileDevice::ReadGroup | QFileDevice::ReadOther));
+        r = exportTo(old);
+        QVERIFY2(r.rc == 0, r.err.constData());
+        QCOMPARE(mode(old), 0600u);
+
+        const QString victim = writeFile(m_dir, u"priv-victim.txt"_qs, "mine\n");
+        const QString link = m_dir.filePath(u"priv-link.jsonl"_qs);
+        QVERIFY(QFile::link(victim, link));
+        r = exportTo(link);
+        QCOMPARE(r.rc, 2);
+        QVERIFY2(r.err.contains("is a symbolic link: not followed"), r.err.constData());
+        QFile mine(victim);
+        QVERIFY(mine.open(QIODevice::ReadOnly));
+        QCOMPARE(mine.readAll(), QByteArray("mine\n"));
+        const QString dangling = m_dir.filePath(u"priv-dangling.jsonl"_qs);
+        QVERIFY(QFile::link(m_dir.filePath(u"priv-nowhere.txt"_qs), dangling));
+        QCOMPARE(exportTo(dangling).rc, 2);
+        QVERIFY(!QFile::exists(m_dir.filePath(u"priv-nowhere.txt"_qs)));
+        QVERIFY(QDir(m_dir.path()).mkdir(u"priv-dir"_qs));
+        r = exportTo(m_dir.filePath(u"priv-dir"_qs));
+        QCOMPARE(r.rc, 2);
+        QVERIFY2(r.err.contains("is a directory"), r.err.constData());
+        QCOMPARE(
+            QDir(m_dir.path()).entryList({u"priv-*"_qs}, QDir::AllEntries | QDir::System).size(),
+            6); // new, old, victim, link, dangling, dir: no temporary file left
+
+        QCOMPARE(exportTo(u"/dev/null"_qs).rc, 0);
+        const QString toNull = m_dir.filePath(u"priv-null"_qs);
+        QVERIFY(QFile::link(u"/dev/null"_qs, toNull));
+        QCOMPARE(exportTo(toNull).rc, 0);
+        const QString fifo = m_dir.filePath(u"priv-fifo"_qs);
+        QCOMPARE(::mkfifo(QFile::encodeName(fifo).constData(), 0600), 0);
+        std::thread reader([&] {
+            QFile f(fifo);
+            if (f.open(QIODevice::ReadOnly))
+                f.readAll();
+        });
+        r = exportTo(fifo);
+        reader.join();
+        QVERIFY2(r.rc == 0, r.err.constData());
     }
 
     void importChecksEachLineAsADelivery()
