@@ -2,6 +2,7 @@
 
 #include <QDateTime>
 #include "util/clock.h"
+#include "util/format.h"
 
 #include <QJsonDocument>
 #include <QTcpSocket>
@@ -558,8 +559,22 @@ void HttpConnection::fail(int status, const QString &detail)
         m_server->m_onReject(m_request, status, detail);
 }
 
-void HttpConnection::writeResponse(const HttpResponse &response, bool closeAfter, bool head)
+void HttpConnection::writeResponse(const HttpResponse &given, bool closeAfter, bool head)
 {
+    // Whatever the answer's source (a stored result: a shared store may hold any bytes), what
+    // goes out is one answer: a final status, and fields that cannot end early. A field that is
+    // not valid is dropped, not the answer: it is the record's status and body that tell the
+    // sender its delivery was taken, and refusing it (502) would have the sender retry a
+    // completed event until it gives up on the endpoint.
+    const bool finalStatus = given.status >= 200 && given.status <= 599;
+    const HttpResponse response =
+        finalStatus ? given
+                    : HttpResponse::problem(
+                          502, u"Bad Gateway"_qs,
+                          u"the stored answer has no valid HTTP status: see the receiver's log"_qs);
+    if (!finalStatus)
+        qWarning("idemdesk: an answer's status %d is not a final HTTP status: 502 sent instead",
+                 given.status);
     QByteArray out;
     out.reserve(256 + response.body.size());
     out += "HTTP/1.1 " + QByteArray::number(response.status) + ' ' + reasonPhrase(response.status)
@@ -569,6 +584,11 @@ void HttpConnection::writeResponse(const HttpResponse &response, bool closeAfter
             || name.compare("Connection", Qt::CaseInsensitive) == 0
             || name.compare("Transfer-Encoding", Qt::CaseInsensitive) == 0)
             continue;
+        if (!isFieldName(name) || !isFieldValue(value)) {
+            qWarning("idemdesk: an answer's header field is not valid HTTP and was dropped: %s",
+                     qUtf8Printable(escapeControls(QString::fromLatin1(name + ": " + value))));
+            continue;
+        }
         out += name + ": " + value + "\r\n";
     }
     // An answer to HEAD is a GET's without its content: the same Content-Length (RFC 9110 9.3.2,

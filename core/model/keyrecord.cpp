@@ -1,9 +1,13 @@
 #include "model/keyrecord.h"
 
+#include "util/format.h"
+
 #include <QHash>
 #include <QJsonDocument>
 
+#include <algorithm>
 #include <array>
+#include <string_view>
 
 namespace idem {
 
@@ -47,13 +51,37 @@ QJsonArray headersToJson(const HeaderList &headers)
     return array;
 }
 
+bool isFieldName(QByteArrayView name)
+{
+    static constexpr std::string_view kTokenPunctuation = "!#$%&'*+-.^_`|~";
+    return !name.isEmpty() && std::all_of(name.begin(), name.end(), [](char c) {
+        return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+               kTokenPunctuation.find(c) != std::string_view::npos;
+    });
+}
+
+bool isFieldValue(QByteArrayView value)
+{
+    return std::none_of(value.begin(), value.end(), [](char c) {
+        const auto u = static_cast<unsigned char>(c);
+        return (u < 0x20 && u != '\t') || u == 0x7f;
+    });
+}
+
 HeaderList headersFromJson(const QJsonArray &array)
 {
     HeaderList headers;
     headers.reserve(array.size());
     for (const auto &item : array) {
         const QJsonArray pair = item.toArray();
-        headers.append({pair.at(0).toString().toLatin1(), pair.at(1).toString().toLatin1()});
+        QByteArray name = pair.at(0).toString().toLatin1();
+        QByteArray value = pair.at(1).toString().toLatin1();
+        if (!isFieldName(name) || !isFieldValue(value)) {
+            qWarning("idemdesk: a stored header field is not valid HTTP and was dropped: %s",
+                     qUtf8Printable(escapeControls(QString::fromLatin1(name + ": " + value))));
+            continue;
+        }
+        headers.append({std::move(name), std::move(value)});
     }
     return headers;
 }

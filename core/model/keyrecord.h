@@ -78,8 +78,16 @@ struct KeyRecord
     bool expiredAt(qint64 nowMs) const { return expiresAtMs <= nowMs; }
 };
 
+// RFC 9110 §5.1: a field name is a token. §5.5: a value holds no control character but HTAB
+// (CR, LF or NUL would end the field or the header section where the value says: response
+// splitting); obs-text (0x80-0xFF) is allowed, as llhttp's strict mode allows it.
+bool isFieldName(QByteArrayView name);
+bool isFieldValue(QByteArrayView value);
+
 // JSON forms shared by every backend and by the CLI; bodies are base64 so any bytes survive.
 QJsonArray headersToJson(const HeaderList &headers);
+// A pair that is no valid field (isFieldName, isFieldValue) is dropped with a warning: a store
+// or a file may hold any bytes, and the desk writes stored fields onto the wire.
 HeaderList headersFromJson(const QJsonArray &array);
 QJsonObject historyEntryToJson(const HistoryEntry &entry);
 QJsonArray historyToJson(const QList<HistoryEntry> &history);

@@ -34,6 +34,15 @@ void startServer()
     auto *server = new idem::HttpServer(limits, [](idem::HttpRequest request, idem::Responder responder) {
         idem::HttpResponse r;
         r.body = request.method + ' ' + request.path + ' ' + QByteArray::number(request.body.size());
+        if (request.path == "/reflect") {
+            // A field of any bytes (the query, percent-decoded: CR, LF, NUL…), as a store may
+            // hold one; the body says which, for checkAnswer().
+            const QByteArray field = QByteArray::fromPercentEncoding(request.query);
+            const qsizetype eq = field.indexOf('=');
+            const QByteArray name = field.left(eq), value = eq < 0 ? QByteArray() : field.mid(eq + 1);
+            r.headers = {{name, value}};
+            r.body = "reflect:" + name.toHex() + ':' + value.toHex();
+        }
         responder.send(r);
     });
     g_server = server;
@@ -43,6 +52,26 @@ void startServer()
         server->listen(QHostAddress::LocalHost, 0);
         g_port = server->port();
     }, Qt::BlockingQueuedConnection);
+}
+
+// An answer to /reflect carries the field it was given if that is a valid one, and no other
+// than the server's own: a field's bytes never end the field or the answer (response splitting).
+void checkAnswer(const idem::ClientResponse &answer)
+{
+    if (!answer.body.startsWith("reflect:"))
+        return;
+    const QList<QByteArray> parts = answer.body.split(':');
+    const QByteArray name = QByteArray::fromHex(parts.value(1));
+    const QByteArray value = QByteArray::fromHex(parts.value(2));
+    const bool valid = idem::isFieldName(name) && idem::isFieldValue(value);
+    for (const auto &[n, v] : answer.headers) {
+        const bool ours = n == "Date" || n == "Content-Length" || n == "Connection";
+        if (!ours && !(valid && n == name && v == value.trimmed())) {
+            std::fprintf(stderr, "an answer carries a field it was not given: %s: %s\n",
+                         n.constData(), v.constData());
+            __builtin_trap();
+        }
+    }
 }
 
 // The request that shows the server still serves.
@@ -60,8 +89,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     {
         idem::RawConnection c(g_port, 300);
         c.send(QByteArrayView(reinterpret_cast<const char *>(data), qsizetype(size)));
-        while (c.readResponse().status != 0) {
-        }
+        for (idem::ClientResponse r; (r = c.readResponse()).status != 0;)
+            checkAnswer(r);
         c.abort(); // tens of thousands of connections: leave no TIME_WAIT to exhaust the ports
     }
     // Still serving. The probe stays open while a failure is described, so the server's side of

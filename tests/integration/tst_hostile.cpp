@@ -1,18 +1,28 @@
 // Hostile clients: each gets its documented answer or is closed, nothing is stored, and a
 // normal client keeps being served meanwhile (its latency is printed beside the baseline).
 #include "http/blockingclient.h"
+#include "metrics/metrics.h"
 #include "receiver/receiver.h"
+#include "store/redisprotocol.h"
 #include "store/storefactory.h"
+#include "store/storeurl.h"
 #include "support/downstream.h"
+#include "support/serveprocess.h"
 #include "util/clock.h"
 
 #include <QElapsedTimer>
 #include <QFile>
+#include <QProcess>
+#include <QRegularExpression>
 #include <QScopeGuard>
 #include <QTemporaryDir>
 #include <QTest>
 
 #include <atomic>
+#include <hiredis.h>
+#include <pqxx/pqxx>
+#include <signal.h>
+#include <sqlite3.h>
 #include <sys/resource.h>
 #include <thread>
 
@@ -39,6 +49,106 @@ qint64 residentKb()
         if (line.startsWith("VmRSS:"))
             return line.mid(6).trimmed().split(' ').first().toLongLong();
     return -1;
+}
+
+
+// Where a store's stored result of `key` is rewritten straight in the store, as a shared Redis or
+// PostgreSQL may hold it whoever wrote it: the same status and body, these header fields.
+QString rewriteStoredHeaders(const QString &backend, const QString &url, const QString &key,
+                             const QByteArray &headersJsonText, const QByteArray &body)
+{
+    const QByteArray k = key.toUtf8();
+    if (backend == u"sqlite"_qs) {
+        sqlite3 *db = nullptr;
+        sqlite3_stmt *update = nullptr;
+        const QByteArray path = QFile::encodeName(url.mid(7)); // after "sqlite:"
+        const bool ok =
+            sqlite3_open(path.constData(), &db) == SQLITE_OK &&
+            sqlite3_busy_timeout(db, 10'000) == SQLITE_OK &&
+            sqlite3_prepare_v2(db, "UPDATE idem_keys SET res_headers = ?1 WHERE key = ?2", -1,
+                               &update, nullptr) == SQLITE_OK &&
+            sqlite3_bind_text(update, 1, headersJsonText.constData(), int(headersJsonText.size()),
+                              SQLITE_STATIC) == SQLITE_OK &&
+            sqlite3_bind_text(update, 2, k.constData(), int(k.size()), SQLITE_STATIC) ==
+                SQLITE_OK &&
+            sqlite3_step(update) == SQLITE_DONE && sqlite3_changes(db) == 1;
+        sqlite3_finalize(update);
+        sqlite3_close(db);
+        return ok ? QString() : u"sqlite: the record was not rewritten"_qs;
+    }
+    if (backend == u"postgres"_qs) {
+        try {
+            pqxx::connection c(url.toStdString());
+            pqxx::work w(c);
+            const auto r = w.exec_params("UPDATE idem_keys SET res_headers = $1 WHERE key = $2",
+                                         headersJsonText.toStdString(), k.toStdString());
+            w.commit();
+            return r.affected_rows() == 1 ? QString() : u"postgres: no such record"_qs;
+        } catch (const std::exception &e) {
+            return QString::fromUtf8(e.what());
+        }
+    }
+    // Redis: the record's result field, "status\nheaders\nbody".
+    const StoreUrl parsed = *StoreUrl::parse(url);
+    redisContext *c = redisConnect(parsed.host.toUtf8().constData(), parsed.port);
+    if (!c || c->err)
+        return u"redis: cannot connect"_qs;
+    const QByteArray db = parsed.database.isEmpty() ? QByteArray("0") : parsed.database.toUtf8();
+    const QByteArray rk = redis::Layout(parsed.prefix.toUtf8(), 1).record(key);
+    const QByteArray result = "200\n" + headersJsonText + '\n' + body;
+    const QList<QByteArray> select{"SELECT", db}, hset{"HSET", rk, "s", result};
+    QString error;
+    for (const QList<QByteArray> &command : {select, hset}) {
+        redis::Argv argv(command);
+        auto *reply = static_cast<redisReply *>(
+            redisCommandArgv(c, argv.count(), argv.argv.data(), argv.lengths.data()));
+        if (!reply || reply->type == REDIS_REPLY_ERROR)
+            error = u"redis: "_qs + (reply ? QString::fromUtf8(reply->str) : u"no reply"_qs);
+        freeReplyObject(reply);
+    }
+    redisFree(c);
+    return error;
+}
+
+// The header sections of the answers in `wire` (bytes read from one connection), each checked
+// as a client would read it: a status line, then "token: value" lines. Empty when one is not.
+QList<QByteArrayList> headerSections(const QByteArray &wire, QByteArray &why)
+{
+    QList<QByteArrayList> sections;
+    qsizetype at = 0;
+    while (at < wire.size()) {
+        const qsizetype end = wire.indexOf("\r\n\r\n", at);
+        if (end < 0) {
+            why = "an unfinished header section: " + wire.mid(at);
+            return {};
+        }
+        QByteArrayList lines = wire.mid(at, end - at).split('\n');
+        if (!lines.first().startsWith("HTTP/1.1 ")) {
+            why = "not a status line: " + lines.first();
+            return {};
+        }
+        qint64 length = 0;
+        for (QByteArray &line : lines) {
+            if (line.endsWith('\r'))
+                line.chop(1);
+            if (line.contains('\r') || line.contains('\0')) {
+                why = "a line holds CR or NUL: " + line;
+                return {};
+            }
+        }
+        for (const QByteArray &line : lines.mid(1)) {
+            const qsizetype colon = line.indexOf(':');
+            if (colon <= 0 || !isFieldName(line.left(colon))) {
+                why = "not a field line: " + line;
+                return {};
+            }
+            if (line.left(colon).compare("Content-Length", Qt::CaseInsensitive) == 0)
+                length = line.mid(colon + 1).trimmed().toLongLong();
+        }
+        sections.append(lines);
+        at = end + 4 + length;
+    }
+    return sections;
 }
 
 } // namespace
@@ -406,6 +516,68 @@ private Q_SLOTS:
         // The idle connections are still usable: keep-alive, not dropped by the attack.
         QCOMPARE(idle.front()->send(buildPost("/hooks/orders", "{}", {{"Idempotency-Key", "idle-0"}}, false)), true);
         QCOMPARE(idle.front()->readResponse().status, 200);
+    }
+
+    void aStoredResultCannotSplitTheAnswer_data()
+    {
+        QTest::addColumn<QString>("backend");
+        QTest::newRow("sqlite") << u"sqlite"_qs;
+        QTest::newRow("redis") << u"redis"_qs;
+        QTest::newRow("postgres") << u"postgres"_qs;
+    }
+    void aStoredResultCannotSplitTheAnswer()
+    {
+        // A completed record whose stored result was then rewritten in the store itself (a
+        // shared Redis or PostgreSQL holds whatever anyone wrote) with fields that would end the
+        // answer early: a Set-Cookie and a second answer of the attacker's on the connection.
+        QFETCH(QString, backend);
+        const QString url = backend == u"sqlite"_qs
+                                ? u"sqlite:"_qs + m_dir.filePath(u"split.db"_qs)
+                                : qEnvironmentVariable(backend == u"redis"_qs ? "IDEM_TEST_REDIS_URL"
+                                                                              : "IDEM_TEST_POSTGRES_URL");
+        if (url.isEmpty())
+            QFAIL("IDEM_TEST_REDIS_URL / IDEM_TEST_POSTGRES_URL are not set: run through ./dev test");
+        auto pool = openStorePool(url);
+        QVERIFY2(pool.ok(), pool.ok() ? "" : qPrintable(pool.error().message));
+        auto config = Config::parse(R"({"endpoints": [{"name": "split"}]})", u"split"_qs);
+        Receiver receiver(*config, *pool);
+        ListenAddress any;
+        any.port = 0;
+        const quint16 port = receiver.start(any)->port;
+        const QByteArray key = "split-" + QByteArray::number(wallMs());
+        const QByteArray body = "{\"n\":1}";
+        const ClientResponse first = post(port, "/hooks/split", body, {{"Idempotency-Key", key}});
+        QCOMPARE(first.status, 200);
+        const QByteArray evil =
+            R"([["Content-Type","application/json"],["X-Fine","ok"],)"
+            R"(["X-Evil","a\r\nSet-Cookie: session=attacker\r\n\r\nHTTP/1.1 200 OK\r\nX-Owned: 1"],)"
+            R"(["X-Nul","a\u0000b"],["Bad Name","x"],["","nameless"]])";
+        const QString key16 = u"split:"_qs + QString::fromLatin1(key);
+        const QString rewritten = rewriteStoredHeaders(backend, url, key16, evil, first.body);
+        QVERIFY2(rewritten.isEmpty(), qPrintable(rewritten));
+
+        // The replay and a second request on one connection, read as bytes off the wire.
+        RawConnection c(port, 5000);
+        QVERIFY(c.send(buildPost("/hooks/split", body, {{"Idempotency-Key", key}}, false) +
+                       "GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"));
+        const QByteArray wire = c.readBytes(1 << 20); // up to the close
+        QByteArray why;
+        const QList<QByteArrayList> answers = headerSections(wire, why);
+        QVERIFY2(!answers.isEmpty(), (why + "\n" + wire).constData());
+        QCOMPARE(answers.size(), 2); // the replay and /healthz: nothing of the attacker's
+        QVERIFY2(!wire.contains("Set-Cookie") && !wire.contains("X-Owned") &&
+                     !wire.contains("nameless"),
+                 wire.constData());
+        QVERIFY2(answers.first().contains("Idempotent-Replayed: true"), wire.constData());
+        QVERIFY2(answers.first().contains("X-Fine: ok"), wire.constData()); // valid ones stay
+        QVERIFY2(wire.contains(first.body), wire.constData());
+
+        // Read from the store, the record has the valid fields only (`keys show`, export).
+        const auto record = *(*pool)->run<std::optional<KeyRecord>>(
+            [&](IdempotencyStore &s) { return s.key(key16); });
+        QVERIFY(record.has_value());
+        QCOMPARE(headerValue(record->result.headers, "X-Fine"), QByteArray("ok"));
+        QCOMPARE(record->result.headers.size(), 2);
     }
 
     void connectionLimitAnswers503()

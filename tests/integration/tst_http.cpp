@@ -44,6 +44,17 @@ private Q_SLOTS:
                     r.body += name + ": " + value + '\n';
             }
             r.setHeader("X-Query", request.query);
+            if (request.path == "/split") { // what a store may hold: any bytes, any status
+                r.status = request.header("X-Status").toInt();
+                r.headers = {{"X-Fine", "ok"},
+                             {"X-Evil", "a\r\nSet-Cookie: session=attacker\r\n\r\nHTTP/1.1 200 OK"},
+                             {"X-Lf", "a\nSet-Cookie: lf=1"},
+                             {"X-Nul", QByteArray("a\0b", 3)},
+                             {"Bad Name", "x"},
+                             {"Set-Cookie:x", "y"},
+                             {"", "nameless"},
+                             {"X-Obs", "caf\xe9\tok"}};
+            }
             const int delay = request.header("X-Delay").toInt();
             if (delay <= 0)
                 return responder.send(r);
@@ -334,6 +345,52 @@ private Q_SLOTS:
         ::setitimer(ITIMER_REAL, &off, nullptr);
         ::sigaction(SIGALRM, &previous, nullptr);
         QCOMPARE(answered, 5);
+    }
+
+    void anAnswerIsOneAnswerWhateverItsHeadersHold_data()
+    {
+        QTest::addColumn<QByteArray>("status");
+        QTest::addColumn<int>("expected");
+        QTest::newRow("200") << QByteArray("200") << 200;
+        QTest::newRow("404") << QByteArray("404") << 404;
+        // Not a final status: a 101 would tell the client the protocol changed.
+        QTest::newRow("101") << QByteArray("101") << 502;
+        QTest::newRow("0") << QByteArray("0") << 502;
+        QTest::newRow("1000") << QByteArray("1000") << 502;
+    }
+    void anAnswerIsOneAnswerWhateverItsHeadersHold()
+    {
+        QFETCH(QByteArray, status);
+        QFETCH(int, expected);
+        // Two requests on one connection: the first answer's fields must not end it early (a
+        // second status line, an injected Set-Cookie), so the second answer is the second.
+        RawConnection c(m_port, 3000);
+        QVERIFY(c.send("GET /split HTTP/1.1\r\nHost: x\r\nX-Status: " + status +
+                       "\r\n\r\nGET /echo HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"));
+        const QByteArray wire = c.readBytes(1 << 20); // up to the close
+        const qsizetype end = wire.indexOf("\r\n\r\n");
+        QVERIFY2(end > 0, wire.constData());
+        QList<QByteArray> lines = wire.left(end + 2).split('\n');
+        lines.removeLast(); // after the last line's \n
+        QCOMPARE(lines.first(), "HTTP/1.1 " + QByteArray::number(expected) + ' ' +
+                                    reasonPhrase(expected) + '\r');
+        QByteArrayList names;
+        for (const QByteArray &line : lines.mid(1)) {
+            QVERIFY2(line.endsWith('\r') && line.count('\r') == 1, line.constData());
+            const qsizetype colon = line.indexOf(':');
+            QVERIFY2(colon > 0 && isFieldName(line.left(colon)), line.constData());
+            names << line.left(colon);
+        }
+        QVERIFY2(!wire.contains("Set-Cookie") && !wire.contains("nameless"), wire.constData());
+        if (expected != 502) { // the valid fields are kept, obs-text and tab included
+            QVERIFY2(names.contains("X-Fine") && wire.contains("X-Obs: caf\xe9\tok\r\n"),
+                     wire.constData());
+            const auto ours = std::count_if(names.begin(), names.end(),
+                                            [](const QByteArray &n) { return n.startsWith("X-"); });
+            QCOMPARE(ours, 2); // X-Fine, X-Obs
+        }
+        QCOMPARE(wire.count("HTTP/1.1 "), 2);
+        QVERIFY2(wire.contains("\r\n\r\nGET /echo "), wire.constData()); // the second, whole
     }
 
     void http10ClosesAfterTheAnswer()
