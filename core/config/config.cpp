@@ -290,6 +290,39 @@ Result<Config> Config::load(const QString &path)
     return config;
 }
 
+namespace {
+const std::pair<const char16_t *, std::optional<qint64> ConnectionSettings::*> kConnectionFields[] =
+    {
+        {u"max_connections_per_client", &ConnectionSettings::maxConnectionsPerClient},
+        {u"max_buffered_request_bytes", &ConnectionSettings::maxBufferedRequestBytes},
+        {u"min_upload_bytes_per_second", &ConnectionSettings::minUploadBytesPerSecond},
+        {u"idle_timeout_seconds", &ConnectionSettings::idleTimeoutSeconds},
+        {u"request_timeout_seconds", &ConnectionSettings::requestTimeoutSeconds},
+};
+
+void readConnectionSettings(Reader &root, ConnectionSettings &s)
+{
+    const std::pair<qint64, qint64> ranges[] = {
+        {1, 100'000}, {1024, 1LL << 40}, {0, 1LL << 30}, {1, 24 * 3600}, {1, 3600}};
+    for (size_t i = 0; i < std::size(kConnectionFields); ++i) {
+        const QString field = QString::fromUtf16(kConnectionFields[i].first);
+        if (!root.has(field))
+            continue;
+        qint64 value = 0;
+        root.integer(field, value, ranges[i].first, ranges[i].second);
+        s.*kConnectionFields[i].second = value;
+    }
+}
+} // namespace
+
+qint64 largestBody(const Config &config)
+{
+    qint64 largest = config.defaults.maxBodyBytes;
+    for (const EndpointConfig &e : config.endpoints)
+        largest = std::max(largest, e.settings.maxBodyBytes);
+    return largest;
+}
+
 Result<Config> Config::parse(const QByteArray &json, const QString &sourceName)
 {
     QJsonParseError parseError;
@@ -335,6 +368,7 @@ Result<Config> Config::parse(const QByteArray &json, const QString &sourceName)
     qint64 maxConnections = config.maxConnections;
     root.integer(u"max_connections"_qs, maxConnections, 1, 100000);
     config.maxConnections = int(maxConnections);
+    readConnectionSettings(root, config.connections);
     {
         Reader defaults(sourceName, u"defaults"_qs, root.object(u"defaults"_qs));
         readSettings(defaults, config.defaults);
@@ -452,6 +486,12 @@ Result<Config> Config::parse(const QByteArray &json, const QString &sourceName)
         config.endpoints.append(e);
     }
     root.finish();
+    if (const qint64 largest = largestBody(config);
+        !root.error && config.connections.maxBufferedRequestBytes &&
+        *config.connections.maxBufferedRequestBytes < largest)
+        root.fail(u"max_buffered_request_bytes"_qs,
+                  u"must be at least the largest max_body_bytes (%1): such a body could never "
+                  "be received"_qs.arg(largest));
     if (root.error)
         return *root.error;
     if (!hasEndpoints) {
@@ -499,6 +539,9 @@ QJsonObject Config::toJson() const
         root.insert(u"store"_qs, store);
     if (metricsListen)
         root.insert(u"metrics_listen"_qs, metricsListen->toString());
+    for (const auto &[field, member] : kConnectionFields)
+        if (const std::optional<qint64> &value = connections.*member)
+            root.insert(QString::fromUtf16(field), *value);
     QJsonObject d;
     writeSettings(d, defaults);
     root.insert(u"defaults"_qs, d);

@@ -72,6 +72,18 @@ struct ListenAddress
     QString toString() const;
 };
 
+// Limits of the webhook listener's connections (docs/security.md, "Resource limits"). Unset: the
+// receiver's defaults (HttpLimits), so what a test injects stays.
+struct ConnectionSettings
+{
+    std::optional<qint64> maxConnectionsPerClient;
+    // Request bytes buffered, all connections together; a client gets a quarter of it.
+    std::optional<qint64> maxBufferedRequestBytes;
+    std::optional<qint64> minUploadBytesPerSecond; // 0: no minimum
+    std::optional<qint64> idleTimeoutSeconds;
+    std::optional<qint64> requestTimeoutSeconds;
+};
+
 struct Config
 {
     QString sourceFile; // empty: built in
@@ -81,6 +93,7 @@ struct Config
     EndpointSettings defaults;
     QList<EndpointConfig> endpoints;
     int maxConnections = 4096;  // beyond: 503 and closed
+    ConnectionSettings connections;
     QStringList loadWarnings;   // e.g. secrets in a file others may read
 
     // Errors name the file, the field and what is wrong; unknown fields are errors.
@@ -95,5 +108,8 @@ struct Config
 };
 
 QStringList builtinProviders();
+// The largest body the receiver reads (max_body_bytes): an endpoint's, or the defaults', up to
+// which a body sent to any other path is read before its 404.
+qint64 largestBody(const Config &config);
 
 } // namespace idem

@@ -3,6 +3,7 @@
 #include <QDeadlineTimer>
 
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
@@ -38,38 +39,51 @@ ssize_t recvSome(int fd, char *into, size_t size)
     }
 }
 
-// An interrupted connect() goes on in the kernel: wait until the socket is writable, then its
-// SO_ERROR tells how it ended.
-bool connectInterruptibly(int fd, const sockaddr_in &addr, int timeoutMs, int &error)
+// connect() within timeoutMs: started without blocking, then the socket becomes writable when
+// it is done (an interrupted wait resumes), and SO_ERROR tells how it ended. A SYN the server's
+// kernel dropped is sent again only after a second or more: without a deadline connect() waits
+// for minutes.
+bool connectWithin(int fd, const sockaddr_in &addr, int timeoutMs, int &error)
 {
-    if (::connect(fd, reinterpret_cast<const sockaddr *>(&addr), sizeof addr) == 0)
-        return true;
-    error = errno;
-    if (error != EINTR)
-        return false;
-    if (pollFor(fd, POLLOUT, timeoutMs) <= 0) {
-        error = ETIMEDOUT;
-        return false;
+    const int flags = ::fcntl(fd, F_GETFL);
+    ::fcntl(fd, F_SETFL, flags | O_NONBLOCK);
+    bool connected = ::connect(fd, reinterpret_cast<const sockaddr *>(&addr), sizeof addr) == 0;
+    error = connected ? 0 : errno;
+    if (!connected && (error == EINPROGRESS || error == EINTR)) {
+        if (pollFor(fd, POLLOUT, timeoutMs) <= 0) {
+            error = ETIMEDOUT;
+        } else {
+            socklen_t size = sizeof error;
+            if (::getsockopt(fd, SOL_SOCKET, SO_ERROR, &error, &size) != 0)
+                error = errno;
+            connected = error == 0;
+        }
     }
-    socklen_t size = sizeof error;
-    if (::getsockopt(fd, SOL_SOCKET, SO_ERROR, &error, &size) != 0)
-        error = errno;
-    return error == 0;
+    ::fcntl(fd, F_SETFL, flags);
+    return connected;
 }
 } // namespace
 
-RawConnection::RawConnection(quint16 port, int timeoutMs, const QByteArray &ipv4) : m_timeoutMs(timeoutMs)
+RawConnection::RawConnection(quint16 port, int timeoutMs, const QByteArray &ipv4,
+                             const QByteArray &sourceIpv4)
+    : m_timeoutMs(timeoutMs)
 {
     m_fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
     sockaddr_in addr{};
     addr.sin_family = AF_INET;
     addr.sin_port = htons(port);
-    if (::inet_pton(AF_INET, ipv4.constData(), &addr.sin_addr) != 1) {
+    sockaddr_in source{};
+    source.sin_family = AF_INET;
+    if (::inet_pton(AF_INET, ipv4.constData(), &addr.sin_addr) != 1 ||
+        (!sourceIpv4.isEmpty() &&
+         (::inet_pton(AF_INET, sourceIpv4.constData(), &source.sin_addr) != 1 ||
+          ::bind(m_fd, reinterpret_cast<const sockaddr *>(&source), sizeof source) != 0))) {
+        m_connectErrno = errno;
         ::close(m_fd);
         m_fd = -1;
         return;
     }
-    if (!connectInterruptibly(m_fd, addr, m_timeoutMs, m_connectErrno)) {
+    if (!connectWithin(m_fd, addr, m_timeoutMs, m_connectErrno)) {
         ::close(m_fd);
         m_fd = -1;
         return;

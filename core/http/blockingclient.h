@@ -22,11 +22,15 @@ struct ClientResponse
 class RawConnection
 {
 public:
-    explicit RawConnection(quint16 port, int timeoutMs = 15000, const QByteArray &ipv4 = "127.0.0.1");
+    // Connected within timeoutMs, or not open. `sourceIpv4`: the local address to send from
+    // (another 127.x.y.z is another client on loopback); empty: the system's choice.
+    explicit RawConnection(quint16 port, int timeoutMs = 15000,
+                           const QByteArray &ipv4 = "127.0.0.1", const QByteArray &sourceIpv4 = {});
     ~RawConnection();
     RawConnection(const RawConnection &) = delete;
 
     bool isOpen() const { return m_fd >= 0; }
+    void setTimeout(int timeoutMs) { m_timeoutMs = timeoutMs; } // for the reads and sends to come
     quint16 localPort() const; // 0 when not open
     bool send(QByteArrayView bytes);
     // Reads one response (Content-Length framed); status 0 on timeout or close. Interim

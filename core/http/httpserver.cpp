@@ -133,7 +133,9 @@ bool Responder::connected() const
 // ---------------------------------------------------------------------------------------------
 
 HttpServer::HttpServer(HttpLimits limits, HttpHandler handler, QObject *parent)
-    : QObject(parent), m_server(this), m_limits(std::move(limits)), m_handler(std::move(handler))
+    : QObject(parent), m_server(this), m_limits(std::move(limits)), m_handler(std::move(handler)),
+      m_budget({m_limits.maxBufferedBytes, m_limits.maxBufferedBytesPerClient,
+                m_limits.maxConnectionsPerClient})
 {
     m_server.setMaxPendingConnections(1024);
     connect(&m_server, &QTcpServer::newConnection, this, &HttpServer::acceptPending);
@@ -147,6 +149,9 @@ HttpServer::~HttpServer()
 
 bool HttpServer::listen(const QHostAddress &address, quint16 port)
 {
+    // Qt's own is 50; SO_REUSEADDR it sets itself on Unix (a restart binds a port whose last
+    // connections are in TIME-WAIT).
+    m_server.setListenBacklogSize(listenBacklog());
     return m_server.listen(address, port);
 }
 
@@ -158,26 +163,45 @@ void HttpServer::stopAccepting()
         connection->stop();
 }
 
+namespace {
+
+// A connection refused as it is accepted: its answer written into the kernel and the socket
+// closed now, not when the loop next runs: a burst of refused connections would otherwise hold
+// a descriptor each, past the open-file limit (receiver.h, connectionsTheFileLimitAllows).
+void refuseConnection(QTcpSocket *socket, int status, const QString &title, const QString &detail)
+{
+    const HttpResponse refusal = HttpResponse::problem(status, title, detail);
+    const QByteArray out = "HTTP/1.1 " + QByteArray::number(status) + ' ' + reasonPhrase(status) +
+                           "\r\nContent-Type: application/problem+json\r\nRetry-After: 1\r\n"
+                           "Idempotency-Outcome: rejected\r\nConnection: close\r\n"
+                           "Content-Length: " +
+                           QByteArray::number(refusal.body.size()) + "\r\n\r\n" + refusal.body;
+    socket->write(out);
+    socket->flush();
+    socket->close();
+    socket->deleteLater();
+}
+
+} // namespace
+
 void HttpServer::acceptPending()
 {
     while (QTcpSocket *socket = m_server.nextPendingConnection()) {
         if (m_connections >= m_limits.maxConnections) {
-            const HttpResponse busy = HttpResponse::problem(
-                503, u"Too many connections"_qs,
-                u"the receiver has reached its connection limit (%1)"_qs.arg(m_limits.maxConnections));
-            QByteArray out = "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/problem+json\r\n"
-                             "Retry-After: 1\r\nConnection: close\r\nContent-Length: "
-                             + QByteArray::number(busy.body.size()) + "\r\n\r\n" + busy.body;
-            // Written into the kernel and closed now, not when the loop next runs: a burst of
-            // refused connections would otherwise hold a descriptor each, past the open-file
-            // limit (receiver.h, connectionsTheFileLimitAllows).
-            socket->write(out);
-            socket->flush();
-            socket->close();
-            socket->deleteLater();
+            refuseConnection(socket, 503, u"Too many connections"_qs,
+                             u"the receiver has reached its connection limit (%1)"_qs.arg(
+                                 m_limits.maxConnections));
             continue;
         }
-        new HttpConnection(socket, this);
+        QByteArray client = clientKey(socket->peerAddress());
+        if (m_budget.openConnection(client) != LimitRefusal::None) {
+            refuseConnection(
+                socket, 429, u"Too many connections from this client"_qs,
+                u"this client has %1 connections open, the most one client may "
+                "have: send on those, or close some"_qs.arg(m_limits.maxConnectionsPerClient));
+            continue;
+        }
+        new HttpConnection(socket, this, std::move(client));
     }
 }
 
@@ -200,8 +224,9 @@ const llhttp_settings_t &HttpConnection::settings()
     return s;
 }
 
-HttpConnection::HttpConnection(QTcpSocket *socket, HttpServer *server)
-    : QObject(server), m_socket(socket), m_server(server)
+HttpConnection::HttpConnection(QTcpSocket *socket, HttpServer *server, QByteArray client)
+    : QObject(server), m_socket(socket), m_server(server), m_client(std::move(client)),
+      m_pace(server->m_limits.minUploadBytesPerSecond, server->m_limits.uploadWindowMs)
 {
     ++m_server->m_connections;
     socket->setParent(this);
@@ -216,7 +241,9 @@ HttpConnection::HttpConnection(QTcpSocket *socket, HttpServer *server)
     connect(socket, &QTcpSocket::bytesWritten, this, &HttpConnection::onBytesWritten);
     connect(socket, &QTcpSocket::disconnected, this, &QObject::deleteLater);
     connect(socket, &QTcpSocket::errorOccurred, this, [this](QAbstractSocket::SocketError error) {
-        if (error != QAbstractSocket::RemoteHostClosedError)
+        // A wait of 0 ms that found nothing (readArrived) reports a timeout: no fault.
+        if (error != QAbstractSocket::RemoteHostClosedError &&
+            error != QAbstractSocket::SocketTimeoutError)
             close();
     });
     m_timer.start(m_server->m_limits.idleTimeoutMs);
@@ -226,6 +253,8 @@ HttpConnection::HttpConnection(QTcpSocket *socket, HttpServer *server)
 
 HttpConnection::~HttpConnection()
 {
+    releaseBody();
+    m_server->m_budget.closeConnection(m_client);
     --m_server->m_connections;
 }
 
@@ -235,12 +264,14 @@ void HttpConnection::processInput()
         return; // resumed once the current answer is written (and mostly taken by the client)
     QByteArray data = m_pending;
     m_pending.clear();
+    const qsizetype pipelined = data.size();
     data += m_socket->readAll();
     if (data.isEmpty())
         return;
     if (m_scanArmed && scanForObsFold(data))
         m_obsFold = true; // refused when the parser completes this message's headers
     const llhttp_errno_t err = llhttp_execute(&m_parser, data.constData(), size_t(data.size()));
+    m_pace.received(data.size() - pipelined); // counted once, when they arrived
     if (err == HPE_OK)
         return;
     if (err == HPE_PAUSED) {
@@ -309,7 +340,9 @@ int HttpConnection::onMessageBegin(llhttp_t *p)
     c->m_unnamedField = false;
     c->m_messageDone = false;
     c->m_phase = Phase::Reading;
-    c->m_timer.start(c->m_server->m_limits.requestTimeoutMs);
+    c->m_requestStartMs = monotonicUs() / 1000;
+    c->m_pace.start(c->m_requestStartMs);
+    c->m_timer.start(c->readingTimerMs());
     return 0;
 }
 
@@ -413,6 +446,12 @@ int HttpConnection::onHeadersComplete(llhttp_t *p)
     if ((p->flags & F_CONTENT_LENGTH) && p->content_length > quint64(c->m_maxBody))
         return c->refuseEarly(
             413, u"the body is larger than this endpoint accepts (%1 bytes)"_qs.arg(c->m_maxBody));
+    // A body of known length gets its first share of the budget now: refused, it is refused
+    // before the client sends it (before 100 Continue).
+    const bool sized = p->flags & F_CONTENT_LENGTH;
+    c->m_bodyLimit = sized ? qint64(p->content_length) : c->m_maxBody;
+    if (sized && p->content_length > 0 && !c->growBody(1))
+        return -1;
     const QByteArray expect = r.header("Expect");
     if (!expect.isEmpty()) {
         if (expect.compare("100-continue", Qt::CaseInsensitive) != 0)
@@ -455,9 +494,12 @@ int HttpConnection::onBody(llhttp_t *p, const char *at, size_t len)
 {
     auto *c = static_cast<HttpConnection *>(p->data);
     // Chunked bodies are counted as they arrive.
-    if (c->m_request.body.size() + qint64(len) > c->m_maxBody)
+    const qint64 needed = c->m_request.body.size() + qint64(len);
+    if (needed > c->m_maxBody)
         return c->refuseEarly(
             413, u"the body is larger than this endpoint accepts (%1 bytes)"_qs.arg(c->m_maxBody));
+    if (needed > c->m_reserved && !c->growBody(needed))
+        return -1;
     c->m_request.body.append(at, qsizetype(len));
     return 0;
 }
@@ -473,6 +515,40 @@ int HttpConnection::onMessageComplete(llhttp_t *p)
     c->m_scanSawLine = false;
     c->m_obsFold = false;
     return HPE_PAUSED; // one request at a time: parsing resumes after its answer is written
+}
+
+bool HttpConnection::growBody(qint64 needed)
+{
+    // Grown in bounded steps, never doubled: a buffer holds at most one step more than its body,
+    // and the budget counts what is allocated, not what arrived.
+    constexpr qint64 kStep = 64 * 1024;
+    const qint64 capacity = nextBodyCapacity(needed, m_reserved, kStep, m_bodyLimit);
+    switch (m_server->m_budget.reserve(m_client, capacity - m_reserved)) {
+    case LimitRefusal::Server:
+        refuseEarly(503, u"the receiver holds as many request bytes as it may (%1 bytes): "
+                         "send it again later"_qs.arg(m_server->m_limits.maxBufferedBytes));
+        return false;
+    case LimitRefusal::Client:
+        refuseEarly(429, u"this client's requests hold as many bytes as one client may (%1 "
+                         "bytes): send it again once they are answered"_qs.arg(
+                             m_server->m_limits.maxBufferedBytesPerClient));
+        return false;
+    case LimitRefusal::None:
+        break;
+    }
+    m_server->m_bufferedBytes = m_server->m_budget.bufferedBytes();
+    m_reserved = capacity;
+    m_request.body.reserve(capacity);
+    return true;
+}
+
+void HttpConnection::releaseBody()
+{
+    if (!m_reserved)
+        return;
+    m_server->m_budget.release(m_client, m_reserved);
+    m_server->m_bufferedBytes = m_server->m_budget.bufferedBytes();
+    m_reserved = 0;
 }
 
 void HttpConnection::stop()
@@ -524,6 +600,7 @@ void HttpConnection::answer(quint64 sequence, const HttpResponse &response)
 {
     if (sequence != m_sequence || m_phase != Phase::Waiting)
         return; // an answer for an earlier request, or a second answer
+    releaseBody();
     writeResponse(response, !m_keepAlive || m_server->m_stopping, m_head);
     if (m_phase == Phase::Closing)
         return;
@@ -554,6 +631,8 @@ void HttpConnection::fail(int status, const QString &detail)
 {
     HttpResponse r = HttpResponse::problem(status, QString::fromLatin1(reasonPhrase(status)), detail);
     r.setHeader("Idempotency-Outcome", "rejected");
+    if (status == 429 || status == 503) // the budget's: nothing was started, so send it again
+        r.setHeader("Retry-After", "1");
     writeResponse(r, true, m_request.method == "HEAD");
     if (m_server->m_onReject)
         m_server->m_onReject(m_request, status, detail);
@@ -620,7 +699,7 @@ void HttpConnection::onTimeout()
             return;
     }
     if (m_phase == Phase::Reading) {
-        fail(408, u"the request did not arrive within %1 ms"_qs.arg(m_server->m_limits.requestTimeoutMs));
+        onReadingTimeout();
     } else if (m_phase == Phase::Draining || m_phase == Phase::Closing) {
         // The client took nothing of its answers for the idle time: drop them with it.
         m_socket->abort();
@@ -628,6 +707,32 @@ void HttpConnection::onTimeout()
     } else {
         close();
     }
+}
+
+int HttpConnection::readingTimerMs() const
+{
+    qint64 due = m_requestStartMs + m_server->m_limits.requestTimeoutMs;
+    if (m_pace.enabled())
+        due = std::min(due, m_pace.windowEndMs());
+    return int(std::max<qint64>(1, due - monotonicUs() / 1000));
+}
+
+void HttpConnection::onReadingTimeout()
+{
+    // What the kernel holds for it arrived in time: a busy thread is not a slow client.
+    if (m_socket->bytesAvailable() == 0)
+        m_socket->waitForReadyRead(0);
+    if (m_phase != Phase::Reading)
+        return; // read whole meanwhile (or refused)
+    const HttpLimits &limits = m_server->m_limits;
+    const qint64 now = monotonicUs() / 1000;
+    if (now - m_requestStartMs >= limits.requestTimeoutMs)
+        return fail(408,
+                    u"the request did not arrive within %1 ms"_qs.arg(limits.requestTimeoutMs));
+    if (m_pace.tooSlow(now))
+        return fail(408, u"the request arrived slower than %1 bytes per second"_qs.arg(
+                             limits.minUploadBytesPerSecond));
+    m_timer.start(readingTimerMs());
 }
 
 void HttpConnection::close()

@@ -1,5 +1,6 @@
 #pragma once
 
+#include "http/connectionlimits.h"
 #include "http/httptypes.h"
 
 #include <QObject>
@@ -25,13 +26,23 @@ struct HttpLimits
     int idleTimeoutMs = 60'000;    // keep-alive connection with no request: closed
     int requestTimeoutMs = 30'000; // one request's headers and body must arrive within this: 408
     int maxConnections = 4096;     // beyond: 503 and closed
+    // Connections of one client (clientKey: an IPv4 address, an IPv6 /64); beyond: 429, closed.
+    int maxConnectionsPerClient = 256;
+    // Request bodies buffered, from their first byte until their answer is written, all
+    // connections together (beyond: 503 and closed) and one client's (beyond: 429 and closed).
+    qint64 maxBufferedBytes = 64 * 1024 * 1024;
+    qint64 maxBufferedBytesPerClient = 16 * 1024 * 1024;
+    // A request arriving slower than this, over any window of uploadWindowMs from its first
+    // byte: 408 and closed. 0: no minimum.
+    qint64 minUploadBytesPerSecond = 1024;
+    int uploadWindowMs = 10'000;
     // Answers written but not yet taken by the client, per connection: above this the
     // connection's next pipelined request is not read until the client drains its answers.
     qint64 maxUnsentBytes = 1024 * 1024;
 };
 
 using HttpHandler = std::function<void(HttpRequest request, Responder responder)>;
-// Told of every request the HTTP layer answers itself (400, 408, 413, 417, 431, 501).
+// Told of every request the HTTP layer answers itself (400, 408, 413, 417, 429, 431, 501, 503).
 using HttpRejectObserver = std::function<void(const HttpRequest &partial, int status, const QString &detail)>;
 
 // An HTTP/1.1 server on QTcpServer with llhttp (strict mode) as the parser. Keep-alive;
@@ -65,6 +76,8 @@ public:
     void stopAccepting();
     bool stopping() const { return m_stopping; }
     int connectionCount() const { return m_connections.load(); } // from any thread
+    // Request bytes the connections buffer now (HttpLimits::maxBufferedBytes), from any thread.
+    qint64 bufferedBytes() const { return m_bufferedBytes.load(); }
     const HttpLimits &limits() const { return m_limits; }
     const HttpHandler &handler() const { return m_handler; }
     void setRejectObserver(HttpRejectObserver observer) { m_onReject = std::move(observer); }
@@ -77,6 +90,8 @@ private:
     HttpHandler m_handler;
     HttpRejectObserver m_onReject;
     std::atomic<int> m_connections{0};
+    ConnectionBudget m_budget;
+    std::atomic<qint64> m_bufferedBytes{0}; // m_budget's total, for other threads
     bool m_stopping = false;
 };
 
@@ -84,7 +99,8 @@ class HttpConnection final : public QObject
 {
     Q_OBJECT
 public:
-    HttpConnection(QTcpSocket *socket, HttpServer *server);
+    // `client`: clientKey of the peer, already counted in the server's budget.
+    HttpConnection(QTcpSocket *socket, HttpServer *server, QByteArray client);
     ~HttpConnection() override;
 
     void answer(quint64 sequence, const HttpResponse &response);
@@ -112,6 +128,12 @@ private:
     int refuseEarly(int status, const QString &detail);
     void writeResponse(const HttpResponse &response, bool close, bool head);
     void onTimeout();
+    void onReadingTimeout();
+    int readingTimerMs() const; // to the request's deadline or its pace's next check
+    // The body buffer grown to hold `needed` bytes, within the budget; false (and the refusal
+    // decided) when the budget refuses.
+    bool growBody(qint64 needed);
+    void releaseBody();
     // An idle connection whose next request is already here (in the kernel, the socket's
     // buffer or m_pending) reads it; false when nothing is.
     bool readArrived();
@@ -120,6 +142,13 @@ private:
 
     QTcpSocket *m_socket;
     HttpServer *m_server;
+    QByteArray m_client; // clientKey of the peer
+    // What this connection holds of the server's budget: the capacity of the body being read or
+    // answered (held until the answer is written; the handler has the body until then).
+    qint64 m_reserved = 0;
+    qint64 m_bodyLimit = 0; // its Content-Length, else the endpoint's maximum
+    UploadPace m_pace;
+    qint64 m_requestStartMs = 0;
     llhttp_t m_parser;
     QTimer m_timer;
     Phase m_phase = Phase::Idle;

@@ -204,17 +204,29 @@ QByteArray Metrics::exposition() const
     return QByteArray(text.data(), qsizetype(text.size()));
 }
 
+HttpLimits MetricsServer::listenerLimits()
+{
+    HttpLimits limits;
+    limits.maxConnections = 64;
+    // A scraper uses one connection, and comes back every 10 s or more: a connection idle for
+    // 5 s is not a scraper's next scrape, and a client (an address, an IPv6 /64) holding 4 is
+    // not a scraper. So idle connections cannot keep scrapes out.
+    limits.maxConnectionsPerClient = 4;
+    limits.idleTimeoutMs = 5'000;
+    limits.requestTimeoutMs = 5'000;
+    limits.defaultMaxBody = 0;
+    limits.maxBufferedBytes = limits.maxBufferedBytesPerClient = 64 * 1024;
+    return limits;
+}
+
 MetricsServer::MetricsServer(Config config, StoreFactory store, std::function<qint64()> inFlight,
-                             QObject *parent)
+                             QObject *parent, HttpLimits limits)
     : QObject(parent), m_config(std::move(config)),
       m_pool(std::make_unique<StorePool>(std::move(store), 2, 16)), m_inFlight(std::move(inFlight))
 {
     Metrics &metrics = Metrics::enable();
     for (const EndpointConfig &e : m_config.endpoints)
         metrics.endpoint(e.name); // every endpoint shows, with zeros, before its first delivery
-    HttpLimits limits;
-    limits.maxConnections = 64;
-    limits.defaultMaxBody = 0;
     m_server =
         std::make_unique<HttpServer>(limits, [this](HttpRequest request, Responder responder) {
             if (request.path != "/metrics") {
@@ -245,6 +257,11 @@ MetricsServer::MetricsServer(Config config, StoreFactory store, std::function<qi
 }
 
 MetricsServer::~MetricsServer() = default;
+
+int MetricsServer::connectionCount() const
+{
+    return m_server->connectionCount();
+}
 
 Result<ListenAddress> MetricsServer::start(const ListenAddress &address)
 {

@@ -1,6 +1,7 @@
 #pragma once
 
 #include "config/config.h"
+#include "http/httpserver.h"
 #include "model/keyrecord.h"
 #include "store/storepool.h"
 
@@ -21,8 +22,6 @@ class Registry;
 } // namespace prometheus
 
 namespace idem {
-
-class HttpServer;
 
 // The process's Prometheus metrics (prometheus-cpp core). Off unless enable() was called (serve
 // and the window with metrics_listen): then instance() is null and the hot path counts nothing
@@ -96,10 +95,14 @@ public:
 
     // `store` makes the metrics' own connections (two: a count may run while a ping answers).
     // `inFlight` is read at each scrape (from the engine's own counter).
+    // `limits`: the listener's (listenerLimits(); tests shorten its timeouts).
     MetricsServer(Config config, StoreFactory store, std::function<qint64()> inFlight,
-                  QObject *parent = nullptr);
+                  QObject *parent = nullptr, HttpLimits limits = listenerLimits());
+    // At most 64 connections, 4 per client, closed after 5 s idle; no request body.
+    static HttpLimits listenerLimits();
     ~MetricsServer() override;
     Result<ListenAddress> start(const ListenAddress &address);
+    int connectionCount() const;
 
 private:
     void countKeys();

@@ -36,6 +36,22 @@ HttpLimits limitsFor(const Config &config, HttpLimits base)
     base.maxBodyFor = [perPath, fallback](const QByteArray &path) {
         return perPath.value(path, fallback);
     };
+    const ConnectionSettings &c = config.connections;
+    if (c.maxConnectionsPerClient)
+        base.maxConnectionsPerClient = int(*c.maxConnectionsPerClient);
+    if (c.maxBufferedRequestBytes)
+        base.maxBufferedBytes = *c.maxBufferedRequestBytes;
+    if (c.minUploadBytesPerSecond)
+        base.minUploadBytesPerSecond = *c.minUploadBytesPerSecond;
+    if (c.idleTimeoutSeconds)
+        base.idleTimeoutMs = int(*c.idleTimeoutSeconds * 1000);
+    if (c.requestTimeoutSeconds)
+        base.requestTimeoutMs = int(*c.requestTimeoutSeconds * 1000);
+    // Every body an endpoint accepts fits: in the whole budget, and in one client's share,
+    // which is otherwise a quarter of it.
+    const qint64 largest = largestBody(config);
+    base.maxBufferedBytes = std::max(base.maxBufferedBytes, largest);
+    base.maxBufferedBytesPerClient = std::max(base.maxBufferedBytes / 4, largest);
     return base;
 }
 
@@ -81,6 +97,11 @@ Receiver::~Receiver()
 int Receiver::connectionCount() const
 {
     return m_server->connectionCount();
+}
+
+qint64 Receiver::bufferedBytes() const
+{
+    return m_server->bufferedBytes();
 }
 
 Result<ListenAddress> Receiver::start(const ListenAddress &address)

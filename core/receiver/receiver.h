@@ -40,6 +40,8 @@ public:
     ListenAddress address() const { return m_address; }
     // Open connections, from any thread (tests wait on it).
     int connectionCount() const;
+    // Request bytes its connections buffer now (HttpLimits::maxBufferedBytes), from any thread.
+    qint64 bufferedBytes() const;
 
 private:
     std::shared_ptr<StorePool> m_pool;
@@ -50,7 +52,9 @@ private:
 };
 
 // Body limit per path, from the endpoints' max_body_bytes; max_connections, no more than the
-// open-file limit allows (connectionsTheFileLimitAllows).
+// open-file limit allows (connectionsTheFileLimitAllows); the connection settings the config
+// sets (the others stay `base`'s). The request buffer budget holds the largest body at least,
+// and a client's share of it is a quarter, or that body if larger.
 HttpLimits limitsFor(const Config &config, HttpLimits base = {});
 
 // Each connection may hold two descriptors (its own and, while it forwards, the downstream's).

@@ -39,10 +39,10 @@ struct BigDownstream : idem::test::CountingDownstream
     QByteArray url() const { return idem::test::CountingDownstream::url().toString().toUtf8(); }
 };
 
-// This process's resident memory, in KB.
-qint64 residentKb()
+// A process's resident memory (this one's by default), in KB.
+qint64 residentKb(qint64 pid = 0)
 {
-    QFile status(QStringLiteral("/proc/self/status"));
+    QFile status(pid ? u"/proc/%1/status"_qs.arg(pid) : QStringLiteral("/proc/self/status"));
     if (!status.open(QIODevice::ReadOnly))
         return -1;
     for (const QByteArray &line : status.readAll().split('\n'))
@@ -193,11 +193,57 @@ class TestHostile : public QObject
         std::sort(ms.begin(), ms.end());
         return ms.at(ms.size() / 2);
     }
+    static ClientResponse get(quint16 port, const QByteArray &path)
+    {
+        return raw(port, "GET " + path + " HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+    }
     static ClientResponse raw(quint16 port, const QByteArray &bytes)
     {
         RawConnection c(port, 5000);
         c.send(bytes);
         return c.readResponse();
+    }
+
+    // `count` connections from `sources` (in turn), each sending all of a 1 MiB body but its
+    // last byte, then nothing. Returns them open; `held` counts those the desk kept reading
+    // (no answer within a moment), `refused` those it answered 429 or 503 and closed.
+    static std::vector<std::unique_ptr<RawConnection>>
+    halfSend(quint16 port, int count, const QByteArrayList &sources, int &held, int &refused)
+    {
+        constexpr qsizetype kBody = 1024 * 1024;
+        const QByteArray rest(kBody - 1, 'x');
+        std::vector<std::unique_ptr<RawConnection>> open;
+        for (int i = 0; i < count; ++i) {
+            auto c = std::make_unique<RawConnection>(port, 5000, "127.0.0.1",
+                                                     sources.at(i % sources.size()));
+            c->send("POST /hooks/generic HTTP/1.1\r\nHost: x\r\nIdempotency-Key: half-" +
+                    QByteArray::number(i) + "\r\nContent-Length: " + QByteArray::number(kBody) +
+                    "\r\n\r\n");
+            c->send(rest); // fails once the desk refused it and closed
+            open.push_back(std::move(c));
+        }
+        // Each looked at in turn until a round finds none newly closed: then the desk has
+        // decided on every connection (a held one is never closed: no minimum rate, a long
+        // request timeout). A refused one was answered, then closed.
+        refused = 0;
+        std::vector<RawConnection *> waiting;
+        for (auto &c : open)
+            waiting.push_back(c.get());
+        for (bool decided = true; decided;) {
+            decided = false;
+            for (auto it = waiting.begin(); it != waiting.end();) {
+                if (!(*it)->waitClosed(50)) {
+                    ++it;
+                    continue;
+                }
+                const int status = (*it)->readResponse().status;
+                refused += status == 429 || status == 503;
+                decided = true;
+                it = waiting.erase(it);
+            }
+        }
+        held = int(waiting.size());
+        return open;
     }
 
 private Q_SLOTS:
@@ -469,10 +515,12 @@ private Q_SLOTS:
         int failures = 0;
         const double baseline = normalLatency(200, failures);
 
-        // Thousands of idle keep-alive connections, slowloris senders, and garbage, all at once.
+        // Thousands of idle keep-alive connections (from 10 clients: each may have 256),
+        // slowloris senders, and garbage, all at once.
         std::vector<std::unique_ptr<RawConnection>> idle;
         for (int i = 0; i < 2000; ++i) {
-            idle.push_back(std::make_unique<RawConnection>(m_port, 2000));
+            idle.push_back(std::make_unique<RawConnection>(
+                m_port, 2000, "127.0.0.1", "127.0.0." + QByteArray::number(2 + i % 10)));
             QVERIFY(idle.back()->isOpen());
         }
         std::atomic<bool> stop{false};
@@ -578,6 +626,322 @@ private Q_SLOTS:
         QVERIFY(record.has_value());
         QCOMPARE(headerValue(record->result.headers, "X-Fine"), QByteArray("ok"));
         QCOMPARE(record->result.headers.size(), 2);
+    }
+
+    void halfSentBodiesFromOneClientHoldOnlyItsShare()
+    {
+        // The attack of issue 31 (B5) on a real `serve`: 400 connections from one client, each
+        // sending all but the last byte of a 1 MiB body, then nothing. Slow senders are not cut
+        // here (no minimum rate, a long request timeout): the budget alone bounds the memory.
+        const QString config = m_dir.filePath(u"halfsent.json"_qs);
+        QFile f(config);
+        QVERIFY(f.open(QIODevice::WriteOnly));
+        f.write(R"({"min_upload_bytes_per_second": 0, "request_timeout_seconds": 600})");
+        f.close();
+        quint16 port = 0;
+        auto serve = test::startServe(QStringLiteral(IDEMDESK_BIN),
+                                      {u"--config"_qs, config, u"--store"_qs,
+                                       u"sqlite:"_qs + m_dir.filePath(u"halfsent.db"_qs)},
+                                      port);
+        QVERIFY(port);
+        QCOMPARE(post(port, "/hooks/generic", "{}", {{"Idempotency-Key", "warm"}}).status, 200);
+        const qint64 before = residentKb(serve->processId());
+        int held = 0, refused429 = 0;
+        const auto attackers = halfSend(port, 400, {"127.0.0.2"}, held, refused429);
+        const qint64 grownKb = residentKb(serve->processId()) - before;
+        qInfo("one client, 400 half-sent 1 MiB bodies: %d held, %d refused 429; serve's "
+              "resident memory %lld KB before, %lld KB more during the attack",
+              held, refused429, qint64(before), qint64(grownKb));
+        QVERIFY2(held <= 16 && refused429 >= 400 - 16, "one client held more than its share");
+        // Its share (16 MiB) and the connections' own memory; it took 500 MB and more before.
+        QVERIFY2(grownKb < 40 * 1024, qPrintable(u"%1 KB more"_qs.arg(grownKb)));
+        // Everyone else is served meanwhile.
+        QCOMPARE(get(port, "/healthz").status, 200);
+        const ClientResponse normal =
+            post(port, "/hooks/generic", "{}", {{"Idempotency-Key", "n1"}});
+        QCOMPARE(normal.status, 200);
+        QCOMPARE(normal.header("Idempotency-Outcome"), QByteArray("processed"));
+        serve->terminate();
+        QVERIFY(serve->waitForFinished(10000));
+    }
+
+    void halfSentBodiesFromManyClientsStayWithinTheBudget()
+    {
+        // The same from 8 clients: together they could hold 8 × 16 MiB, the budget is 64 MiB:
+        // past it every client gets 503 and the connection is closed.
+        const QString config = m_dir.filePath(u"halfsent8.json"_qs);
+        QFile f(config);
+        QVERIFY(f.open(QIODevice::WriteOnly));
+        f.write(R"({"min_upload_bytes_per_second": 0, "request_timeout_seconds": 600})");
+        f.close();
+        quint16 port = 0;
+        auto serve = test::startServe(QStringLiteral(IDEMDESK_BIN),
+                                      {u"--config"_qs, config, u"--store"_qs,
+                                       u"sqlite:"_qs + m_dir.filePath(u"halfsent8.db"_qs)},
+                                      port);
+        QVERIFY(port);
+        QCOMPARE(post(port, "/hooks/generic", "{}", {{"Idempotency-Key", "warm"}}).status, 200);
+        const qint64 before = residentKb(serve->processId());
+        QByteArrayList sources;
+        for (int i = 2; i < 10; ++i)
+            sources << "127.0.0." + QByteArray::number(i);
+        int held = 0, refused = 0;
+        auto attackers = halfSend(port, 400, sources, held, refused);
+        const qint64 grownKb = residentKb(serve->processId()) - before;
+        qInfo("8 clients, 400 half-sent 1 MiB bodies: %d held, %d refused; serve's resident "
+              "memory %lld KB before, %lld KB more during the attack",
+              held, refused, qint64(before), qint64(grownKb));
+        QVERIFY2(held <= 64, "more bodies held than the budget holds");
+        QVERIFY2(grownKb < 96 * 1024, qPrintable(u"%1 KB more"_qs.arg(grownKb)));
+        QCOMPARE(get(port, "/healthz").status, 200); // no body: never refused for the budget
+        // A delivery gets through, or is told to come back (503, Retry-After), never hangs;
+        // once the attackers are gone it gets through.
+        const ClientResponse during =
+            post(port, "/hooks/generic", "{}", {{"Idempotency-Key", "m1"}});
+        QVERIFY2(during.status == 200 ||
+                     (during.status == 503 && during.header("Retry-After") == "1"),
+                 qPrintable(QString::number(during.status)));
+        attackers.clear();
+        QTRY_COMPARE_WITH_TIMEOUT(
+            post(port, "/hooks/generic", "{}", {{"Idempotency-Key", "m2"}}).status, 200, 10000);
+        serve->terminate();
+        QVERIFY(serve->waitForFinished(10000));
+    }
+
+    void aFullBufferAnswers503AndAClientPastItsShare429()
+    {
+        // A budget of two bodies; one client's share is one body.
+        auto config = Config::parse(R"({"max_buffered_request_bytes": 131072,
+            "defaults": {"max_body_bytes": 65536}, "endpoints": [{"name": "orders"}]})",
+                                    u"budget"_qs);
+        QVERIFY2(config.ok(), config.ok() ? "" : qPrintable(config.error().message));
+        Receiver small(*config, m_pool);
+        ListenAddress any;
+        any.port = 0;
+        const quint16 port = small.start(any)->port;
+        const QByteArray almost = "POST /hooks/orders HTTP/1.1\r\nHost: x\r\nIdempotency-Key: b\r\n"
+                                  "Content-Length: 65536\r\n\r\n" +
+                                  QByteArray(65535, 'x');
+        RawConnection a1(port, 5000, "127.0.0.1", "127.0.0.2");
+        QVERIFY(a1.send(almost));
+        QTRY_COMPARE(small.bufferedBytes(), 65536);
+        // The same client again: over its own share.
+        RawConnection a2(port, 5000, "127.0.0.1", "127.0.0.2");
+        QVERIFY(a2.send(buildPost("/hooks/orders", "{}", {{"Idempotency-Key", "a2"}}, false)));
+        ClientResponse r = a2.readResponse();
+        QCOMPARE(r.status, 429);
+        QCOMPARE(r.header("Retry-After"), QByteArray("1"));
+        QCOMPARE(r.header("Idempotency-Outcome"), QByteArray("rejected"));
+        QVERIFY(a2.waitClosed(5000));
+        // Another client takes the rest: the receiver is full for everyone.
+        RawConnection b1(port, 5000, "127.0.0.1", "127.0.0.3");
+        QVERIFY(b1.send(almost));
+        QTRY_COMPARE(small.bufferedBytes(), 131072);
+        r = post(port, "/hooks/orders", "{}", {{"Idempotency-Key", "full"}});
+        QCOMPARE(r.status, 503);
+        QCOMPARE(r.header("Retry-After"), QByteArray("1"));
+        QCOMPARE(get(port, "/healthz").status, 200); // no body, nothing to buffer
+        // What a gone sender held is given back.
+        a1.close();
+        QTRY_COMPARE(small.bufferedBytes(), 65536);
+        r = post(port, "/hooks/orders", "{}", {{"Idempotency-Key", "room"}});
+        QCOMPARE(r.status, 200);
+        // A whole body is held until its answer is written, then given back.
+        QVERIFY(b1.send("x"));
+        QCOMPARE(b1.readResponse().status, 200);
+        QTRY_COMPARE(small.bufferedBytes(), 0);
+    }
+
+    void aClientPastItsConnectionCapGets429()
+    {
+        auto config = Config::parse(R"({"max_connections_per_client": 3,
+            "endpoints": [{"name": "orders"}]})",
+                                    u"cap"_qs);
+        Receiver small(*config, m_pool);
+        ListenAddress any;
+        any.port = 0;
+        const quint16 port = small.start(any)->port;
+        std::vector<std::unique_ptr<RawConnection>> open;
+        for (int i = 0; i < 3; ++i)
+            open.push_back(std::make_unique<RawConnection>(port, 5000, "127.0.0.1", "127.0.0.2"));
+        QTRY_COMPARE(small.connectionCount(), 3);
+        RawConnection extra(port, 5000, "127.0.0.1", "127.0.0.2");
+        const ClientResponse r = extra.readResponse();
+        QCOMPARE(r.status, 429);
+        QCOMPARE(r.header("Retry-After"), QByteArray("1"));
+        QVERIFY(extra.waitClosed(5000));
+        // Another client is not affected; and a closed connection makes room.
+        QCOMPARE(post(port, "/hooks/orders", "{}", {{"Idempotency-Key", "cap-other"}}).status, 200);
+        open.pop_back();
+        QTRY_COMPARE(small.connectionCount(), 2);
+        RawConnection again(port, 5000, "127.0.0.1", "127.0.0.2");
+        QVERIFY(
+            again.send(buildPost("/hooks/orders", "{}", {{"Idempotency-Key", "cap-2"}}, false)));
+        QCOMPARE(again.readResponse().status, 200);
+    }
+
+    void aRequestSlowerThanTheMinimumRateIsCut()
+    {
+        auto config = Config::parse(R"({"endpoints": [{"name": "orders"}]})", u"pace"_qs);
+        HttpLimits limits;
+        limits.minUploadBytesPerSecond = 1000;
+        limits.uploadWindowMs = 1000;
+        limits.requestTimeoutMs = 120'000; // the pace cuts it, not the request's deadline
+        Receiver paced(*config, m_pool, limits);
+        ListenAddress any;
+        any.port = 0;
+        const quint16 port = paced.start(any)->port;
+        // Half a body sent at once, then nothing: cut after a window without its due.
+        RawConnection stalled(port, 10'000);
+        QElapsedTimer took;
+        took.start();
+        QVERIFY(stalled.send("POST /hooks/orders HTTP/1.1\r\nHost: x\r\nIdempotency-Key: slow\r\n"
+                             "Content-Length: 20000\r\n\r\n" +
+                             QByteArray(10000, 'x')));
+        const ClientResponse cut = stalled.readResponse();
+        QCOMPARE(cut.status, 408);
+        QVERIFY2(cut.body.contains("slower than 1000 bytes per second"), cut.body.constData());
+        QVERIFY(took.elapsed() < 60'000);
+        QVERIFY(!stored(u"orders:slow"_qs).has_value());
+        // A body trickled at ten times the minimum arrives whole.
+        RawConnection trickle(port, 10'000);
+        const QByteArray body = "{\"pad\":\"" + QByteArray(9980, 'y') + "\"}";
+        QVERIFY(
+            trickle.send("POST /hooks/orders HTTP/1.1\r\nHost: x\r\nIdempotency-Key: trickle\r\n"
+                         "Content-Type: application/json\r\nContent-Length: " +
+                         QByteArray::number(body.size()) + "\r\n\r\n"));
+        for (qsizetype at = 0; at < body.size(); at += 500) {
+            QVERIFY(trickle.send(body.mid(at, 500)));
+            QThread::msleep(50); // 10 000 bytes/s: a sender's pace, not a wait for the desk
+        }
+        QCOMPARE(trickle.readResponse().status, 200);
+    }
+
+    void idleConnectionsAreClosedAfterTheIdleTimeout()
+    {
+        auto config = Config::parse(R"({"endpoints": [{"name": "orders"}]})", u"idle"_qs);
+        HttpLimits limits;
+        limits.idleTimeoutMs = 300;
+        Receiver receiver(*config, m_pool, limits);
+        ListenAddress any;
+        any.port = 0;
+        const quint16 port = receiver.start(any)->port;
+        RawConnection silent(port);
+        QVERIFY(silent.waitClosed(10'000)); // never sent anything
+        RawConnection keepAlive(port);
+        QVERIFY(keepAlive.send(
+            buildPost("/hooks/orders", "{}", {{"Idempotency-Key", "idle-1"}}, false)));
+        QCOMPARE(keepAlive.readResponse().status, 200);
+        QVERIFY(keepAlive.waitClosed(10'000)); // idle after its answer
+        QTRY_COMPARE(receiver.connectionCount(), 0);
+        // The config's timeouts reach the listener; without them, the documented defaults.
+        const HttpLimits defaults = limitsFor(Config::builtin());
+        QCOMPARE(defaults.idleTimeoutMs, 60'000);
+        QCOMPARE(defaults.requestTimeoutMs, 30'000);
+        auto set =
+            Config::parse(R"({"idle_timeout_seconds": 7, "request_timeout_seconds": 9})", u"t"_qs);
+        QCOMPARE(limitsFor(*set).idleTimeoutMs, 7000);
+        QCOMPARE(limitsFor(*set).requestTimeoutMs, 9000);
+    }
+
+    void idleConnectionsCannotKeepScrapesOut()
+    {
+        // 64 idle connections to /metrics (its connection limit) used to keep every scrape out
+        // (503) for the minute of the idle timeout.
+        quint16 port = 0;
+        QByteArray err;
+        auto serve =
+            test::startServe(QStringLiteral(IDEMDESK_BIN),
+                             {u"--store"_qs, u"sqlite:"_qs + m_dir.filePath(u"scrape.db"_qs),
+                              u"--metrics-listen"_qs, u"127.0.0.1:0"_qs},
+                             port, &err);
+        QVERIFY(port);
+        const auto found =
+            QRegularExpression(u"metrics at http://127\\.0\\.0\\.1:(\\d+)/metrics"_qs)
+                .match(QString::fromUtf8(err));
+        QVERIFY2(found.hasMatch(), err.constData());
+        const quint16 metrics = quint16(found.captured(1).toUInt());
+        std::vector<std::unique_ptr<RawConnection>> idle;
+        int refused = 0;
+        for (int i = 0; i < 64; ++i) {
+            idle.push_back(
+                std::make_unique<RawConnection>(metrics, 2000, "127.0.0.1", "127.0.0.2"));
+            QVERIFY(idle.back()->isOpen());
+        }
+        for (auto &c : idle)
+            refused += c->readResponse().status == 429; // the admitted ones time out (2 s)
+        QCOMPARE(refused, 64 - MetricsServer::listenerLimits().maxConnectionsPerClient);
+        QCOMPARE(get(metrics, "/metrics").status, 200); // a scraper, from another address
+        // And an idle connection is closed within the listener's short idle timeout.
+        QVERIFY(MetricsServer::listenerLimits().idleTimeoutMs <= 5000);
+        RawConnection silent(metrics, 2000);
+        QVERIFY(silent.waitClosed(MetricsServer::listenerLimits().idleTimeoutMs + 10'000));
+        serve->terminate();
+        QVERIFY(serve->waitForFinished(10000));
+    }
+
+    void aBurstOfConnectionsIsQueuedNotDropped()
+    {
+        // While serve accepts nothing (stopped), the kernel completes connections into the
+        // listen backlog; past it, it drops the SYN and the client sends it again only a second
+        // or more later. With Qt's backlog of 50, the 52nd connection waited; now the system's
+        // maximum: none waits. Deterministic: nothing is accepted meanwhile.
+        quint16 port = 0;
+        auto serve =
+            test::startServe(QStringLiteral(IDEMDESK_BIN),
+                             {u"--store"_qs, u"sqlite:"_qs + m_dir.filePath(u"burst.db"_qs)}, port);
+        QVERIFY(port);
+        const int burst = std::min(300, listenBacklog() - 8);
+        QVERIFY2(burst > 60, "the system's listen backlog (somaxconn) is too small for this test");
+        QCOMPARE(::kill(pid_t(serve->processId()), SIGSTOP), 0);
+        auto resume = qScopeGuard([&] { ::kill(pid_t(serve->processId()), SIGCONT); });
+        std::vector<std::unique_ptr<RawConnection>> open;
+        for (int i = 0; i < burst; ++i) {
+            // From two clients: one may have 256 connections.
+            open.push_back(std::make_unique<RawConnection>(port, 800, "127.0.0.1",
+                                                           i % 2 ? "127.0.0.2" : "127.0.0.3"));
+            QVERIFY2(open.back()->isOpen(), qPrintable(u"connection %1 of %2 was not completed "
+                                                       "at once"_qs.arg(i + 1)
+                                                           .arg(burst)));
+        }
+        resume.dismiss();
+        QCOMPARE(::kill(pid_t(serve->processId()), SIGCONT), 0);
+        QVERIFY(
+            open.back()->send(buildPost("/hooks/generic", "{}", {{"Idempotency-Key", "burst"}})));
+        QCOMPARE(open.back()->readResponse().status, 200);
+        serve->terminate();
+        QVERIFY(serve->waitForFinished(10000));
+    }
+
+    void aRestartBindsThePortItsConnectionsLeftInTimeWait()
+    {
+        quint16 port = 0;
+        const QString store = u"sqlite:"_qs + m_dir.filePath(u"rebind.db"_qs);
+        auto serve = test::startServe(QStringLiteral(IDEMDESK_BIN), {u"--store"_qs, store}, port);
+        QVERIFY(port);
+        // Connection: close: the desk closes first, so its side is left in TIME-WAIT.
+        for (int i = 0; i < 20; ++i)
+            QCOMPARE(post(port, "/hooks/generic", "{}",
+                          {{"Idempotency-Key", "rebind-" + QByteArray::number(i)}})
+                         .status,
+                     200);
+        serve->terminate();
+        QVERIFY(serve->waitForFinished(10000));
+        QProcess ss;
+        ss.start(u"ss"_qs,
+                 {u"-Htan"_qs, u"state"_qs, u"time-wait"_qs, u"sport = :%1"_qs.arg(port)});
+        QVERIFY(ss.waitForFinished(5000));
+        QVERIFY2(!ss.readAllStandardOutput().trimmed().isEmpty(), "no connection in TIME-WAIT");
+        quint16 again = 0;
+        QByteArray err;
+        auto restarted = test::startServe(
+            QStringLiteral(IDEMDESK_BIN),
+            {u"--store"_qs, store, u"--listen"_qs, u"127.0.0.1:%1"_qs.arg(port)}, again, &err);
+        QVERIFY2(again == port, err.constData());
+        QCOMPARE(post(port, "/hooks/generic", "{}", {{"Idempotency-Key", "rebind-new"}}).status,
+                 200);
+        restarted->terminate();
+        QVERIFY(restarted->waitForFinished(10000));
     }
 
     void connectionLimitAnswers503()

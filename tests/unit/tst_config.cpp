@@ -125,6 +125,22 @@ private Q_SLOTS:
         QTest::newRow("bad max response") << QByteArray("{\"defaults\": {\"max_response_bytes\": 0}}")
                                           << QStringLiteral("c.json: defaults.max_response_bytes: must be an integer");
         QTest::newRow("empty secret") << QByteArray("{\"endpoints\": [{\"name\": \"a\", \"secret\": \"\"}]}") << QStringLiteral("c.json: endpoints[0].secret: must be a non-empty");
+        QTest::newRow("budget under the largest body")
+            << QByteArray(
+                   "{\"max_buffered_request_bytes\": 65536, \"defaults\": {\"max_body_bytes\": "
+                   "1000}, \"endpoints\": [{\"name\": \"a\"}, {\"name\": \"b\", "
+                   "\"max_body_bytes\": 70000}]}")
+            << QStringLiteral("c.json: max_buffered_request_bytes: must be at least the largest "
+                              "max_body_bytes (70000)");
+        QTest::newRow("no connection per client")
+            << QByteArray("{\"max_connections_per_client\": 0}")
+            << QStringLiteral("c.json: max_connections_per_client: must be an integer from 1");
+        QTest::newRow("negative upload rate")
+            << QByteArray("{\"min_upload_bytes_per_second\": -1}")
+            << QStringLiteral("c.json: min_upload_bytes_per_second: must be an integer from 0");
+        QTest::newRow("no idle time")
+            << QByteArray("{\"idle_timeout_seconds\": 0}")
+            << QStringLiteral("c.json: idle_timeout_seconds: must be an integer from 1");
         // A member named twice: JSON parsers keep one of the two without a word.
         QTest::newRow("top member twice") << QByteArray("{\"store\": \"a\", \"listen\": \"127.0.0.1:1\", \"store\": \"b\"}") << QStringLiteral("c.json: store: given twice");
         QTest::newRow("secret twice") << QByteArray("{\"endpoints\": [{\"name\": \"a\"}, {\"name\": \"b\", \"secret\": \"s1\", \"secret\": \"s2\"}]}")
@@ -167,6 +183,8 @@ private Q_SLOTS:
             "202}]}";
         auto first = Config::parse(json, QStringLiteral("a"));
         QVERIFY(first.ok());
+        QVERIFY(!first->connections.idleTimeoutSeconds); // unset: the receiver's default
+        QVERIFY(!first->toJson().contains(u"idle_timeout_seconds"_qs));
         auto second = Config::parse(QJsonDocument(first->toJson()).toJson(), QStringLiteral("b"));
         QVERIFY2(second.ok(), second.ok() ? "" : qPrintable(second.error().message));
         QCOMPARE(QJsonDocument(second->toJson()).toJson(), QJsonDocument(first->toJson()).toJson());
@@ -177,6 +195,24 @@ private Q_SLOTS:
         QCOMPARE(second->metricsListen->toString(), u"127.0.0.1:9464"_qs);
         QVERIFY(!Config::builtin().metricsListen); // off by default
         QCOMPARE(second->listen.port, 9000);
+    }
+
+    void connectionSettingsRoundTrip()
+    {
+        const QByteArray json =
+            "{\"max_connections_per_client\": 8, \"max_buffered_request_bytes\": 2097152, "
+            "\"min_upload_bytes_per_second\": 0, \"idle_timeout_seconds\": 5, "
+            "\"request_timeout_seconds\": 12}";
+        auto first = Config::parse(json, QStringLiteral("a"));
+        QVERIFY2(first.ok(), first.ok() ? "" : qPrintable(first.error().message));
+        auto second = Config::parse(QJsonDocument(first->toJson()).toJson(), QStringLiteral("b"));
+        QVERIFY(second.ok());
+        const ConnectionSettings &c = second->connections;
+        QCOMPARE(*c.maxConnectionsPerClient, 8);
+        QCOMPARE(*c.maxBufferedRequestBytes, 2097152);
+        QCOMPARE(*c.minUploadBytesPerSecond, 0); // set to 0: no minimum, not unset
+        QCOMPARE(*c.idleTimeoutSeconds, 5);
+        QCOMPARE(*c.requestTimeoutSeconds, 12);
     }
 
     void secretsInAReadableFileAreWarnedAbout()
