@@ -191,8 +191,11 @@ void readKeySpec(Reader &parent, const QJsonObject &object, const QString &path,
         if (!v.isArray() || v.toArray().isEmpty())
             r.fail(u"composite"_qs, u"must be a non-empty array of JSON pointers"_qs);
         for (const auto &item : v.toArray()) {
-            if (!item.isString() || !item.toString().startsWith(u'/'))
-                r.fail(u"composite"_qs, u"every element must be a JSON pointer starting with '/'"_qs);
+            // "" is RFC 6901's pointer to the whole document.
+            if (!item.isString() || !validPointer(item.toString()))
+                r.fail(
+                    u"composite"_qs,
+                    u"every element must be a JSON pointer: \"\" (the whole body) or one starting with '/'"_qs);
             key.composite.append(item.toString());
         }
     }
@@ -475,11 +478,25 @@ Result<Config> Config::parse(const QByteArray &json, const QString &sourceName)
                 r.error = s.error;
         }
         if (r.has(u"key"_qs)) {
-            if (e.provider != u"generic"_qs)
-                r.fail(u"key"_qs, u"only the generic provider's key can be configured; %1 keys come from the provider"_qs.arg(e.provider));
+            // GitHub's and Shopify's id headers are outside their signature: a key read from the
+            // signed body instead keeps a captured body re-sent under a fresh id a duplicate.
+            const bool bodyOnly = e.provider == u"github"_qs || e.provider == u"shopify"_qs;
+            if (e.provider != u"generic"_qs && !bodyOnly)
+                r.fail(
+                    u"key"_qs,
+                    u"only the generic, github and shopify providers' key can be configured; %1 keys come from the provider"_qs
+                        .arg(e.provider));
             readKeySpec(r, r.object(u"key"_qs), path + u".key"_qs, e.key);
+            if (bodyOnly && (!e.key.header.isEmpty() || !e.key.readsBody()))
+                r.fail(u"key"_qs,
+                       u"a %1 key is read from the signed body: give json_pointer or composite "
+                       u"(no header: none but the body is signed)"_qs.arg(e.provider));
         }
         readSettings(r, e.settings);
+        if (r.has(u"max_batch_elements"_qs) && !sendgrid)
+            r.fail(u"max_batch_elements"_qs,
+                   u"only batch providers (sendgrid) take it; a %1 delivery is one event"_qs.arg(
+                       e.provider));
         r.finish();
         if (r.error && !root.error)
             root.error = r.error;

@@ -42,6 +42,8 @@ struct KeySpec
     QByteArray header;       // default Idempotency-Key when nothing is configured
     QString jsonPointer;     // RFC 6901
     QStringList composite;   // JSON pointers; the key is the SHA-256 of their values
+    // Read from the body: a json_pointer or composite fields given.
+    bool readsBody() const { return !jsonPointer.isEmpty() || !composite.isEmpty(); }
 };
 
 struct SimulateSpec

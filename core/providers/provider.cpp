@@ -164,13 +164,10 @@ public:
                          {u"data"_qs, QJsonObject{{u"event"_qs, eventId}, {u"amount"_qs, 4200}}}};
         const bool configured =
             !spec.header.isEmpty() || !spec.jsonPointer.isEmpty() || !spec.composite.isEmpty();
-        if (!configured || !spec.header.isEmpty()) {
+        if (!configured || !spec.header.isEmpty())
             out.headers.append({configured ? spec.header : QByteArray("Idempotency-Key"), eventId.toUtf8()});
-        } else {
-            // Put the id where the pointer (or the first composite field) reads it.
-            const QString pointer = !spec.jsonPointer.isEmpty() ? spec.jsonPointer : spec.composite.first();
-            body = setPointer(body, pointer.mid(1).split(u'/'), eventId).toObject();
-        }
+        else
+            placeBodyKey(body, spec, eventId);
         out.headers.append({QByteArray("Content-Type"), QByteArray("application/json")});
         out.body = QJsonDocument(body).toJson(QJsonDocument::Compact);
         return out;
@@ -199,40 +196,61 @@ public:
                 return {KeyExtraction::Kind::Found, QString::fromLatin1(value), {}};
             tried << u"the %1 header"_qs.arg(QString::fromLatin1(header));
         }
-        if (!spec.jsonPointer.isEmpty() || !spec.composite.isEmpty()) {
-            QJsonParseError error;
-            const QJsonDocument doc = QJsonDocument::fromJson(request.body, &error);
-            if (error.error != QJsonParseError::NoError)
-                return {KeyExtraction::Kind::Invalid, {},
-                        u"the body is not JSON (%1), so the key cannot be read from it"_qs.arg(error.errorString())};
-            const QJsonValue root = doc.isArray() ? QJsonValue(doc.array()) : QJsonValue(doc.object());
-            if (!spec.jsonPointer.isEmpty()) {
-                const auto v = resolvePointer(root, spec.jsonPointer);
-                const QString text = v ? scalarText(*v) : QString();
-                if (!text.isEmpty())
-                    return {KeyExtraction::Kind::Found, text, {}};
-                tried << u"the JSON pointer %1"_qs.arg(spec.jsonPointer);
-            }
-            if (!spec.composite.isEmpty()) {
-                QByteArray joined;
-                bool any = false;
-                for (const QString &pointer : spec.composite) {
-                    const auto v = resolvePointer(root, pointer);
-                    any = any || v.has_value();
-                    joined += v ? QJsonDocument(QJsonArray{*v}).toJson(QJsonDocument::Compact)
-                                : QByteArray("[]");
-                    joined += '\n';
-                }
-                if (any)
-                    return {KeyExtraction::Kind::Found, QString::fromLatin1(sha256Hex(joined)), {}};
-                tried << u"the composite fields %1"_qs.arg(spec.composite.join(u", "_qs));
-            }
-        }
+        if (auto fromBody = bodyKey(request.body, spec, tried))
+            return *fromBody;
         return {KeyExtraction::Kind::Missing, {}, u"no idempotency key: looked for %1"_qs.arg(tried.join(u", then "_qs))};
     }
 };
 
 } // namespace
+
+std::optional<KeyExtraction> bodyKey(const QByteArray &body, const KeySpec &spec,
+                                     QStringList &tried)
+{
+    if (!spec.readsBody())
+        return std::nullopt;
+    QJsonParseError error;
+    const QJsonDocument doc = QJsonDocument::fromJson(body, &error);
+    if (error.error != QJsonParseError::NoError)
+        return KeyExtraction{KeyExtraction::Kind::Invalid,
+                             {},
+                             u"the body is not JSON (%1), so the key cannot be read from it"_qs.arg(
+                                 error.errorString())};
+    const QJsonValue root = doc.isArray() ? QJsonValue(doc.array()) : QJsonValue(doc.object());
+    if (!spec.jsonPointer.isEmpty()) {
+        const auto v = resolvePointer(root, spec.jsonPointer);
+        const QString text = v ? scalarText(*v) : QString();
+        if (!text.isEmpty())
+            return KeyExtraction{KeyExtraction::Kind::Found, text, {}};
+        tried << u"the JSON pointer %1"_qs.arg(spec.jsonPointer);
+    }
+    if (!spec.composite.isEmpty()) {
+        QByteArray joined;
+        bool any = false;
+        for (const QString &pointer : spec.composite) {
+            const auto v = resolvePointer(root, pointer);
+            any = any || v.has_value();
+            joined +=
+                v ? QJsonDocument(QJsonArray{*v}).toJson(QJsonDocument::Compact) : QByteArray("[]");
+            joined += '\n';
+        }
+        if (any)
+            return KeyExtraction{
+                KeyExtraction::Kind::Found, QString::fromLatin1(sha256Hex(joined)), {}};
+        tried << u"the composite fields %1"_qs.arg(spec.composite.join(u", "_qs));
+    }
+    return std::nullopt;
+}
+
+void placeBodyKey(QJsonObject &body, const KeySpec &spec, const QString &eventId)
+{
+    if (!spec.readsBody())
+        return;
+    // Where the pointer (or the first composite field) reads it; the whole body's ("") gets a
+    // member of its own, "" (so that each event's body differs).
+    const QString pointer = !spec.jsonPointer.isEmpty() ? spec.jsonPointer : spec.composite.first();
+    body = setPointer(body, pointer.mid(1).split(u'/'), eventId).toObject();
+}
 
 OutgoingDelivery Provider::makeDelivery(const EndpointConfig &endpoint, const QString &eventId,
                                         qint64 nowSeconds) const

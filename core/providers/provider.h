@@ -95,6 +95,16 @@ Result<void> checkTimestamp(const QByteArray &timestamp, qint64 nowSeconds, qint
 QString scalarText(const QJsonValue &value);
 QJsonValue setPointer(const QJsonValue &node, QStringList tokens, const QString &value);
 
+// Keys read from the signed body (an endpoint's "key": json_pointer, composite), for the generic
+// provider and for those whose id headers no signature covers (GitHub, Shopify).
+// The key where `spec` says: its json_pointer's value, else the SHA-256 of its composite fields
+// (the pointer "" is the whole body); Invalid when the body is not JSON; nullopt when the spec
+// reads none or the body has none of them (what was looked for is added to `tried`).
+std::optional<KeyExtraction> bodyKey(const QByteArray &body, const KeySpec &spec,
+                                     QStringList &tried);
+// A test event's id put where bodyKey() reads it (nothing when the spec reads no body key).
+void placeBodyKey(QJsonObject &body, const KeySpec &spec, const QString &eventId);
+
 // The signed providers of docs/providers.md (providers/signed.cpp).
 const Provider *stripeProvider();
 const Provider *githubProvider();

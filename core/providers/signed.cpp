@@ -30,6 +30,18 @@ KeyExtraction missing(const QString &detail)
     return {Kind::Missing, {}, detail};
 }
 
+// A key from the signed body, as the endpoint's "key" says (json_pointer, composite): for
+// senders whose id header no signature covers, so that a captured body sent again under a fresh
+// id is a duplicate, not a new event.
+KeyExtraction signedBodyKey(const HttpRequest &request, const EndpointConfig &e)
+{
+    QStringList tried;
+    if (auto key = bodyKey(request.body, e.key, tried))
+        return *key;
+    return missing(
+        u"no idempotency key in the body: looked for %1"_qs.arg(tried.join(u", then "_qs)));
+}
+
 // The body's top-level string field, for providers that key by an id in the JSON.
 KeyExtraction bodyField(const HttpRequest &request, const QString &field)
 {
@@ -183,8 +195,10 @@ public:
             return unauthenticated(u"X-Hub-Signature-256 does not match the body with the endpoint's secret(s)"_qs);
         return {};
     }
-    KeyExtraction extractKey(const HttpRequest &request, const EndpointConfig &) const override
+    KeyExtraction extractKey(const HttpRequest &request, const EndpointConfig &e) const override
     {
+        if (e.key.readsBody())
+            return signedBodyKey(request, e);
         const QByteArray hook = request.header("X-GitHub-Hook-ID");
         const QByteArray delivery = request.header("X-GitHub-Delivery");
         if (delivery.isEmpty())
@@ -199,25 +213,28 @@ public:
         return event.isEmpty() ? QString() : u"event "_qs + QString::fromLatin1(event);
     }
     QStringList templates() const override { return {u"push"_qs, u"ping"_qs}; }
-    OutgoingDelivery sample(const EndpointConfig &, const QString &name, const QString &id,
+    OutgoingDelivery sample(const EndpointConfig &e, const QString &name, const QString &id,
                             qint64) const override
     {
         OutgoingDelivery d;
         const bool ping = name == u"ping"_qs;
         const QJsonObject repository{{u"id"_qs, 1296269},
                                      {u"full_name"_qs, u"octocat/Hello-World"_qs}};
-        d.body = ping ? indented({{u"zen"_qs, u"Keep it logically awesome."_qs},
-                                  {u"hook_id"_qs, 4242},
-                                  {u"repository"_qs, repository}})
-                      : indented({{u"ref"_qs, u"refs/heads/main"_qs},
-                                  {u"before"_qs, u"6113728f27ae82c7b1a177c8d03f9e96e0adf246"_qs},
-                                  {u"after"_qs, u"0d1a26e67d8f5eaf1f6ba5c57fc3c7d91ac0fd1c"_qs},
-                                  {u"repository"_qs, repository},
-                                  {u"pusher"_qs, QJsonObject{{u"name"_qs, u"octocat"_qs}}},
-                                  {u"commits"_qs,
-                                   QJsonArray{QJsonObject{
-                                       {u"id"_qs, u"0d1a26e67d8f5eaf1f6ba5c57fc3c7d91ac0fd1c"_qs},
-                                       {u"message"_qs, u"Update README"_qs}}}}});
+        QJsonObject body =
+            ping ? QJsonObject{{u"zen"_qs, u"Keep it logically awesome."_qs},
+                               {u"hook_id"_qs, 4242},
+                               {u"repository"_qs, repository}}
+                 : QJsonObject({{u"ref"_qs, u"refs/heads/main"_qs},
+                                {u"before"_qs, u"6113728f27ae82c7b1a177c8d03f9e96e0adf246"_qs},
+                                {u"after"_qs, u"0d1a26e67d8f5eaf1f6ba5c57fc3c7d91ac0fd1c"_qs},
+                                {u"repository"_qs, repository},
+                                {u"pusher"_qs, QJsonObject{{u"name"_qs, u"octocat"_qs}}},
+                                {u"commits"_qs,
+                                 QJsonArray{QJsonObject{
+                                     {u"id"_qs, u"0d1a26e67d8f5eaf1f6ba5c57fc3c7d91ac0fd1c"_qs},
+                                     {u"message"_qs, u"Update README"_qs}}}}});
+        placeBodyKey(body, e.key, id);
+        d.body = indented(body);
         d.headers = {{"Content-Type", "application/json"},
                      {"User-Agent", "GitHub-Hookshot/044aadd"},
                      {"X-GitHub-Event", ping ? "ping" : "push"},
@@ -253,8 +270,10 @@ public:
             return unauthenticated(u"X-Shopify-Hmac-Sha256 does not match the body with the endpoint's secret(s) (base64 HMAC-SHA256)"_qs);
         return {};
     }
-    KeyExtraction extractKey(const HttpRequest &request, const EndpointConfig &) const override
+    KeyExtraction extractKey(const HttpRequest &request, const EndpointConfig &e) const override
     {
+        if (e.key.readsBody())
+            return signedBodyKey(request, e);
         const QByteArray id = request.header("X-Shopify-Webhook-Id");
         if (id.isEmpty())
             return missing(u"no X-Shopify-Webhook-Id header"_qs);
@@ -266,11 +285,11 @@ public:
         return event.isEmpty() ? QString() : u"event "_qs + QString::fromLatin1(event);
     }
     QStringList templates() const override { return {u"orders/create"_qs}; }
-    OutgoingDelivery sample(const EndpointConfig &, const QString &, const QString &id,
+    OutgoingDelivery sample(const EndpointConfig &e, const QString &, const QString &id,
                             qint64) const override
     {
         OutgoingDelivery d;
-        d.body = indented(
+        QJsonObject body(
             {{u"id"_qs, 820982911946154508LL},
              {u"email"_qs, u"jon@example.com"_qs},
              {u"currency"_qs, u"USD"_qs},
@@ -279,6 +298,8 @@ public:
              {u"line_items"_qs, QJsonArray{QJsonObject{{u"title"_qs, u"IPod Nano - 8GB"_qs},
                                                        {u"quantity"_qs, 1},
                                                        {u"price"_qs, u"42.00"_qs}}}}});
+        placeBodyKey(body, e.key, id);
+        d.body = indented(body);
         d.headers = {{"Content-Type", "application/json"},
                      {"X-Shopify-Topic", "orders/create"},
                      {"X-Shopify-Shop-Domain", "example.myshopify.com"},

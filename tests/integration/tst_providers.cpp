@@ -151,7 +151,9 @@ private Q_SLOTS:
             "{\"name\": \"slack\", \"provider\": \"slack\", \"secret\": " + jsonString(kSlackSecret) + ", \"forward_to\": \"" + forward + "\"},"
             "{\"name\": \"standard\", \"provider\": \"standard\", \"secret\": [" + jsonString(kStandardSecret) + "," + jsonString(kStandardRotated) + "], \"forward_to\": \"" + forward + "\"},"
             "{\"name\": \"sendgrid\", \"provider\": \"sendgrid\", \"public_key\": [" + jsonString(m_sgPublic) + "," + jsonString(m_sgRotatedPublic) + "], \"forward_to\": \"" + forward + "\"},"
-            "{\"name\": \"fixtures\", \"provider\": \"stripe\", \"secret\": " + jsonString(kStripeSecret) + ", \"signature_tolerance_seconds\": 0}"
+            "{\"name\": \"fixtures\", \"provider\": \"stripe\", \"secret\": " + jsonString(kStripeSecret) + ", \"signature_tolerance_seconds\": 0},"
+            "{\"name\": \"githubbody\", \"provider\": \"github\", \"secret\": " + jsonString(kGithubSecret) + ", \"key\": {\"composite\": [\"\"]}, \"forward_to\": \"" + forward + "\"},"
+            "{\"name\": \"shopifybody\", \"provider\": \"shopify\", \"secret\": " + jsonString(kShopifySecret) + ", \"key\": {\"json_pointer\": \"/id\"}, \"forward_to\": \"" + forward + "\"}"
             "]}";
         auto parsed = Config::parse(config, u"providers.json"_qs);
         QVERIFY2(parsed.ok(), parsed.ok() ? "" : qPrintable(parsed.error().message));
@@ -273,6 +275,89 @@ private Q_SLOTS:
         }
     }
 
+    // GitHub's and Shopify's id headers are outside their signature: a captured body sent again
+    // under a fresh id is a new event to an endpoint keyed by the header (the limit that
+    // docs/security.md states), and a duplicate to one keyed by the signed body.
+    void aSignedBodyUnderAFreshIdIsADuplicateWhenKeyedByTheBody_data()
+    {
+        QTest::addColumn<QString>("provider");
+        QTest::newRow("github") << u"github"_qs;
+        QTest::newRow("shopify") << u"shopify"_qs;
+    }
+    void aSignedBodyUnderAFreshIdIsADuplicateWhenKeyedByTheBody()
+    {
+        QFETCH(QString, provider);
+        const Signed captured = make(provider, "evt_captured", secretOf(provider), wallMs() / 1000);
+        Signed resent = captured;
+        for (auto &[name, value] : resent.headers)
+            if (name == "X-GitHub-Delivery" || name == "X-Shopify-Webhook-Id")
+                value = "a-fresh-id";
+        const int before = m_down.total();
+        QCOMPARE(send(provider, captured).header("Idempotency-Outcome"), QByteArray("processed"));
+        QCOMPARE(send(provider, resent).header("Idempotency-Outcome"), QByteArray("processed"));
+        QCOMPARE(m_down.total(), before + 2);
+
+        const QString byBody = provider + u"body"_qs;
+        QCOMPARE(send(byBody, captured).header("Idempotency-Outcome"), QByteArray("processed"));
+        const ClientResponse again = send(byBody, resent);
+        QCOMPARE(again.status, 200);
+        QCOMPARE(again.header("Idempotency-Outcome"), QByteArray("replayed"));
+        QCOMPARE(m_down.total(), before + 3);
+        // A body that differs is another event, whatever its id header says.
+        Signed other = make(provider, "evt_other", secretOf(provider), wallMs() / 1000);
+        if (provider == u"shopify"_qs) { // keyed by the resource's /id: another order
+            other.body.replace("{\"id\":1,", "{\"id\":2,");
+            setHeader(other.headers, "X-Shopify-Hmac-Sha256",
+                      QByteArray::fromHex(hmacHex(secretOf(provider), other.body)).toBase64());
+        }
+        for (auto &[name, value] : other.headers)
+            if (name == "X-GitHub-Delivery" || name == "X-Shopify-Webhook-Id")
+                value = "a-fresh-id";
+        QCOMPARE(send(byBody, other).header("Idempotency-Outcome"), QByteArray("processed"));
+    }
+
+    // Send test event and storms put each event's id where the endpoint reads its key: in the
+    // body when it is keyed by the body.
+    void samplesCarryTheirIdWhereTheBodyKeyIsRead_data()
+    {
+        QTest::addColumn<QString>("provider");
+        QTest::addColumn<QString>("spec");
+        QTest::newRow("github, whole body") << u"github"_qs << QString();
+        QTest::newRow("github, pointer") << u"github"_qs << u"/after"_qs;
+        QTest::newRow("shopify, pointer") << u"shopify"_qs << u"/id"_qs;
+    }
+    void samplesCarryTheirIdWhereTheBodyKeyIsRead()
+    {
+        QFETCH(QString, provider);
+        QFETCH(QString, spec);
+        EndpointConfig e;
+        e.name = provider;
+        e.provider = provider;
+        e.secrets = {u"s"_qs};
+        if (spec.isEmpty())
+            e.key.composite = {QString()};
+        else
+            e.key.jsonPointer = spec;
+        const Provider *p = providerFor(provider);
+        // The key the event `id` is delivered under, empty if it is not signed or has none.
+        auto keyOf = [&](const QString &id) {
+            const OutgoingDelivery d = p->makeDelivery(e, id, 1'700'000'000);
+            HttpRequest r;
+            r.headers = d.headers;
+            r.body = d.body;
+            const KeyExtraction k = p->extractKey(r, e);
+            return p->verify(r, e, 1'700'000'000).ok() && k.kind == KeyExtraction::Kind::Found
+                       ? k.key
+                       : QString();
+        };
+        const QString one = keyOf(u"one"_qs);
+        QVERIFY(!one.isEmpty());
+        QVERIFY(keyOf(u"two"_qs) != one);
+        QCOMPARE(keyOf(u"one"_qs), one);
+        if (!spec.isEmpty())
+            QCOMPARE(one, u"one"_qs);
+    }
+
     void capturedFixturesReplayWithoutTheTimestampCheck()
     {
         // signature_tolerance_seconds: 0 accepts an old capture; its signature is still checked.
@@ -371,6 +456,8 @@ private Q_SLOTS:
         QTest::newRow("public key elsewhere") << QByteArray("{\"name\": \"s\", \"provider\": \"stripe\", \"public_key\": \"x\"}") << u"endpoints[0].public_key: only the sendgrid"_qs;
         QTest::newRow("standard secret") << QByteArray("{\"name\": \"s\", \"provider\": \"standard\", \"secret\": \"whsec_***\"}") << u"endpoints[0].secret: a Standard Webhooks secret"_qs;
         QTest::newRow("key on stripe") << QByteArray("{\"name\": \"s\", \"provider\": \"stripe\", \"key\": {\"header\": \"X\"}}") << u"endpoints[0].key: only the generic"_qs;
+        QTest::newRow("key header on github") << QByteArray("{\"name\": \"s\", \"provider\": \"github\", \"key\": {\"header\": \"X-GitHub-Delivery\"}}") << u"endpoints[0].key: a github key is read from the signed body"_qs;
+        QTest::newRow("empty key on shopify") << QByteArray("{\"name\": \"s\", \"provider\": \"shopify\", \"key\": {}}") << u"endpoints[0].key: a shopify key is read from the signed body"_qs;
         QTest::newRow("signature header on github") << QByteArray("{\"name\": \"s\", \"provider\": \"github\", \"signature_header\": \"X\"}") << u"endpoints[0].signature_header: only the generic"_qs;
     }
     void providerConfigIsValidated()
