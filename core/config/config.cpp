@@ -140,6 +140,7 @@ void readSettings(Reader &r, EndpointSettings &s)
     r.integer(u"forward_timeout_seconds"_qs, s.forwardTimeoutSeconds, 1, 3600);
     r.integer(u"max_body_bytes"_qs, s.maxBodyBytes, 1, 1LL << 30);
     r.integer(u"max_response_bytes"_qs, s.maxResponseBytes, 1, 1LL << 30);
+    r.integer(u"max_batch_elements"_qs, s.maxBatchElements, 1, 100'000);
     qint64 inProgress = s.inProgressStatus;
     r.integer(u"in_progress_status"_qs, inProgress, 200, 599);
     if (inProgress != 409 && inProgress != 202 && inProgress != 429 && inProgress != 503)
@@ -541,6 +542,7 @@ void writeSettings(QJsonObject &o, const EndpointSettings &s)
     o.insert(u"forward_timeout_seconds"_qs, s.forwardTimeoutSeconds);
     o.insert(u"max_body_bytes"_qs, s.maxBodyBytes);
     o.insert(u"max_response_bytes"_qs, s.maxResponseBytes);
+    o.insert(u"max_batch_elements"_qs, s.maxBatchElements);
     o.insert(u"in_progress_status"_qs, s.inProgressStatus);
     o.insert(u"signature_tolerance_seconds"_qs, s.signatureToleranceSeconds);
     o.insert(u"on_failed"_qs, s.onFailed == OnFailed::Reject ? u"reject"_qs : u"reprocess"_qs);
@@ -592,6 +594,8 @@ QJsonObject Config::toJson() const
             o.insert(u"key"_qs, k);
         }
         writeSettings(o, e.settings);
+        if (e.provider != u"sendgrid"_qs) // a batch's setting, refused on other endpoints
+            o.remove(u"max_batch_elements"_qs);
         list.append(o);
     }
     root.insert(u"endpoints"_qs, list);

@@ -25,6 +25,11 @@ struct EndpointSettings
     qint64 forwardTimeoutSeconds = 30;
     qint64 maxBodyBytes = 1048576;
     qint64 maxResponseBytes = 1048576; // a longer downstream answer: 502, failed, nothing stored
+    // Events in one batch delivery (SendGrid) at most; more: 413, nothing stored. SendGrid posts
+    // a batch once it reaches 768 KB, and its smallest events take some 160 bytes: about 4,900
+    // events at most, so 5,000 refuses none of its batches. Each event is a record of its own in
+    // the store (docs/security.md: store bytes per request byte).
+    qint64 maxBatchElements = 5000;
     int inProgressStatus = 409;
     qint64 signatureToleranceSeconds = 300;
     OnFailed onFailed = OnFailed::Reprocess;

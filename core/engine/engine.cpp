@@ -4,11 +4,10 @@
 #include "util/crypto.h"
 #include "util/format.h"
 
+#include "util/clock.h"
+#include <QDateTime>
 #include <QJsonArray>
 #include <QJsonDocument>
-#include <QSet>
-#include <QDateTime>
-#include "util/clock.h"
 
 #include <QLoggingCategory>
 
@@ -608,8 +607,9 @@ void IdempotencyEngine::respond(const DeliveryPtr &d, HttpResponse response, Out
     record(d, d->key, outcome, response.status, token, detail);
 }
 
-void IdempotencyEngine::record(const DeliveryPtr &d, const QString &key, Outcome outcome, int status,
-                               qint64 token, const QString &detail)
+void IdempotencyEngine::record(const DeliveryPtr &d, const QString &key, Outcome outcome,
+                               int status, qint64 token, const QString &detail,
+                               const QByteArray &payload)
 {
     DeliveryEvent event;
     event.latencyUs = monotonicUs() - d->startUs;
@@ -624,7 +624,7 @@ void IdempotencyEngine::record(const DeliveryPtr &d, const QString &key, Outcome
                           : detail.isEmpty() ? d->note
                                              : d->note + u"; "_qs + detail,
                           kDetailChars);
-    event.payload = d->payload;
+    event.payload = payload.isEmpty() ? d->payload : payload;
     ++m_outcomes[size_t(outcome)];
     if (Metrics::Endpoint *metrics = metricsFor(d->endpoint)) {
         metrics->deliveries[size_t(outcome)]->Increment();
@@ -708,68 +708,85 @@ void IdempotencyEngine::summariseRejections(bool all)
 // only when every element is completed.
 void IdempotencyEngine::handleBatch(const DeliveryPtr &d, const Provider *provider)
 {
-    auto elements = provider->splitBatch(d->request);
+    const EndpointConfig &e = *d->endpoint;
+    auto elements = provider->splitBatch(d->request, e.settings.maxBatchElements);
+    if (!elements && elements.error().code == ErrorCode::TooLarge)
+        return reject(d, 413, u"Batch too large"_qs, elements.error().message);
     if (!elements)
         return reject(d, 400, u"Malformed batch"_qs, elements.error().message);
-    const EndpointConfig &e = *d->endpoint;
-    QList<ClaimRequest> claims;
-    QList<QJsonValue> bodies;
-    QSet<QString> seen;
+    // The request's headers are the same for every event: stored once for the batch, each
+    // event's record refers to them (IdempotencyStore::claimBatch).
+    const HeaderList headers = maskSecrets(d->request.headers);
+    const QByteArray headersRef = sharedRef(headersJson(headers));
+    auto batch = std::make_shared<Batch>();
+    batch->events = elements->size();
+    QHash<QString, qsizetype> claimOf; // key → its claim
     for (const BatchElement &element : *elements) {
         auto key = namespacedKey(e.name, element.key);
         if (!key)
             return reject(d, 400, u"Invalid idempotency key"_qs, key.error().message);
-        if (seen.contains(*key))
-            continue; // the same event twice in one batch: once is enough
-        seen.insert(*key);
+        const QByteArray bytes =
+            QJsonDocument(QJsonArray{element.element}).toJson(QJsonDocument::Compact);
+        if (const auto first = claimOf.constFind(*key); first != claimOf.cend()) {
+            if (batch->claims.at(*first).fingerprint == element.fingerprint)
+                ++batch->repeats;
+            else
+                batch->conflicts.append({*key, bytes});
+            continue;
+        }
+        claimOf.insert(*key, batch->claims.size());
         ClaimRequest claim;
         claim.key = *key;
         claim.endpoint = e.name;
         claim.provider = e.provider;
         claim.fingerprint = element.fingerprint;
-        claim.request = {d->request.method, d->request.target, maskSecrets(d->request.headers),
-                         QJsonDocument(QJsonArray{element.element}).toJson(QJsonDocument::Compact)};
+        claim.request = {d->request.method, d->request.target, headers, bytes, headersRef};
         claim.policy = e.settings.claimPolicy();
-        claims.append(claim);
-        bodies.append(element.element);
+        batch->claims.append(claim);
+        batch->bodies.append(element.element);
     }
-    const bool noRepeats = claims.size() == elements->size();
-    d->key = claims.size() == 1 ? claims.first().key : QString();
+    d->key = batch->claims.size() == 1 ? batch->claims.first().key : QString();
     d->claimSentUs = monotonicUs();
     m_pool->submit<QList<ClaimResult>>(
-        this, [claims](IdempotencyStore &store) { return store.claimBatch(claims); },
-        [this, d, claims, bodies, noRepeats](Result<QList<ClaimResult>> results) {
+        this, [batch](IdempotencyStore &store) { return store.claimBatch(batch->claims); },
+        [this, d, batch](Result<QList<ClaimResult>> results) {
             if (!results)
                 return respond(d, storeUnavailable(results.error().message), Outcome::Unavailable, 0,
                                results.error().message);
+            const QList<ClaimRequest> &claims = batch->claims;
             QJsonArray forward;
             QStringList forwardKeys;
             QList<QByteArray> tokens;
             QList<qsizetype> claimedIndexes;
             for (qsizetype i = 0; i < results->size(); ++i)
                 if (results->at(i).claimed()) {
-                    forward.append(bodies.at(i));
+                    forward.append(batch->bodies.at(i));
                     forwardKeys.append(claims.at(i).key);
                     tokens.append(QByteArray::number(results->at(i).record.token));
                     claimedIndexes.append(i);
                 }
             if (forward.isEmpty())
-                return finishBatch(d, claims, *results, {}, {});
+                return finishBatch(d, batch, *results, {}, {});
             HeaderList headers = d->request.headers;
             QByteArray body = d->request.body;
-            if (!noRepeats || forward.size() != results->size()) {
+            if (forward.size() != batch->events) {
                 // A subset: its own array, and no signature, which covered the whole batch.
                 body = QJsonDocument(forward).toJson(QJsonDocument::Compact);
                 headers.removeIf([](const auto &h) { return isBatchSignatureHeader(h.first); });
             }
             run(d, job(d, forwardKeys.join(u","_qs), tokens.join(','), headers, body),
-                [this, d, claims, results = *results, claimedIndexes](ProcessResult processed) {
+                [this, d, batch, results = *results, claimedIndexes](ProcessResult processed) {
                     if (processed.outcomeUnknown) // not finished: left to their leases
-                        return finishBatch(d, claims, results, processed, {});
+                        return finishBatch(d, batch, results, processed, {});
+                    // The app's one answer for the events run is kept once for them all.
+                    ProcessResult shared = processed;
+                    shared.response.ref = sharedRef(sharedResultContent(processed.response));
                     QList<FinishRequest> finishes;
-                    for (qsizetype i : claimedIndexes)
+                    for (qsizetype i : claimedIndexes) {
                         finishes.append(
-                            finishOf(claims.at(i).key, results.at(i).record.token, processed));
+                            finishOf(batch->claims.at(i).key, results.at(i).record.token, shared));
+                        finishes.last().ttlMs = batch->claims.at(i).policy.ttlMs;
+                    }
                     untilStored<QList<FinishVerdict>>(
                         [this, finishes](std::function<void(Result<QList<FinishVerdict>>)> done) {
                             m_pool->submit<QList<FinishVerdict>>(
@@ -781,7 +798,7 @@ void IdempotencyEngine::handleBatch(const DeliveryPtr &d, const Provider *provid
                                 StorePool::Priority::Finish);
                         },
                         leaseEndUs(d),
-                        [this, d, claims, results,
+                        [this, d, batch, results,
                          processed](Result<QList<FinishVerdict>> verdicts) {
                             if (!processed.started)
                                 return respond(d, notStarted(processed), Outcome::Unavailable, 0,
@@ -789,17 +806,22 @@ void IdempotencyEngine::handleBatch(const DeliveryPtr &d, const Provider *provid
                             if (!verdicts)
                                 return respond(d, resultNotRecorded(verdicts.error().message),
                                                Outcome::Unavailable, 0, verdicts.error().message);
-                            finishBatch(d, claims, results, processed, *verdicts);
+                            finishBatch(d, batch, results, processed, *verdicts);
                         });
                 });
         });
 }
 
-void IdempotencyEngine::finishBatch(const DeliveryPtr &d, const QList<ClaimRequest> &claims,
-                                    const QList<ClaimResult> &results, const ProcessResult &processed,
+void IdempotencyEngine::finishBatch(const DeliveryPtr &d, const BatchPtr &batch,
+                                    const QList<ClaimResult> &results,
+                                    const ProcessResult &processed,
                                     const QList<FinishVerdict> &verdicts)
 {
-    int completed = 0, processedNow = 0, inProgress = 0, mismatched = 0, superseded = 0;
+    const QList<ClaimRequest> &claims = batch->claims;
+    int completed = 0, processedNow = 0, inProgress = 0, superseded = 0;
+    // Events reusing a key with another body: against the store's record, or an earlier event
+    // of this batch.
+    qsizetype mismatched = batch->conflicts.size();
     InProgressWait wait{0, true};        // the batch's answer is whole when its last event's is
     std::optional<StoredResult> failure; // the first stored or fresh failure
     qsizetype v = 0;
@@ -832,20 +854,25 @@ void IdempotencyEngine::finishBatch(const DeliveryPtr &d, const QList<ClaimReque
             ++mismatched;
         }
     }
-    const int total = int(results.size());
+    const qsizetype total = batch->events;
     HttpResponse response;
     Outcome outcome = processedNow ? Outcome::Processed : Outcome::Replayed;
-    if (completed == total) {
-        response = HttpResponse::json(200, {{u"events"_qs, total}, {u"processed"_qs, processedNow},
-                                            {u"replayed"_qs, total - processedNow}});
+    if (completed == results.size() && !mismatched) {
+        response = HttpResponse::json(200, {{u"events"_qs, total},
+                                            {u"processed"_qs, processedNow},
+                                            {u"replayed"_qs, completed - processedNow},
+                                            {u"repeated"_qs, batch->repeats}});
         if (!processedNow)
             response.setHeader("Idempotent-Replayed", "true");
     } else if (failure) {
         response = fromStored(*failure);
     } else if (mismatched) {
-        response = HttpResponse::problem(422, u"Idempotency key reused with a different payload"_qs,
-                                         u"%1 of the %2 events reuse an sg_event_id with a different body; they were not processed"_qs
-                                             .arg(mismatched).arg(total));
+        response = HttpResponse::problem(
+            422, u"Idempotency key reused with a different payload"_qs,
+            u"%1 of the %2 events reuse the key of another event (its sg_event_id) with a "
+            u"different body, in this batch or an earlier one; they were not processed"_qs
+                .arg(mismatched)
+                .arg(total));
         outcome = Outcome::Mismatch;
     } else if (superseded) {
         response = claimSuperseded(FinishVerdict::StaleToken);
@@ -875,9 +902,24 @@ void IdempotencyEngine::finishBatch(const DeliveryPtr &d, const QList<ClaimReque
     response.setHeader("Idempotency-Key", (keys.size() > 10 ? keys.mid(0, 10).join(u","_qs) + u",…"_qs : keys.join(u","_qs)).toLatin1());
     response.setHeader("Idempotency-Outcome", toString(outcome).toLatin1());
     send(d, response);
-    const QString detail = u"batch of %1"_qs.arg(total);
-    for (qsizetype i = 0; i < results.size(); ++i)
-        record(d, claims.at(i).key, results.at(i).decision.outcome, response.status, results.at(i).record.token, detail);
+    const QString detail = batch->repeats
+                               ? u"batch of %1 (%2 repeated)"_qs.arg(total).arg(batch->repeats)
+                               : u"batch of %1"_qs.arg(total);
+    // A mismatched event's body is kept in the log as a single delivery's is (keepPayload).
+    const auto mismatchPayload = [this](const QByteArray &event) {
+        return keepPayload() ? event.left(kPayloadBytes) : QByteArray();
+    };
+    for (qsizetype i = 0; i < results.size(); ++i) {
+        const ClaimResult &r = results.at(i);
+        record(d, claims.at(i).key, r.decision.outcome, response.status, r.record.token, detail,
+               r.decision.action == ClaimAction::Mismatch
+                   ? mismatchPayload(claims.at(i).request.body)
+                   : QByteArray());
+    }
+    for (const auto &[key, event] : batch->conflicts)
+        record(d, key, Outcome::Mismatch, response.status, 0,
+               detail + u": an earlier event of this batch has this key with another body"_qs,
+               mismatchPayload(event));
 }
 
 void IdempotencyEngine::retryKey(const QString &key, bool force,

@@ -101,12 +101,25 @@ private:
     bool logRejection(const EndpointConfig &endpoint, const DeliveryEvent &event);
     // Writes a summary for each endpoint and status whose interval is over (all: each pending).
     void summariseRejections(bool all);
+    // `payload`: what the log keeps of the delivery (a mismatch's body); empty: the delivery's.
     void record(const DeliveryPtr &d, const QString &key, Outcome outcome, int status, qint64 token,
-                const QString &detail);
+                const QString &detail, const QByteArray &payload = {});
+    // A batch delivery's events (SendGrid, SPEC §4) as they are claimed: one claim per key; the
+    // events that repeat an earlier one of the batch byte for byte (canonical JSON) are the same
+    // event, run once; those that give an earlier one's key to another body are mismatches,
+    // never run, and the batch is then never answered 2xx.
+    struct Batch
+    {
+        QList<ClaimRequest> claims;
+        QList<QJsonValue> bodies; // each claim's event
+        qsizetype events = 0;     // in the delivery, repeats and mismatches included
+        qsizetype repeats = 0;
+        QList<QPair<QString, QByteArray>> conflicts; // key, and the event's bytes
+    };
+    using BatchPtr = std::shared_ptr<const Batch>;
     void handleBatch(const DeliveryPtr &d, const Provider *provider);
-    void finishBatch(const DeliveryPtr &d, const QList<ClaimRequest> &claims,
-                     const QList<ClaimResult> &results, const ProcessResult &processed,
-                     const QList<FinishVerdict> &verdicts);
+    void finishBatch(const DeliveryPtr &d, const BatchPtr &batch, const QList<ClaimResult> &results,
+                     const ProcessResult &processed, const QList<FinishVerdict> &verdicts);
     void reject(const DeliveryPtr &d, int status, const QString &title, const QString &detail);
     // /healthz and /readyz: the answer, and why not in the log.
     void sendProbe(const DeliveryPtr &d, const HttpResponse &response);

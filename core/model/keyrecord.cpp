@@ -2,6 +2,7 @@
 
 #include "util/format.h"
 
+#include <QCryptographicHash>
 #include <QHash>
 #include <QJsonDocument>
 
@@ -143,6 +144,73 @@ QByteArray headersJson(const HeaderList &headers)
 QJsonArray parseJsonArray(const QByteArray &text)
 {
     return QJsonDocument::fromJson(text).array();
+}
+
+QByteArray sharedRef(const QByteArray &content)
+{
+    return QCryptographicHash::hash(content, QCryptographicHash::Sha256).toHex();
+}
+
+namespace {
+
+QByteArray sharedName(const QByteArray &ref)
+{
+    return R"({"shared":")" + ref + R"("})";
+}
+
+// The name in a stored headers' text, or empty: an array is the headers themselves (every record
+// written before shared content existed, and every single delivery's).
+QByteArray sharedNameIn(const QByteArray &text)
+{
+    if (!text.startsWith('{'))
+        return {};
+    return QJsonDocument::fromJson(text).object().value(u"shared").toString().toLatin1();
+}
+
+} // namespace
+
+QByteArray storedHeadersJson(const StoredRequest &request, bool shared)
+{
+    return shared && !request.headersRef.isEmpty() ? sharedName(request.headersRef)
+                                                   : headersJson(request.headers);
+}
+
+void readStoredHeaders(StoredRequest &request, const QByteArray &text)
+{
+    request.headersRef = sharedNameIn(text);
+    request.headers = request.headersRef.isEmpty() && !text.startsWith('{')
+                          ? headersFromJson(parseJsonArray(text))
+                          : HeaderList();
+}
+
+QByteArray sharedResultContent(const StoredResult &result)
+{
+    return headersJson(result.headers) + '\n' + result.body;
+}
+
+QByteArray storedResultHeadersJson(const StoredResult &result, bool shared)
+{
+    return shared && !result.ref.isEmpty() ? sharedName(result.ref) : headersJson(result.headers);
+}
+
+void readStoredResult(StoredResult &result, const QByteArray &headersText, QByteArray body)
+{
+    result.ref = sharedNameIn(headersText);
+    if (!result.ref.isEmpty() || headersText.startsWith('{')) {
+        result.headers.clear();
+        result.body.clear();
+        return;
+    }
+    result.headers = headersFromJson(parseJsonArray(headersText));
+    result.body = std::move(body);
+}
+
+void fillSharedResult(StoredResult &result, const QByteArray &content)
+{
+    const qsizetype eol = content.indexOf('\n');
+    result.headers = headersFromJson(parseJsonArray(content.left(eol)));
+    result.body = eol < 0 ? QByteArray() : content.mid(eol + 1);
+    result.ref.clear();
 }
 
 void appendHistory(QList<HistoryEntry> &history, HistoryEntry entry)

@@ -40,6 +40,11 @@ struct StoredRequest
     QByteArray path;
     HeaderList headers;
     QByteArray body;
+    // Not empty: the headers are a batch's, kept once in the store for all its events' records
+    // (IdempotencyStore::claimBatch): sharedRef(headersJson(headers)). A read
+    // (IdempotencyStore::key) fills `headers` in and clears it; still set after a read: the
+    // shared headers were not found, and `headers` is empty.
+    QByteArray headersRef;
 };
 
 struct StoredResult
@@ -47,6 +52,10 @@ struct StoredResult
     int status = 0;
     HeaderList headers;
     QByteArray body;
+    // Not empty: the headers and body are a batch's answer, kept once in the store for all its
+    // events' records (IdempotencyStore::finishBatch): sharedRef(sharedResultContent()). Read
+    // back as StoredRequest::headersRef is.
+    QByteArray ref;
 };
 
 struct HistoryEntry
@@ -99,6 +108,25 @@ QByteArray compactJson(const QJsonArray &array);
 // (Content-Type, Host, ...), so only the ones that differ are made each time. Same bytes.
 QByteArray headersJson(const HeaderList &headers);
 QJsonArray parseJsonArray(const QByteArray &text);
+// What a batch's events have in common (their request's headers, their result) is kept once in
+// the store as shared content, named by its SHA-256 (hex): one name only ever holds one content,
+// whoever writes it. Each record names it where it would have held it: {"shared":"<name>"} in
+// place of the headers' JSON array.
+QByteArray sharedRef(const QByteArray &content);
+// The text a store keeps for a request's headers: their JSON array; or, when `shared` and the
+// request has a headersRef, its name.
+QByteArray storedHeadersJson(const StoredRequest &request, bool shared);
+// Back from that text into `request`: its headers, or its headersRef (headers left empty).
+void readStoredHeaders(StoredRequest &request, const QByteArray &text);
+// A result's shared content: its headers' JSON, a line break, its body.
+QByteArray sharedResultContent(const StoredResult &result);
+// The text a store keeps for a result's headers, as storedHeadersJson(); with the name, the
+// body is kept empty.
+QByteArray storedResultHeadersJson(const StoredResult &result, bool shared);
+// Back from the stored headers' text and body into `result`: headers and body, or its ref.
+void readStoredResult(StoredResult &result, const QByteArray &headersText, QByteArray body);
+// `result` filled in from its shared content (sharedResultContent()), its ref cleared.
+void fillSharedResult(StoredResult &result, const QByteArray &content);
 
 // A record keeps its first history entry (how it started) and the newest ones, up to this many.
 constexpr int kHistoryCap = 64;

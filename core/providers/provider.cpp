@@ -92,7 +92,7 @@ Result<void> checkTimestamp(const QByteArray &timestamp, qint64 nowSeconds, qint
     return {};
 }
 
-Result<QList<BatchElement>> Provider::splitBatch(const HttpRequest &) const
+Result<QList<BatchElement>> Provider::splitBatch(const HttpRequest &, qsizetype) const
 {
     return makeError(ErrorCode::Internal, u"%1 does not send batches"_qs.arg(name()));
 }

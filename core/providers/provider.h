@@ -69,7 +69,10 @@ public:
 
     // Batch senders (SendGrid) put several events in one delivery: each element is its own key.
     virtual bool isBatch() const { return false; }
-    virtual Result<QList<BatchElement>> splitBatch(const HttpRequest &request) const;
+    // The elements in the body's order; TooLarge when there are more than `maxElements`, told
+    // before any element is looked at; Invalid when the body is not a batch.
+    virtual Result<QList<BatchElement>> splitBatch(const HttpRequest &request,
+                                                   qsizetype maxElements) const;
     // An answer the provider's protocol expects instead of processing (Slack's URL check).
     virtual std::optional<HttpResponse> directAnswer(const HttpRequest &) const { return std::nullopt; }
     // Worth keeping with the delivery (Slack's retry number, Shopify's event id): for the log.

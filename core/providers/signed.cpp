@@ -350,7 +350,8 @@ public:
     {
         return missing(u"SendGrid deliveries are batches: each element is keyed by its sg_event_id"_qs);
     }
-    Result<QList<BatchElement>> splitBatch(const HttpRequest &request) const override
+    Result<QList<BatchElement>> splitBatch(const HttpRequest &request,
+                                           qsizetype maxElements) const override
     {
         QJsonParseError error;
         const QJsonDocument doc = QJsonDocument::fromJson(request.body, &error);
@@ -359,23 +360,30 @@ public:
         const QJsonArray events = doc.array();
         if (events.isEmpty())
             return makeError(ErrorCode::Invalid, u"the SendGrid batch is empty"_qs);
+        if (events.size() > maxElements)
+            return makeError(
+                ErrorCode::TooLarge,
+                u"the SendGrid batch has %1 events, more than this endpoint takes in one delivery "
+                u"(max_batch_elements %2); nothing was stored: send them in smaller batches"_qs
+                    .arg(events.size())
+                    .arg(maxElements));
         QList<BatchElement> elements;
         for (qsizetype i = 0; i < events.size(); ++i) {
             if (!events.at(i).isObject())
                 return makeError(ErrorCode::Invalid, u"element %1 of the SendGrid batch is not an object"_qs.arg(i));
             const QJsonObject event = events.at(i).toObject();
-            const QByteArray bytes = compact(event);
             BatchElement element;
             element.element = event;
-            element.fingerprint = sha256Hex(bytes);
+            // The element's canonical JSON (QJsonObject keeps its members sorted by name; no
+            // whitespace): the same event sent again with its members in another order or
+            // spaced otherwise has the same fingerprint.
+            element.fingerprint = sha256Hex(compact(event));
             element.key = scalarText(event.value(u"sg_event_id"));
-            if (element.key.isEmpty()) {
-                // No sg_event_id (older integrations): the fields that identify one event.
-                QByteArray composite;
-                for (const char *field : {"sg_message_id", "event", "email", "timestamp"})
-                    composite += compact({{u"v"_qs, event.value(QLatin1String(field))}}) + '\n';
-                element.key = u"c-"_qs + QString::fromLatin1(sha256Hex(composite));
-            }
+            // No sg_event_id (older integrations): the whole element is the event's identity.
+            // Any fewer fields (message, event, email, second) make two clicks on two links in
+            // one second one key, and one of them would be lost.
+            if (element.key.isEmpty())
+                element.key = u"e-"_qs + QString::fromLatin1(element.fingerprint);
             elements.append(element);
         }
         return elements;

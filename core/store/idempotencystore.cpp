@@ -1,5 +1,6 @@
 #include "store/idempotencystore.h"
 
+#include <algorithm>
 
 namespace idem {
 
@@ -195,6 +196,107 @@ Result<QList<ClaimResult>> IdempotencyStore::answerUnwritten(const QList<ClaimRe
         results.append(std::move(*r));
     }
     return results;
+}
+
+namespace {
+
+// Each distinct ref once, its content made by `content` from the first request naming it.
+template <typename Request, typename Ref, typename Content, typename Ttl>
+QList<SharedContent> distinctShared(const QList<Request> &requests, Ref ref, Content content,
+                                    Ttl ttl)
+{
+    QList<SharedContent> shared;
+    for (const Request &r : requests) {
+        const QByteArray &name = ref(r);
+        if (name.isEmpty())
+            continue;
+        const qint64 ttlMs = ttl(r) + kSharedGraceMs;
+        const auto same = std::find_if(shared.begin(), shared.end(),
+                                       [&](const SharedContent &s) { return s.ref == name; });
+        if (same != shared.end())
+            same->ttlMs = std::max(same->ttlMs, ttlMs);
+        else
+            shared.append({name, content(r), ttlMs});
+    }
+    return shared;
+}
+
+} // namespace
+
+StoredResult storedForm(const StoredResult &result, bool shared)
+{
+    if (!shared || result.ref.isEmpty())
+        return result;
+    return {result.status, {}, {}, result.ref};
+}
+
+QList<SharedContent> sharedContentOf(const QList<ClaimRequest> &requests)
+{
+    return distinctShared(
+        requests, [](const ClaimRequest &r) -> const QByteArray & { return r.request.headersRef; },
+        [](const ClaimRequest &r) { return headersJson(r.request.headers); },
+        [](const ClaimRequest &r) { return r.policy.ttlMs; });
+}
+
+QList<SharedContent> sharedContentOf(const QList<FinishRequest> &requests)
+{
+    return distinctShared(
+        requests, [](const FinishRequest &r) -> const QByteArray & { return r.result.ref; },
+        [](const FinishRequest &r) { return sharedResultContent(r.result); },
+        [](const FinishRequest &r) { return r.ttlMs; });
+}
+
+Result<std::optional<QByteArray>> IdempotencyStore::sharedContent(const QByteArray &ref,
+                                                                  const SharedReader &read)
+{
+    for (const auto &[name, content] : std::as_const(m_sharedRead))
+        if (name == ref)
+            return std::optional<QByteArray>(content);
+    auto content = read(ref);
+    if (!content || !content->has_value())
+        return content;
+    constexpr qsizetype kRemembered = 4; // a batch's headers and its result, and the last batch's
+    if (m_sharedRead.size() >= kRemembered)
+        m_sharedRead.removeFirst();
+    m_sharedRead.append({ref, **content});
+    return content;
+}
+
+Result<void> IdempotencyStore::resolveShared(StoredResult &result, const SharedReader &read)
+{
+    if (result.ref.isEmpty())
+        return {};
+    auto content = sharedContent(result.ref, read);
+    if (!content)
+        return content.error();
+    if (content->has_value())
+        fillSharedResult(result, **content);
+    return {};
+}
+
+Result<void> IdempotencyStore::fillReplayedFailures(QList<ClaimResult> &results,
+                                                    const SharedReader &read)
+{
+    for (ClaimResult &r : results)
+        if (r.decision.action == ClaimAction::Replay && r.record.state != KeyState::Completed)
+            if (auto filled = resolveShared(r.record.result, read); !filled)
+                return filled;
+    return {};
+}
+
+Result<void> IdempotencyStore::resolveShared(KeyRecord &record, const SharedReader &read)
+{
+    StoredRequest &request = record.request;
+    if (!request.headersRef.isEmpty()) {
+        auto content = sharedContent(request.headersRef, read);
+        if (!content)
+            return content.error();
+        if (content->has_value()) {
+            request.headers = headersFromJson(parseJsonArray(**content));
+            request.headersRef.clear();
+        }
+    }
+    return resolveShared(record.result, read);
 }
 
 Result<void> IdempotencyStore::schemaCurrent(const QString &store, qint64 have, qint64 want)

@@ -57,7 +57,29 @@ struct FinishRequest
     KeyState state = KeyState::Completed; // Completed or Failed
     StoredResult result;
     QString error;
+    qint64 ttlMs = 0; // the key's TTL: how long a shared result (StoredResult::ref) is kept
 };
+
+// How much longer a batch's shared content (StoredRequest::headersRef, StoredResult::ref) is
+// kept than the records written with it: it covers the clock readings between its write and the
+// records', and on a Redis Cluster the clocks of the nodes holding them. It is kept once per
+// batch, so the grace costs little.
+constexpr qint64 kSharedGraceMs = 24LL * 3600 * 1000;
+
+// One piece of a batch's shared content, as claimBatch() and finishBatch() write it before the
+// records that name it.
+struct SharedContent
+{
+    QByteArray ref;     // its name: sharedRef(content)
+    QByteArray content; // request headers' JSON, or sharedResultContent()
+    qint64 ttlMs = 0;   // the longest TTL of a record naming it, plus kSharedGraceMs
+};
+// `result` as a store keeps it in the record: when `shared` and it has a ref, without headers
+// and body (decideFinish() compares a finish with the record in this form).
+StoredResult storedForm(const StoredResult &result, bool shared);
+// The distinct shared content the requests name.
+QList<SharedContent> sharedContentOf(const QList<ClaimRequest> &requests);
+QList<SharedContent> sharedContentOf(const QList<FinishRequest> &requests);
 
 struct KeyQuery
 {
@@ -121,9 +143,16 @@ public:
     virtual Result<FinishVerdict> finish(const FinishRequest &request) = 0;
     // A SendGrid-style batch: every claim (or finish) applied in one atomic step where the store
     // allows it (one transaction, one MULTI/EXEC), so a failure half-way leaves none applied.
-    // Results in the order asked.
+    // Results in the order asked. What the requests name as shared (StoredRequest::headersRef,
+    // StoredResult::ref) is written once, before the records (in their transaction where there
+    // is one), kept at least as long as every record naming it, and dropped after (by expiry or
+    // purgeExpired()); content that cannot be written fails the batch, nothing applied. A
+    // replayed failure's result comes back filled in. claim() and finish() keep everything in
+    // the record.
     virtual Result<QList<ClaimResult>> claimBatch(const QList<ClaimRequest> &requests);
     virtual Result<QList<FinishVerdict>> finishBatch(const QList<FinishRequest> &requests);
+    // The live record, with the shared content it names filled in (StoredRequest::headersRef,
+    // StoredResult::ref).
     virtual Result<std::optional<KeyRecord>> key(const QString &key) = 0;
     virtual Result<QList<KeyRecord>> listKeys(const KeyQuery &query) = 0;
     // Every live key's name the filter matches (endpoint, glob and, except on Redis, state;
@@ -194,6 +223,24 @@ public:
     virtual bool connectionDropped() { return false; }
     virtual bool beginBatch() { return false; }
     virtual Result<void> endBatch() { return {}; }
+
+protected:
+    // The shared content `record` names (StoredRequest::headersRef, StoredResult::ref), filled
+    // in: read by `read` (nullopt when the store has none of that name: the record reads
+    // without it). Shared content never changes (its name is its hash): the last pieces read are
+    // remembered, as a batch's records are often read one after another (export, the window).
+    using SharedReader = std::function<Result<std::optional<QByteArray>>(const QByteArray &ref)>;
+    Result<void> resolveShared(KeyRecord &record, const SharedReader &read);
+    Result<void> resolveShared(StoredResult &result, const SharedReader &read);
+    // claimBatch()'s answers that replay a stored failure (the batch answers with the first
+    // one), their shared result filled in. A completed key's result is not read: a batch
+    // answers for all of its events together.
+    Result<void> fillReplayedFailures(QList<ClaimResult> &results, const SharedReader &read);
+
+private:
+    Result<std::optional<QByteArray>> sharedContent(const QByteArray &ref,
+                                                    const SharedReader &read);
+    QList<QPair<QByteArray, QByteArray>> m_sharedRead; // the newest last, a few
 };
 
 } // namespace idem

@@ -14,7 +14,8 @@ namespace idem {
 
 // The schema's versioned steps, applied in order at connect (the version is how many were).
 const char *const kSchemaSteps[] = {":/sql/postgres/001_init.sql", ":/sql/postgres/002_clock.sql",
-                                    ":/sql/postgres/003_delivery_count.sql"};
+                                    ":/sql/postgres/003_delivery_count.sql",
+                                    ":/sql/postgres/004_shared.sql"};
 
 namespace {
 
@@ -70,10 +71,9 @@ KeyRecord recordFrom(const pqxx::row &row, bool full)
     if (full) {
         r.request.method = text(row[11]).toLatin1();
         r.request.path = text(row[12]).toUtf8();
-        r.request.headers = headersFromJson(parseJsonArray(text(row[13]).toUtf8()));
+        readStoredHeaders(r.request, text(row[13]).toUtf8());
         r.request.body = bytes(row[14]);
-        r.result.headers = headersFromJson(parseJsonArray(text(row[16]).toUtf8()));
-        r.result.body = bytes(row[17]);
+        readStoredResult(r.result, text(row[16]).toUtf8(), bytes(row[17]));
         r.history = historyFromJson(parseJsonArray(text(row[19]).toUtf8()));
     }
     return r;
@@ -243,6 +243,16 @@ Result<std::unique_ptr<PostgresStore>> PostgresStore::connect(const StoreUrl &ur
                            " WHERE expires_at_ms <= idem_now_ms() LIMIT 5000)"
                            " AND expires_at_ms <= idem_now_ms()");
         c.prepare("purge_deliveries", "DELETE FROM idem_deliveries WHERE at_ms <= idem_now_ms() - $1");
+        // A batch's shared content: written in its records' transaction, kept past every record
+        // naming it. Batches whose app answered alike share a row: it is moved (and locked) only
+        // once its grace is used up, not by every batch. A purge waiting on a row being moved
+        // checks its new expiry.
+        c.prepare("share", "INSERT INTO idem_shared (sha256, content, expires_at_ms)"
+                           " VALUES ($1, $2, idem_now_ms() + $3) ON CONFLICT (sha256) DO NOTHING");
+        c.prepare("share_longer", "UPDATE idem_shared SET expires_at_ms = idem_now_ms() + $2"
+                                  " WHERE sha256 = $1 AND expires_at_ms < idem_now_ms() + $3");
+        c.prepare("shared", "SELECT content FROM idem_shared WHERE sha256 = $1");
+        c.prepare("purge_shared", "DELETE FROM idem_shared WHERE expires_at_ms <= idem_now_ms()");
         c.prepare("count", "SELECT state, count(*) FROM idem_keys WHERE expires_at_ms > idem_now_ms()"
                            " AND ($1 = '' OR endpoint = $1) GROUP BY state");
         c.prepare(
@@ -272,11 +282,12 @@ namespace {
 constexpr int kNowColumn = 20; // idem_now_ms() after the record's columns
 }
 
-std::optional<ClaimResult> PostgresStore::claimLocked(pqxx::transaction_base &w, const ClaimRequest &req,
-                                                      bool insertFirst)
+std::optional<ClaimResult> PostgresStore::claimLocked(pqxx::transaction_base &w,
+                                                      const ClaimRequest &req, bool insertFirst,
+                                                      bool sharedHeaders)
 {
     const std::string key = s(req.key);
-    const std::string headers = s(headersJson(req.request.headers));
+    const std::string headers = s(storedHeadersJson(req.request, sharedHeaders));
     if (insertFirst) {
         const pqxx::result inserted = w.exec_prepared(
             "claim_insert", key, s(req.endpoint), s(req.provider), s(req.fingerprint), req.policy.leaseMs,
@@ -361,7 +372,7 @@ Result<ClaimResult> PostgresStore::claim(const ClaimRequest &req)
                 }
             }
             pqxx::work w(m_conn->c);
-            auto result = claimLocked(w, req, false);
+            auto result = claimLocked(w, req, false, false);
             if (!result)
                 continue;
             if (result->decision.action == ClaimAction::Mismatch)
@@ -394,11 +405,13 @@ Result<QList<ClaimResult>> PostgresStore::claimBatch(const QList<ClaimRequest> &
 {
     auto claimed = guarded("claim batch", true, [&]() -> Result<QList<ClaimResult>> {
         pqxx::work w(m_conn->c);
+        // The shared content first, in the claims' transaction (IdempotencyStore::claimBatch).
+        share(w, sharedContentOf(requests));
         QList<ClaimResult> results(requests.size());
         for (qsizetype i : lockOrder(requests)) {
             std::optional<ClaimResult> result;
             for (int attempt = 0; attempt < 3 && !result; ++attempt)
-                result = claimLocked(w, requests.at(i), true);
+                result = claimLocked(w, requests.at(i), true, true);
             if (!result)
                 return makeError(ErrorCode::Unavailable, u"PostgreSQL: the key kept changing under the claim"_qs);
             results[i] = *result;
@@ -408,14 +421,42 @@ Result<QList<ClaimResult>> PostgresStore::claimBatch(const QList<ClaimRequest> &
     });
     if (!claimed)
         return answerUnwritten(requests, claimed.error());
+    if (auto filled = fillReplayedFailures(*claimed,
+                                           [this](const QByteArray &ref) {
+                                               return guarded("read", false, [&] {
+                                                   pqxx::nontransaction n(m_conn->c);
+                                                   return readShared(n, ref);
+                                               });
+                                           });
+        !filled)
+        return filled.error();
     return claimed;
 }
 
-FinishVerdict PostgresStore::finishIn(pqxx::transaction_base &t, const FinishRequest &req)
+void PostgresStore::share(pqxx::transaction_base &t, const QList<SharedContent> &shared)
 {
+    for (const SharedContent &c : shared) {
+        t.exec_prepared("share", s(c.ref), bin(c.content), c.ttlMs);
+        t.exec_prepared("share_longer", s(c.ref), c.ttlMs, c.ttlMs - kSharedGraceMs);
+    }
+}
+
+Result<std::optional<QByteArray>> PostgresStore::readShared(pqxx::transaction_base &t,
+                                                            const QByteArray &ref)
+{
+    const pqxx::result shared = t.exec_prepared("shared", s(ref));
+    if (shared.empty())
+        return std::optional<QByteArray>();
+    return std::optional<QByteArray>(bytes(shared[0][0]));
+}
+
+FinishVerdict PostgresStore::finishIn(pqxx::transaction_base &t, const FinishRequest &req,
+                                      bool sharedResult)
+{
+    const StoredResult result = storedForm(req.result, sharedResult);
     const pqxx::result updated = t.exec_prepared(
-        "finish", s(req.key), req.token, s(toString(req.state)), req.result.status,
-        s(headersJson(req.result.headers)), bin(req.result.body), s(req.error));
+        "finish", s(req.key), req.token, s(toString(req.state)), result.status,
+        s(storedResultHeadersJson(result, sharedResult)), bin(result.body), s(req.error));
     if (updated.affected_rows() == 1)
         return FinishVerdict::Accept;
     // Refused, or sent again after a lost answer: say which, with the same rules as every backend.
@@ -423,8 +464,8 @@ FinishVerdict PostgresStore::finishIn(pqxx::transaction_base &t, const FinishReq
     if (rows.empty())
         return FinishVerdict::Missing;
     const KeyRecord current = recordFrom(rows[0], true);
-    const FinishVerdict verdict = decideFinish(&current, req.token, req.state, req.result,
-                                               rows[0][kNowColumn].as<qint64>());
+    const FinishVerdict verdict =
+        decideFinish(&current, req.token, req.state, result, rows[0][kNowColumn].as<qint64>());
     return verdict == FinishVerdict::Accept ? FinishVerdict::StaleToken : verdict;
 }
 
@@ -432,7 +473,7 @@ Result<FinishVerdict> PostgresStore::finish(const FinishRequest &req)
 {
     return guarded("finish", true, [&]() -> Result<FinishVerdict> {
         pqxx::nontransaction n(m_conn->c);
-        return finishIn(n, req);
+        return finishIn(n, req, false);
     });
 }
 
@@ -440,9 +481,11 @@ Result<QList<FinishVerdict>> PostgresStore::finishBatch(const QList<FinishReques
 {
     return guarded("finish batch", true, [&]() -> Result<QList<FinishVerdict>> {
         pqxx::work w(m_conn->c);
+        // The shared result first, in the finishes' transaction (IdempotencyStore::finishBatch).
+        share(w, sharedContentOf(requests));
         QList<FinishVerdict> verdicts(requests.size());
         for (qsizetype i : lockOrder(requests))
-            verdicts[i] = finishIn(w, requests.at(i));
+            verdicts[i] = finishIn(w, requests.at(i), true);
         w.commit();
         return verdicts;
     });
@@ -466,6 +509,10 @@ Result<std::optional<KeyRecord>> PostgresStore::key(const QString &key)
         KeyRecord r = recordFrom(rows[0], true);
         if (r.expiredAt(rows[0][kNowColumn].as<qint64>()))
             return std::optional<KeyRecord>();
+        auto resolved =
+            resolveShared(r, [&n](const QByteArray &ref) { return readShared(n, ref); });
+        if (!resolved)
+            return resolved.error();
         return std::optional<KeyRecord>(std::move(r));
     });
 }
@@ -610,6 +657,7 @@ Result<qint64> PostgresStore::purgeExpired()
                 break;
         }
         n.exec_prepared("purge_deliveries", m_options.deliveryRetentionMs);
+        n.exec_prepared("purge_shared");
         return removed;
     });
 }

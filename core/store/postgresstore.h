@@ -59,8 +59,18 @@ private:
     PostgresStore(std::unique_ptr<Connection> connection, StoreUrl url, PostgresOptions options);
     template<typename F>
     auto guarded(const char *what, bool writes, F &&body) -> decltype(body());
-    static std::optional<ClaimResult> claimLocked(pqxx::transaction_base &w, const ClaimRequest &request, bool insertFirst);
-    static FinishVerdict finishIn(pqxx::transaction_base &t, const FinishRequest &request);
+    // `sharedHeaders`: the record names the request's shared headers (StoredRequest::headersRef)
+    // instead of holding them; the caller wrote them in `w`.
+    static std::optional<ClaimResult> claimLocked(pqxx::transaction_base &w,
+                                                  const ClaimRequest &request, bool insertFirst,
+                                                  bool sharedHeaders);
+    // `sharedResult`: the record names the shared result (StoredResult::ref), written in `t`.
+    static FinishVerdict finishIn(pqxx::transaction_base &t, const FinishRequest &request,
+                                  bool sharedResult);
+    // A batch's shared content written (or kept longer) in `t`; read back.
+    static void share(pqxx::transaction_base &t, const QList<SharedContent> &shared);
+    static Result<std::optional<QByteArray>> readShared(pqxx::transaction_base &t,
+                                                        const QByteArray &ref);
 
     std::unique_ptr<Connection> m_conn;
     StoreUrl m_url;

@@ -55,10 +55,11 @@ const QByteArray &stateName(KeyState s)
     return names[int(s)];
 }
 
-// "METHOD path\n" + the headers' JSON: the request's head in one field.
-QByteArray requestHead(const StoredRequest &r)
+// "METHOD path\n" + the headers' JSON (or their shared name, storedHeadersJson): the request's
+// head in one field.
+QByteArray requestHead(const StoredRequest &r, bool sharedHeaders)
 {
-    return r.method + ' ' + r.path + '\n' + headersJson(r.headers);
+    return r.method + ' ' + r.path + '\n' + storedHeadersJson(r, sharedHeaders);
 }
 
 } // namespace
@@ -155,6 +156,16 @@ QString endpointOf(const QString &key)
     return key.section(u':', 0, 0);
 }
 
+QByteArray sharedKey(const QByteArray &prefix, const QByteArray &ref)
+{
+    return prefix + "shared:" + ref;
+}
+
+QList<QByteArray> sharedArgs(const Layout &layout, const SharedContent &shared)
+{
+    return {"1", sharedKey(layout.prefix(), shared.ref), shared.content, num(shared.ttlMs)};
+}
+
 namespace {
 
 // The result as stored (field s: status, headers JSON, body, a line break between), split.
@@ -248,13 +259,11 @@ template <typename Column> KeyRecord recordFromColumns(const QString &key, const
         const qsizetype space = line.indexOf(' ');
         r.request.method = line.left(space);
         r.request.path = space < 0 ? QByteArray() : line.mid(space + 1);
-        r.request.headers = headersFromJson(parseJsonArray(head.mid(eol + 1)));
+        readStoredHeaders(r.request, head.mid(eol + 1));
     }
     r.request.body = column("req_body");
     r.result.status = column("res_status").toInt();
-    if (const QByteArray headers = column("res_headers"); !headers.isEmpty())
-        r.result.headers = headersFromJson(parseJsonArray(headers));
-    r.result.body = column("res_body");
+    readStoredResult(r.result, column("res_headers"), column("res_body"));
     r.error = QString::fromUtf8(column("error"));
     if (const QByteArray history = column("history"); !history.isEmpty())
         r.history = historyFromJson(parseJsonArray(history));
@@ -278,8 +287,8 @@ Result<QHash<QByteArray, Script>> scripts()
         return file.readAll();
     };
     QHash<QByteArray, Script> loaded;
-    for (const char *name : {"claim", "finish", "operator", "import", "tombstone", "migrate4", "lock",
-                             "v3/migrate", "v3/migrate3", "v3/drop"}) {
+    for (const char *name : {"claim", "finish", "operator", "import", "tombstone", "shared",
+                             "migrate4", "lock", "v3/migrate", "v3/migrate3", "v3/drop"}) {
         const QString file = QLatin1String(name);
         const auto common = read(file.startsWith(u"v3/"_qs) ? u"v3/common"_qs : u"common"_qs);
         const auto body = read(file);
@@ -310,7 +319,7 @@ QList<QByteArray> transitionKeys(const Layout &layout, const QString &key, bool 
 
 } // namespace
 
-QList<QByteArray> claimArgs(const Layout &layout, const ClaimRequest &req)
+QList<QByteArray> claimArgs(const Layout &layout, const ClaimRequest &req, bool sharedHeaders)
 {
     QByteArray policy(2, 'X');
     if (req.policy.onFailed == OnFailed::Reprocess)
@@ -323,7 +332,7 @@ QList<QByteArray> claimArgs(const Layout &layout, const ClaimRequest &req)
                              num(req.policy.leaseMs),
                              num(req.policy.ttlMs),
                              policy,
-                             requestHead(req.request) + '\n' + req.request.body,
+                             requestHead(req.request, sharedHeaders) + '\n' + req.request.body,
                              req.key.toUtf8()};
 }
 
@@ -388,12 +397,13 @@ Result<ClaimResult> claimResult(const redisReply *reply, const ClaimRequest &req
     return result;
 }
 
-QList<QByteArray> finishArgs(const Layout &layout, const FinishRequest &req)
+QList<QByteArray> finishArgs(const Layout &layout, const FinishRequest &req, bool sharedResult)
 {
+    const StoredResult result = storedForm(req.result, sharedResult);
     return transitionKeys(layout, req.key, false) +
-           QList<QByteArray>{num(req.token),         stateName(req.state),
-                             num(req.result.status), headersJson(req.result.headers),
-                             req.result.body,        req.error.toUtf8(),
+           QList<QByteArray>{num(req.token),     stateName(req.state),
+                             num(result.status), storedResultHeadersJson(result, sharedResult),
+                             result.body,        req.error.toUtf8(),
                              req.key.toUtf8()};
 }
 
@@ -455,7 +465,7 @@ QList<QByteArray> importArgs(const Layout &layout, const KeyRecord &r, qint64 tt
                              num(r.updatedMs),
                              num(leaseMs),
                              num(ttlMs),
-                             requestHead(r.request) + '\n' + r.request.body,
+                             requestHead(r.request, false) + '\n' + r.request.body,
                              num(r.result.status) + '\n' + headersJson(r.result.headers) + '\n' +
                                  r.result.body,
                              r.error.toUtf8(),

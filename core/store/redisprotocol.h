@@ -21,7 +21,8 @@ struct Script
     QByteArray source;
     QByteArray sha;
 };
-// By name: claim, finish, operator, import, tombstone, migrate4, v3/migrate, v3/migrate3, v3/drop.
+// By name: claim, finish, operator, import, tombstone, shared, migrate4, v3/migrate, v3/migrate3,
+// v3/drop.
 Result<QHash<QByteArray, Script>> scripts();
 
 // The key layout (layout v4, described at the top of resources/redis/common.lua): keys live in
@@ -61,6 +62,12 @@ private:
 };
 constexpr int kLayoutVersion = 4;
 QString endpointOf(const QString &key); // "<endpoint>:<id>"
+// P shared:<sha256>: a batch's shared content (resources/redis/shared.lua: its request's headers,
+// its result), with an expiry of its own past every record naming it; in no bucket: it is
+// written before the records that name it, never with them.
+QByteArray sharedKey(const QByteArray &prefix, const QByteArray &ref);
+// What follows EVALSHA <sha> for shared.lua: the content written, or kept longer.
+QList<QByteArray> sharedArgs(const Layout &layout, const SharedContent &shared);
 
 // Layout v3's record (P{key}:r) and v2's token counter (P{key}:t): read by the migrations only.
 QByteArray v3RecordKey(const QByteArray &prefix, const QString &key);
@@ -72,9 +79,15 @@ QString keyOfV3Record(const QByteArray &prefix, const QByteArray &name);
 // What follows EVALSHA <sha> for claim.lua, finish.lua and operator.lua (numkeys, KEYS, ARGV),
 // and what their answers mean. Shared by the blocking RedisStore and the receiver thread's
 // RedisLane, so that both speak the same protocol.
-QList<QByteArray> claimArgs(const Layout &layout, const ClaimRequest &request);
+// `sharedHeaders`: the record names the request's shared headers (StoredRequest::headersRef)
+// instead of holding them, shared.lua having written them first.
+QList<QByteArray> claimArgs(const Layout &layout, const ClaimRequest &request,
+                            bool sharedHeaders = false);
 Result<ClaimResult> claimResult(const redisReply *reply, const ClaimRequest &request);
-QList<QByteArray> finishArgs(const Layout &layout, const FinishRequest &request);
+// `sharedResult`: the record names the shared result (StoredResult::ref), shared.lua having
+// written it first.
+QList<QByteArray> finishArgs(const Layout &layout, const FinishRequest &request,
+                             bool sharedResult = false);
 Result<FinishVerdict> finishVerdict(const redisReply *reply);
 QList<QByteArray> operatorArgs(const Layout &layout, const QString &key, OperatorAction action,
                                bool force, const QString &detail);

@@ -480,8 +480,11 @@ Result<QList<ClaimResult>> RedisStore::claimBatch(const QList<ClaimRequest> &req
 {
     QList<QList<QByteArray>> args;
     for (const ClaimRequest &req : requests)
-        args.append(redis::claimArgs(m_layout, req));
+        args.append(redis::claimArgs(m_layout, req, true));
     MarkedWrites marked(m_cluster.get());
+    // The shared content before the claims that name it: not written, no claim.
+    if (auto written = writeShared(sharedContentOf(requests)); !written)
+        return answerUnwritten(requests, written.error());
     auto exec = scriptsInTransaction("claim", args);
     marked.stop();
     if (!exec) // a transaction Redis refused (EXECABORT): none of them ran
@@ -495,15 +498,31 @@ Result<QList<ClaimResult>> RedisStore::claimBatch(const QList<ClaimRequest> &req
     }
     if (auto waited = waitForReplicas(); !waited)
         return waited.error();
+    if (auto filled = fillReplayedFailures(
+            results, [this](const QByteArray &ref) { return readShared(ref); });
+        !filled)
+        return filled.error();
     return results;
+}
+
+Result<void> RedisStore::writeShared(const QList<SharedContent> &shared)
+{
+    for (const SharedContent &c : shared)
+        if (auto written = script("shared", redis::sharedArgs(m_layout, c), true); !written)
+            return written.error();
+    return {};
 }
 
 Result<QList<FinishVerdict>> RedisStore::finishBatch(const QList<FinishRequest> &requests)
 {
     QList<QList<QByteArray>> args;
     for (const FinishRequest &req : requests)
-        args.append(redis::finishArgs(m_layout, req));
+        args.append(redis::finishArgs(m_layout, req, true));
     MarkedWrites marked(m_cluster.get());
+    // The shared result before the finishes that name it: not written, none finished (the
+    // engine retries while the lease lasts).
+    if (auto written = writeShared(sharedContentOf(requests)); !written)
+        return written.error();
     auto exec = scriptsInTransaction("finish", args);
     marked.stop();
     if (!exec)
@@ -600,7 +619,22 @@ Result<std::optional<KeyRecord>> RedisStore::key(const QString &key)
                              m_url.display(), key));
     if (meta.value("expires_at").toLongLong() <= *now)
         return std::optional<KeyRecord>(); // a tombstone (expired, deleted)
-    return std::optional<KeyRecord>(redis::recordFrom(key, fields));
+    KeyRecord found = redis::recordFrom(key, fields);
+    if (auto resolved =
+            resolveShared(found, [this](const QByteArray &ref) { return readShared(ref); });
+        !resolved)
+        return resolved.error();
+    return std::optional<KeyRecord>(std::move(found));
+}
+
+Result<std::optional<QByteArray>> RedisStore::readShared(const QByteArray &ref)
+{
+    auto r = command({"GET", redis::sharedKey(m_layout.prefix(), ref)}, false);
+    if (!r)
+        return r.error();
+    if ((*r)->type != REDIS_REPLY_STRING)
+        return std::optional<QByteArray>();
+    return std::optional<QByteArray>(text(r->get()));
 }
 
 Result<QStringList> RedisStore::endpoints()

@@ -118,6 +118,9 @@ private:
     Result<void> scanAll(const QByteArray &match,
                          const std::function<Result<void>(const QList<QByteArray> &)> &each);
     Result<QStringList> endpoints(); // the endpoints that have keys (every bucket's eps)
+    // A batch's shared content (redis::sharedKey): written (or kept longer) by shared.lua; read.
+    Result<void> writeShared(const QList<SharedContent> &shared);
+    Result<std::optional<QByteArray>> readShared(const QByteArray &ref);
     Result<Reply> script(const char *name, const QList<QByteArray> &args, bool writes);
     Result<void> loadScripts();
     // Drops the state index entries behind the store's clock, of every bucket of `endpoints`.

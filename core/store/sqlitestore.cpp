@@ -17,9 +17,9 @@
 namespace idem {
 
 // The schema's versioned steps, applied in order at connect (the version is how many were).
-const char *const kSchemaSteps[] = {":/sql/sqlite/001_init.sql", ":/sql/sqlite/002_tokens.sql",
-                                    ":/sql/sqlite/003_count_index.sql",
-                                    ":/sql/sqlite/004_delivery_count.sql"};
+const char *const kSchemaSteps[] = {
+    ":/sql/sqlite/001_init.sql", ":/sql/sqlite/002_tokens.sql", ":/sql/sqlite/003_count_index.sql",
+    ":/sql/sqlite/004_delivery_count.sql", ":/sql/sqlite/005_shared.sql"};
 
 namespace {
 
@@ -85,10 +85,9 @@ public:
         if (full) {
             r.request.method = bytes(11);
             r.request.path = bytes(12);
-            r.request.headers = headersFromJson(parseJsonArray(bytes(13)));
+            readStoredHeaders(r.request, bytes(13));
             r.request.body = bytes(14);
-            r.result.headers = headersFromJson(parseJsonArray(bytes(16)));
-            r.result.body = bytes(17);
+            readStoredResult(r.result, bytes(16), bytes(17));
             r.history = historyFromJson(parseJsonArray(bytes(19)));
         }
         return r;
@@ -339,13 +338,13 @@ Error SqliteStore::beginError(const char *what) const
 
 Result<ClaimResult> SqliteStore::claim(const ClaimRequest &req)
 {
-    auto result = claimWritten(req); // its transaction (or savepoint) is over
+    auto result = claimWritten(req, false); // its transaction (or savepoint) is over
     if (!result)
         return answerUnwritten(req, result.error());
     return result;
 }
 
-Result<ClaimResult> SqliteStore::claimWritten(const ClaimRequest &req)
+Result<ClaimResult> SqliteStore::claimWritten(const ClaimRequest &req, bool sharedHeaders)
 {
     if (auto inPlace = fileInPlace(); !inPlace)
         return inPlace.error();
@@ -381,7 +380,8 @@ Result<ClaimResult> SqliteStore::claimWritten(const ClaimRequest &req)
         upsert.bind(5, r.token).bind(6, qint64(r.attempts)).bind(7, r.createdMs).bind(8, r.updatedMs);
         upsert.bind(9, r.leaseUntilMs).bind(10, r.expiresAtMs);
         upsert.bindText(11, r.request.method).bindText(12, r.request.path);
-        upsert.bindText(13, headersJson(r.request.headers)).bindBlob(14, r.request.body);
+        upsert.bindText(13, storedHeadersJson(r.request, sharedHeaders));
+        upsert.bindBlob(14, r.request.body);
         upsert.bindText(15, compactJson(historyToJson(r.history)));
         if (upsert.step() != SQLITE_DONE)
             return lastError("claim");
@@ -410,6 +410,11 @@ Result<ClaimResult> SqliteStore::claimWritten(const ClaimRequest &req)
 
 Result<FinishVerdict> SqliteStore::finish(const FinishRequest &req)
 {
+    return finishWritten(req, false);
+}
+
+Result<FinishVerdict> SqliteStore::finishWritten(const FinishRequest &req, bool sharedResult)
+{
     const qint64 nowMs = wallMs();
     Transaction tx(m_db, m_inBatch);
     if (!tx.begin())
@@ -418,7 +423,8 @@ Result<FinishVerdict> SqliteStore::finish(const FinishRequest &req)
     if (!existing)
         return existing.error();
     const KeyRecord *current = existing->has_value() ? &existing->value() : nullptr;
-    const FinishVerdict verdict = decideFinish(current, req.token, req.state, req.result, nowMs);
+    const StoredResult result = storedForm(req.result, sharedResult);
+    const FinishVerdict verdict = decideFinish(current, req.token, req.state, result, nowMs);
     if (verdict != FinishVerdict::Accept)
         return verdict;
 
@@ -429,8 +435,11 @@ Result<FinishVerdict> SqliteStore::finish(const FinishRequest &req)
                  " res_status = ?4, res_headers = ?5, res_body = ?6, error = ?7, history = ?8"
                  " WHERE key = ?1");
     update.bind(1, req.key).bind(2, toString(req.state)).bind(3, nowMs);
-    update.bind(4, qint64(req.result.status)).bindText(5, headersJson(req.result.headers));
-    update.bindBlob(6, req.result.body).bind(7, req.error).bindText(8, compactJson(historyToJson(history)));
+    update.bind(4, qint64(result.status))
+        .bindText(5, storedResultHeadersJson(result, sharedResult));
+    update.bindBlob(6, result.body)
+        .bind(7, req.error)
+        .bindText(8, compactJson(historyToJson(history)));
     if (update.step() != SQLITE_DONE)
         return lastError("finish");
     if (!tx.commit())
@@ -464,23 +473,74 @@ Result<QList<T>> SqliteStore::inOneTransaction(const QList<Request> &requests, S
 
 Result<QList<ClaimResult>> SqliteStore::claimBatch(const QList<ClaimRequest> &requests)
 {
-    auto results =
-        inOneTransaction<ClaimResult>(requests, [this](const ClaimRequest &r) { return claim(r); });
+    // The shared content first, in the claims' transaction: a record is never written without
+    // it, and it expires after every record naming it.
+    bool shared = false;
+    auto results = inOneTransaction<ClaimResult>(
+        requests, [this, &requests, &shared](const ClaimRequest &r) -> Result<ClaimResult> {
+            if (!std::exchange(shared, true))
+                if (auto written = writeShared(sharedContentOf(requests)); !written)
+                    return written.error();
+            return claimWritten(r, true);
+        });
     if (!results)
         return answerUnwritten(requests, results.error());
+    if (auto filled = fillReplayedFailures(
+            *results, [this](const QByteArray &ref) { return readShared(ref); });
+        !filled)
+        return filled.error();
     return results;
 }
 
 Result<QList<FinishVerdict>> SqliteStore::finishBatch(const QList<FinishRequest> &requests)
 {
-    return inOneTransaction<FinishVerdict>(requests, [this](const FinishRequest &r) { return finish(r); });
+    bool shared = false;
+    return inOneTransaction<FinishVerdict>(
+        requests, [this, &requests, &shared](const FinishRequest &r) -> Result<FinishVerdict> {
+            if (!std::exchange(shared, true))
+                if (auto written = writeShared(sharedContentOf(requests)); !written)
+                    return written.error();
+            return finishWritten(r, true);
+        });
+}
+
+Result<void> SqliteStore::writeShared(const QList<SharedContent> &shared)
+{
+    const qint64 nowMs = wallMs();
+    for (const SharedContent &c : shared) {
+        IDEM_PREPARE(upsert, "INSERT INTO idem_shared (sha256, content, expires_at_ms)"
+                             " VALUES (?1, ?2, ?3) ON CONFLICT (sha256) DO UPDATE"
+                             " SET expires_at_ms = max(expires_at_ms, excluded.expires_at_ms)");
+        upsert.bindText(1, c.ref).bindBlob(2, c.content).bind(3, nowMs + c.ttlMs);
+        if (upsert.step() != SQLITE_DONE)
+            return lastError("shared content");
+    }
+    return {};
+}
+
+Result<std::optional<QByteArray>> SqliteStore::readShared(const QByteArray &ref)
+{
+    IDEM_PREPARE(select, "SELECT content FROM idem_shared WHERE sha256 = ?1");
+    select.bindText(1, ref);
+    const int rc = select.step();
+    if (rc == SQLITE_DONE)
+        return std::optional<QByteArray>();
+    if (rc != SQLITE_ROW)
+        return lastError("read shared content");
+    return std::optional<QByteArray>(select.bytes(0));
 }
 
 Result<std::optional<KeyRecord>> SqliteStore::key(const QString &key)
 {
     auto r = readKey(key);
-    if (r && r->has_value() && (*r)->expiredAt(wallMs()))
+    if (!r || !r->has_value())
+        return r;
+    if ((*r)->expiredAt(wallMs()))
         return std::optional<KeyRecord>();
+    if (auto resolved =
+            resolveShared(**r, [this](const QByteArray &ref) { return readShared(ref); });
+        !resolved)
+        return resolved.error();
     return r;
 }
 
@@ -682,6 +742,12 @@ Result<qint64> SqliteStore::purgeExpired()
         if (n < 2000)
             break;
     }
+    // Shared content outlives every record naming it (claimBatch, finishBatch): past its own
+    // expiry none does.
+    IDEM_PREPARE(shared, "DELETE FROM idem_shared WHERE expires_at_ms <= ?1");
+    shared.bind(1, nowMs);
+    if (shared.step() != SQLITE_DONE)
+        return lastError("purge shared content");
     IDEM_PREPARE(old, "DELETE FROM idem_deliveries WHERE at_ms <= ?1");
     old.bind(1, nowMs - m_options.deliveryRetentionMs);
     if (old.step() != SQLITE_DONE)

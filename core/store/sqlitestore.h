@@ -62,8 +62,13 @@ private:
     Result<std::optional<KeyRecord>> readKey(const QString &key);
     Error lastError(const char *what) const;
     Result<void> fileInPlace() const;
-    // claim() but for a refusal's answer (answerUnwritten)
-    Result<ClaimResult> claimWritten(const ClaimRequest &request);
+    // claim() but for a refusal's answer (answerUnwritten); `sharedHeaders`: the record names
+    // the request's shared headers (StoredRequest::headersRef) instead of holding them.
+    Result<ClaimResult> claimWritten(const ClaimRequest &request, bool sharedHeaders);
+    // finish(); `sharedResult`: the record names the shared result (StoredResult::ref).
+    Result<FinishVerdict> finishWritten(const FinishRequest &request, bool sharedResult);
+    Result<void> writeShared(const QList<SharedContent> &shared);
+    Result<std::optional<QByteArray>> readShared(const QByteArray &ref);
     Error beginError(const char *what) const;
     Result<qint64> nextToken(qint64 currentToken);
     template<typename T, typename Request, typename Step>

@@ -16,6 +16,7 @@ enum class ErrorCode {
     Conflict,    // a transition refused by the state machine (wrong state, stale token)
     Unavailable, // the store could not be reached or answered with an error
     InDoubt,     // the store may or may not have applied the change: never retried blindly
+    TooLarge,    // over a configured bound (HTTP 413)
     Internal,
 };
 

@@ -961,7 +961,7 @@ private Q_SLOTS:
             const QString url = qEnvironmentVariable("IDEM_TEST_POSTGRES_URL");
             QCOMPARE(runTool(u"psql"_qs, {url, u"-v"_qs, u"ON_ERROR_STOP=1"_qs, u"-qc"_qs,
                                           u"BEGIN; ALTER TABLE idem_deliveries DROP COLUMN count;"
-                                          u" DELETE FROM idem_schema WHERE version = 3; "_qs +
+                                          u" DELETE FROM idem_schema WHERE version >= 3; "_qs +
                                               insert + u" COMMIT;"_qs}),
                      0);
             QVERIFY(!m_store->ready().ok()); // at version 2
@@ -1152,6 +1152,83 @@ private Q_SLOTS:
         QCOMPARE(name((*m_store->key(ep + u":b"_qs))->state), name(KeyState::Completed));
         QCOMPARE(name((*m_store->key(ep + u":busy"_qs))->state), name(KeyState::Processing));
         QCOMPARE(name(m_store->finishBatch(finishes)->at(0)), name(FinishVerdict::Repeated));
+    }
+
+    // A batch's request headers are kept once for all its records (StoredRequest::headersRef),
+    // and every read of a record has them again; a single claim keeps its own. Their name is
+    // their hash: a second batch under the same headers writes nothing new, and the first
+    // batch's records still read them.
+    void sharedHeadersAreReadWithEveryRecordOfTheBatch()
+    {
+        const QString ep = endpoint();
+        const HeaderList headers{{"Content-Type", "application/json"},
+                                 {"X-Padding", QByteArray(4000, 'p')},
+                                 {"X-Run", ep.toUtf8()}};
+        const QByteArray ref = sharedRef(headersJson(headers));
+        auto shared = [&](const QString &k) {
+            ClaimRequest r = request(ep, k);
+            r.request.headers = headers;
+            r.request.headersRef = ref;
+            return r;
+        };
+        auto claimed = m_store->claimBatch({shared(u"a"_qs), shared(u"b"_qs), shared(u"c"_qs)});
+        QVERIFY2(claimed.ok(), claimed.ok() ? "" : qPrintable(claimed.error().message));
+        QVERIFY(claimed->at(0).claimed() && claimed->at(2).claimed());
+        auto again = m_store->claimBatch({shared(u"d"_qs), shared(u"a"_qs)});
+        QVERIFY2(again.ok(), again.ok() ? "" : qPrintable(again.error().message));
+        QCOMPARE(name(again->at(1).decision.action), name(ClaimAction::InProgress));
+        for (const QString &k : {u"a"_qs, u"b"_qs, u"c"_qs, u"d"_qs}) {
+            auto stored = m_store->key(ep + u":"_qs + k);
+            QVERIFY2(stored.ok() && stored->has_value(), qPrintable(k));
+            QCOMPARE((*stored)->request.headers, headers);
+            QVERIFY((*stored)->request.headersRef.isEmpty());
+            QCOMPARE((*stored)->request.body, QByteArray("{\"a\":1}"));
+        }
+        // A single claim (an operator's retry of such a record) keeps the headers in its record.
+        ClaimRequest alone = shared(u"e"_qs);
+        alone.request.headers.append({QByteArray("X-Alone"), QByteArray("1")});
+        QVERIFY(claim(alone).claimed());
+        QCOMPARE((*m_store->key(ep + u":e"_qs))->request.headers, alone.request.headers);
+    }
+
+    // A batch's one answer is kept once for all its records (StoredResult::ref): every read of
+    // a record has it whole, a finish sent again is Repeated, and a failure replayed by a later
+    // batch comes back with its body.
+    void aSharedResultIsReadWithEveryRecordOfTheBatch()
+    {
+        const QString ep = endpoint();
+        QList<FinishRequest> finishes;
+        const StoredResult answer{500, {{"Content-Type", "text/plain"}, {"X-Run", ep.toUtf8()}},
+                                  QByteArray("failed\n\0binary\xff", 15)};
+        for (const QString &k : {u"a"_qs, u"b"_qs}) {
+            const ClaimResult c = claim(request(ep, k));
+            FinishRequest f;
+            f.key = c.record.key;
+            f.token = c.record.token;
+            f.state = KeyState::Failed;
+            f.result = answer;
+            f.result.ref = sharedRef(sharedResultContent(answer));
+            f.error = u"the downstream answered 500"_qs;
+            f.ttlMs = 3'600'000;
+            finishes << f;
+        }
+        auto verdicts = m_store->finishBatch(finishes);
+        QVERIFY2(verdicts.ok(), verdicts.ok() ? "" : qPrintable(verdicts.error().message));
+        QCOMPARE(name(verdicts->at(1)), name(FinishVerdict::Accept));
+        for (const QString &k : {u"a"_qs, u"b"_qs}) {
+            const KeyRecord r = **m_store->key(ep + u":"_qs + k);
+            QCOMPARE(r.result.status, 500);
+            QCOMPARE(r.result.headers, answer.headers);
+            QCOMPARE(r.result.body, answer.body);
+            QVERIFY(r.result.ref.isEmpty());
+        }
+        QCOMPARE(name(m_store->finishBatch(finishes)->at(0)), name(FinishVerdict::Repeated));
+        ClaimRequest replay = request(ep, u"a"_qs);
+        replay.policy.onFailed = OnFailed::Reject;
+        auto replayed = m_store->claimBatch({replay});
+        QVERIFY2(replayed.ok(), replayed.ok() ? "" : qPrintable(replayed.error().message));
+        QCOMPARE(name(replayed->at(0).decision.action), name(ClaimAction::Replay));
+        QCOMPARE(replayed->at(0).record.result.body, answer.body);
     }
 
     // Many connections racing for keys whose lease ran out, and for failed keys: each is taken

@@ -49,7 +49,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (key.kind == idem::KeyExtraction::Kind::Found)
         (void)idem::namespacedKey(e.name, key.key);
     if (p->isBatch())
-        (void)p->splitBatch(request);
+        (void)p->splitBatch(request, e.settings.maxBatchElements);
     (void)p->directAnswer(request);
     (void)p->note(request);
     return 0;

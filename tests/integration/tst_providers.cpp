@@ -417,10 +417,10 @@ private Q_SLOTS:
         m_down.setStatus(200);
         r = send(u"sendgrid"_qs, s);
         QCOMPARE(r.status, 200);
-        // The element without sg_event_id got a composite key.
+        // The element without sg_event_id got a key of its own: its canonical JSON's hash.
         KeyQuery q;
         q.endpoint = u"sendgrid"_qs;
-        q.glob = u"sendgrid:c-*"_qs;
+        q.glob = u"sendgrid:e-*"_qs;
         QCOMPARE(m_pool->run<QList<KeyRecord>>([&](IdempotencyStore &st) { return st.listKeys(q); })->size(), 1);
     }
 
@@ -458,6 +458,8 @@ private Q_SLOTS:
         QTest::newRow("key on stripe") << QByteArray("{\"name\": \"s\", \"provider\": \"stripe\", \"key\": {\"header\": \"X\"}}") << u"endpoints[0].key: only the generic"_qs;
         QTest::newRow("key header on github") << QByteArray("{\"name\": \"s\", \"provider\": \"github\", \"key\": {\"header\": \"X-GitHub-Delivery\"}}") << u"endpoints[0].key: a github key is read from the signed body"_qs;
         QTest::newRow("empty key on shopify") << QByteArray("{\"name\": \"s\", \"provider\": \"shopify\", \"key\": {}}") << u"endpoints[0].key: a shopify key is read from the signed body"_qs;
+        QTest::newRow("batch cap elsewhere") << QByteArray("{\"name\": \"s\", \"provider\": \"stripe\", \"max_batch_elements\": 10}") << u"endpoints[0].max_batch_elements: only batch providers (sendgrid)"_qs;
+        QTest::newRow("batch cap zero") << QByteArray("{\"name\": \"s\", \"provider\": \"sendgrid\", \"max_batch_elements\": 0}") << u"endpoints[0].max_batch_elements: must be an integer from 1 to 100000"_qs;
         QTest::newRow("signature header on github") << QByteArray("{\"name\": \"s\", \"provider\": \"github\", \"signature_header\": \"X\"}") << u"endpoints[0].signature_header: only the generic"_qs;
     }
     void providerConfigIsValidated()

@@ -124,6 +124,8 @@ private Q_SLOTS:
                                          << QStringLiteral("c.json: defaults.ttl_seconds: must be at least lease_seconds (60)");
         QTest::newRow("bad max response") << QByteArray("{\"defaults\": {\"max_response_bytes\": 0}}")
                                           << QStringLiteral("c.json: defaults.max_response_bytes: must be an integer");
+        QTest::newRow("batch cap too high") << QByteArray("{\"defaults\": {\"max_batch_elements\": 100001}}")
+                                            << QStringLiteral("c.json: defaults.max_batch_elements: must be an integer from 1 to 100000");
         QTest::newRow("empty secret") << QByteArray("{\"endpoints\": [{\"name\": \"a\", \"secret\": \"\"}]}") << QStringLiteral("c.json: endpoints[0].secret: must be a non-empty");
         QTest::newRow("budget under the largest body")
             << QByteArray(
@@ -180,7 +182,8 @@ private Q_SLOTS:
             " \"on_failed\": \"reject\", \"key\": {\"json_pointer\": \"/id\"}, \"simulate\": "
             "{\"delay_ms\": 5, \"fail_rate\": 0.5}},"
             " {\"name\": \"f\", \"forward_to\": \"http://127.0.0.1:1/x\", \"in_progress_status\": "
-            "202}]}";
+            "202}, {\"name\": \"sg\", \"provider\": \"sendgrid\", \"max_batch_elements\": 50},"
+            " {\"name\": \"gh\", \"provider\": \"github\", \"key\": {\"composite\": [\"\"]}}]}";
         auto first = Config::parse(json, QStringLiteral("a"));
         QVERIFY(first.ok());
         QVERIFY(!first->connections.idleTimeoutSeconds); // unset: the receiver's default
@@ -192,6 +195,9 @@ private Q_SLOTS:
         QCOMPARE(second->endpoint(u"o")->secrets.size(), 2);
         QCOMPARE(second->endpoint(u"o")->simulate.failRate, 0.5);
         QCOMPARE(second->endpoint(u"f")->settings.inProgressStatus, 202);
+        QCOMPARE(second->endpoint(u"sg")->settings.maxBatchElements, 50);
+        QCOMPARE(second->endpoint(u"f")->settings.maxBatchElements, 5000);
+        QCOMPARE(second->endpoint(u"gh")->key.composite, QStringList{QString()});
         QCOMPARE(second->metricsListen->toString(), u"127.0.0.1:9464"_qs);
         QVERIFY(!Config::builtin().metricsListen); // off by default
         QCOMPARE(second->listen.port, 9000);
