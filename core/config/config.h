@@ -79,7 +79,7 @@ struct ListenAddress
     QString toString() const;
 };
 
-// Limits of the webhook listener's connections (docs/security.md, "Resource limits"). Unset: the
+// Limits of the webhook listener's connections (docs/http.md#limits). Unset: the
 // receiver's defaults (HttpLimits), so what a test injects stays.
 struct ConnectionSettings
 {
