@@ -37,6 +37,9 @@
 --   P log                    stream  the delivery log (XADD MAXLEN ~), written by the desk
 --   P layout                 string  "4" once the records of an earlier layout were moved
 --   P migrating              string  held (SET NX PX) by the desk moving them
+--   P shared:<sha256>        string  what the events of one batch delivery share (its request's
+--                                    headers, the app's answer), named by the records instead of
+--                                    held; in no bucket, written first (shared.lua)
 -- No other per-record key. A token is max(Redis TIME in µs, the record's or tombstone's + 1).
 -- Every script's KEYS are the record's and its bucket's indexes: all in the record's slot.
 local TOKEN_GRACE_MS = 86400000

@@ -88,26 +88,48 @@ QString rewriteStoredHeaders(const QString &backend, const QString &url, const Q
             return QString::fromUtf8(e.what());
         }
     }
-    // Redis: the record's result field, "status\nheaders\nbody".
+    // Redis: the record's result field, "status\nheaders\nbody". On a cluster, the record is in
+    // the bucket the desk's cluster layout names, on the master a MOVED answer points to.
     const StoreUrl parsed = *StoreUrl::parse(url);
-    redisContext *c = redisConnect(parsed.host.toUtf8().constData(), parsed.port);
-    if (!c || c->err)
-        return u"redis: cannot connect"_qs;
+    const bool cluster = backend == u"cluster"_qs;
     const QByteArray db = parsed.database.isEmpty() ? QByteArray("0") : parsed.database.toUtf8();
-    const QByteArray rk = redis::Layout(parsed.prefix.toUtf8(), 1).record(key);
+    const QByteArray rk =
+        redis::Layout(parsed.prefix.toUtf8(), cluster ? redis::Layout::kClusterBuckets : 1)
+            .record(key);
     const QByteArray result = "200\n" + headersJsonText + '\n' + body;
-    const QList<QByteArray> select{"SELECT", db}, hset{"HSET", rk, "s", result};
-    QString error;
-    for (const QList<QByteArray> &command : {select, hset}) {
-        redis::Argv argv(command);
-        auto *reply = static_cast<redisReply *>(
-            redisCommandArgv(c, argv.count(), argv.argv.data(), argv.lengths.data()));
-        if (!reply || reply->type == REDIS_REPLY_ERROR)
-            error = u"redis: "_qs + (reply ? QString::fromUtf8(reply->str) : u"no reply"_qs);
-        freeReplyObject(reply);
+    QByteArray host = parsed.host.toUtf8();
+    int port = parsed.port;
+    for (int hop = 0; hop < 3; ++hop) {
+        redisContext *c = redisConnect(host.constData(), port);
+        if (!c || c->err) {
+            redisFree(c);
+            return u"redis: cannot connect to %1:%2"_qs.arg(QString::fromUtf8(host)).arg(port);
+        }
+        QList<QList<QByteArray>> commands;
+        if (!cluster)
+            commands.append({"SELECT", db});
+        commands.append({"HSET", rk, "s", result});
+        QString error;
+        QByteArray moved;
+        for (const QList<QByteArray> &command : commands) {
+            redis::Argv argv(command);
+            auto *reply = static_cast<redisReply *>(
+                redisCommandArgv(c, argv.count(), argv.argv.data(), argv.lengths.data()));
+            const QByteArray text = reply && reply->str ? QByteArray(reply->str) : QByteArray();
+            if (text.startsWith("MOVED "))
+                moved = text.split(' ').value(2); // MOVED <slot> <host>:<port>
+            else if (!reply || reply->type == REDIS_REPLY_ERROR)
+                error = u"redis: "_qs + (reply ? QString::fromUtf8(text) : u"no reply"_qs);
+            freeReplyObject(reply);
+        }
+        redisFree(c);
+        if (moved.isEmpty())
+            return error;
+        const qsizetype colon = moved.lastIndexOf(':');
+        host = moved.left(colon);
+        port = moved.mid(colon + 1).toInt();
     }
-    redisFree(c);
-    return error;
+    return u"redis: more than three MOVED answers"_qs;
 }
 
 // The header sections of the answers in `wire` (bytes read from one connection), each checked
@@ -571,6 +593,7 @@ private Q_SLOTS:
         QTest::addColumn<QString>("backend");
         QTest::newRow("sqlite") << u"sqlite"_qs;
         QTest::newRow("redis") << u"redis"_qs;
+        QTest::newRow("cluster") << u"cluster"_qs;
         QTest::newRow("postgres") << u"postgres"_qs;
     }
     void aStoredResultCannotSplitTheAnswer()
@@ -579,12 +602,15 @@ private Q_SLOTS:
         // shared Redis or PostgreSQL holds whatever anyone wrote) with fields that would end the
         // answer early: a Set-Cookie and a second answer of the attacker's on the connection.
         QFETCH(QString, backend);
+        const char *variable = backend == u"redis"_qs     ? "IDEM_TEST_REDIS_URL"
+                               : backend == u"cluster"_qs ? "IDEM_TEST_REDIS_CLUSTER_URL"
+                                                          : "IDEM_TEST_POSTGRES_URL";
         const QString url = backend == u"sqlite"_qs
                                 ? u"sqlite:"_qs + m_dir.filePath(u"split.db"_qs)
-                                : qEnvironmentVariable(backend == u"redis"_qs ? "IDEM_TEST_REDIS_URL"
-                                                                              : "IDEM_TEST_POSTGRES_URL");
+                                : qEnvironmentVariable(variable);
         if (url.isEmpty())
-            QFAIL("IDEM_TEST_REDIS_URL / IDEM_TEST_POSTGRES_URL are not set: run through ./dev test");
+            QFAIL(qPrintable(QString::fromLatin1(variable) +
+                             u" is not set: run through ./dev test"_qs));
         auto pool = openStorePool(url);
         QVERIFY2(pool.ok(), pool.ok() ? "" : qPrintable(pool.error().message));
         auto config = Config::parse(R"({"endpoints": [{"name": "split"}]})", u"split"_qs);
