@@ -196,7 +196,10 @@ void DeliveriesModel::applyFolds()
     std::stable_sort(folds.begin(), folds.end(), [](const auto &a, const auto &b) {
         return a.second.lastArrivedMs < b.second.lastArrivedMs;
     });
-    for (const auto &[key, fold] : folds) {
+    for (const auto &entry : folds) {
+        // Named, not a structured binding: clang 14 (the fuzz build) cannot capture one.
+        const auto &key = entry.first;
+        const auto &fold = entry.second;
         // A folded row has no key of its own: the rejections it counts stored nothing.
         DeliveryEvent shown = fold.last;
         shown.key.clear();
