@@ -3,6 +3,7 @@
 #include "http/blockingclient.h"
 #include "metrics/metrics.h"
 #include "receiver/receiver.h"
+#include "store/rediscluster.h"
 #include "store/redisprotocol.h"
 #include "store/storefactory.h"
 #include "store/storeurl.h"
@@ -88,48 +89,42 @@ QString rewriteStoredHeaders(const QString &backend, const QString &url, const Q
             return QString::fromUtf8(e.what());
         }
     }
-    // Redis: the record's result field, "status\nheaders\nbody". On a cluster, the record is in
-    // the bucket the desk's cluster layout names, on the master a MOVED answer points to.
+    // Redis: the record's result field, "status\nheaders\nbody". On a cluster the record is in
+    // the bucket the desk's cluster layout names, written through the desk's own slot routing.
     const StoreUrl parsed = *StoreUrl::parse(url);
     const bool cluster = backend == u"cluster"_qs;
-    const QByteArray db = parsed.database.isEmpty() ? QByteArray("0") : parsed.database.toUtf8();
     const QByteArray rk =
         redis::Layout(parsed.prefix.toUtf8(), cluster ? redis::Layout::kClusterBuckets : 1)
             .record(key);
-    const QByteArray result = "200\n" + headersJsonText + '\n' + body;
-    QByteArray host = parsed.host.toUtf8();
-    int port = parsed.port;
-    for (int hop = 0; hop < 3; ++hop) {
-        redisContext *c = redisConnect(host.constData(), port);
-        if (!c || c->err) {
-            redisFree(c);
-            return u"redis: cannot connect to %1:%2"_qs.arg(QString::fromUtf8(host)).arg(port);
-        }
-        QList<QList<QByteArray>> commands;
-        if (!cluster)
-            commands.append({"SELECT", db});
-        commands.append({"HSET", rk, "s", result});
-        QString error;
-        QByteArray moved;
-        for (const QList<QByteArray> &command : commands) {
-            redis::Argv argv(command);
-            auto *reply = static_cast<redisReply *>(
-                redisCommandArgv(c, argv.count(), argv.argv.data(), argv.lengths.data()));
-            const QByteArray text = reply && reply->str ? QByteArray(reply->str) : QByteArray();
-            if (text.startsWith("MOVED "))
-                moved = text.split(' ').value(2); // MOVED <slot> <host>:<port>
-            else if (!reply || reply->type == REDIS_REPLY_ERROR)
-                error = u"redis: "_qs + (reply ? QString::fromUtf8(text) : u"no reply"_qs);
-            freeReplyObject(reply);
-        }
-        redisFree(c);
-        if (moved.isEmpty())
-            return error;
-        const qsizetype colon = moved.lastIndexOf(':');
-        host = moved.left(colon);
-        port = moved.mid(colon + 1).toInt();
+    const QList<QByteArray> hset{"HSET", rk, "s", "200\n" + headersJsonText + '\n' + body};
+    auto failed = [](const redisReply *reply) {
+        return !reply || reply->type == REDIS_REPLY_ERROR
+                   ? u"redis: "_qs + (reply ? QString::fromUtf8(reply->str) : u"no reply"_qs)
+                   : QString();
+    };
+    if (cluster) {
+        QList<redis::ClusterNode> seeds;
+        for (const auto &[host, port] : parsed.clusterSeeds)
+            seeds.append({host.toUtf8(), port});
+        auto written = redis::ClusterLinks(seeds, 2000, 3000, {}).command(hset, true);
+        return written ? failed(written->get()) : written.error().message;
     }
-    return u"redis: more than three MOVED answers"_qs;
+    redisContext *c = redisConnect(parsed.host.toUtf8().constData(), parsed.port);
+    if (!c || c->err)
+        return u"redis: cannot connect"_qs;
+    const QByteArray db = parsed.database.isEmpty() ? QByteArray("0") : parsed.database.toUtf8();
+    const QList<QByteArray> select{"SELECT", db};
+    QString error;
+    for (const QList<QByteArray> &command : {select, hset}) {
+        redis::Argv argv(command);
+        auto *reply = static_cast<redisReply *>(
+            redisCommandArgv(c, argv.count(), argv.argv.data(), argv.lengths.data()));
+        if (const QString e = failed(reply); !e.isEmpty())
+            error = e;
+        freeReplyObject(reply);
+    }
+    redisFree(c);
+    return error;
 }
 
 // The header sections of the answers in `wire` (bytes read from one connection), each checked
