@@ -53,10 +53,12 @@ HttpResponse storeUnavailable(const QString & /*why*/)
 }
 
 // Processed, but the result could not be recorded: the key is recovered after its lease.
+// A 504, not a 503: a 503 promises that nothing ran (docs/http.md), and this event did; the sender
+// hears it as it hears a run cut at its deadline: the app may have acted, send it again.
 HttpResponse resultNotRecorded(const QString & /*why: the delivery log's*/)
 {
     HttpResponse r = HttpResponse::problem(
-        503, u"Result not recorded"_qs,
+        504, u"Result not recorded"_qs,
         u"the event was processed but the store did not record the result; it will be recovered after the lease"_qs);
     r.setHeader("Retry-After", "5");
     return r;

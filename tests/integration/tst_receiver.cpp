@@ -8,6 +8,7 @@
 #include "store/storefactory.h"
 #include "support/desk.h"
 #include "support/downstream.h"
+#include "support/faultproxy.h"
 #include "support/names.h"
 #include "util/clock.h"
 
@@ -422,6 +423,51 @@ private Q_SLOTS:
         QCOMPARE(k.result.body, recovered.body); // the newer worker's result stands
         QCOMPARE(deliver(second.port, key).header("Idempotency-Outcome"), QByteArray("replayed"));
         QCOMPARE(deliver(first.port, key).body, recovered.body);
+        QCOMPARE(down.count("orders:" + key), 2);
+    }
+
+    // A 503 always means that nothing ran: an event the app processed whose result the store
+    // would not take until the lease ended is answered 504, and the key is processed again once
+    // the lease is over. The store is cut (every connection reset) while the app is at it.
+    void aProcessedEventWhoseResultIsNotRecordedIsNeverAnswered503_data()
+    {
+        QTest::addColumn<QString>("store");
+        QTest::newRow("redis") << u"IDEM_TEST_REDIS_URL"_qs;
+        QTest::newRow("postgres") << u"IDEM_TEST_POSTGRES_URL"_qs;
+    }
+    void aProcessedEventWhoseResultIsNotRecordedIsNeverAnswered503()
+    {
+        QFETCH(QString, store);
+        const QString direct = storeUrl(store);
+        QVERIFY2(!direct.isEmpty(), "IDEM_TEST_REDIS_URL / IDEM_TEST_POSTGRES_URL are not set: run through ./dev test");
+        QUrl url(direct);
+        FaultProxy proxy(quint16(url.port()));
+        url.setPort(proxy.port());
+        CountingDownstream down;
+        Desk desk = start(forwardTo(down, ", \"lease_seconds\": 3, \"forward_timeout_seconds\": 1"),
+                          url.toString());
+        const QByteArray key = "NR-" + m_run;
+
+        down.closeGate();
+        ClientResponse answer;
+        std::jthread sender([&] { answer = deliver(desk.port, key); });
+        QTRY_COMPARE(down.count("orders:" + key), 1);
+        proxy.setMode(FaultProxy::Mode::Reset); // the store is gone while the app works
+        down.openGate();
+        sender.join();
+        QCOMPARE(answer.status, 504);
+        QVERIFY2(answer.body.contains("Result not recorded"), answer.body.constData());
+        QVERIFY(!answer.header("Retry-After").isEmpty());
+        QCOMPARE(down.count("orders:" + key), 1);
+
+        // The store back, the key is the lease's: processed again once the lease is over.
+        proxy.setMode(FaultProxy::Mode::Pass);
+        const KeyRecord left = *record(desk, u"orders:"_qs + QString::fromLatin1(key));
+        QCOMPARE(name(left.state), name(KeyState::Processing));
+        QTRY_VERIFY_WITH_TIMEOUT(wallMs() > left.leaseUntilMs, 10000);
+        const ClientResponse again = deliver(desk.port, key);
+        QCOMPARE(again.status, 200);
+        QCOMPARE(again.header("Idempotency-Outcome"), QByteArray("recovered"));
         QCOMPARE(down.count("orders:" + key), 2);
     }
 
