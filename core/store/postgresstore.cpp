@@ -244,13 +244,16 @@ Result<std::unique_ptr<PostgresStore>> PostgresStore::connect(const StoreUrl &ur
                            " AND expires_at_ms <= idem_now_ms()");
         c.prepare("purge_deliveries", "DELETE FROM idem_deliveries WHERE at_ms <= idem_now_ms() - $1");
         // A batch's shared content: written in its records' transaction, kept past every record
-        // naming it. Batches whose app answered alike share a row: it is moved (and locked) only
-        // once its grace is used up, not by every batch. A purge waiting on a row being moved
-        // checks its new expiry.
+        // naming it. The row found or written is held (FOR KEY SHARE: batches do not wait on
+        // one another, a purge's DELETE waits) until the records are committed; a purge that
+        // took it first leaves no row to hold, and it is written again. Batches whose app
+        // answered alike share a row: it is moved only once its grace is used up.
         c.prepare("share", "INSERT INTO idem_shared (sha256, content, expires_at_ms)"
                            " VALUES ($1, $2, idem_now_ms() + $3) ON CONFLICT (sha256) DO NOTHING");
+        c.prepare("share_hold", "SELECT expires_at_ms < idem_now_ms() + $2 FROM idem_shared"
+                                " WHERE sha256 = $1 FOR KEY SHARE");
         c.prepare("share_longer", "UPDATE idem_shared SET expires_at_ms = idem_now_ms() + $2"
-                                  " WHERE sha256 = $1 AND expires_at_ms < idem_now_ms() + $3");
+                                  " WHERE sha256 = $1");
         c.prepare("shared", "SELECT content FROM idem_shared WHERE sha256 = $1");
         c.prepare("purge_shared", "DELETE FROM idem_shared WHERE expires_at_ms <= idem_now_ms()");
         c.prepare("count", "SELECT state, count(*) FROM idem_keys WHERE expires_at_ms > idem_now_ms()"
@@ -436,8 +439,16 @@ Result<QList<ClaimResult>> PostgresStore::claimBatch(const QList<ClaimRequest> &
 void PostgresStore::share(pqxx::transaction_base &t, const QList<SharedContent> &shared)
 {
     for (const SharedContent &c : shared) {
-        t.exec_prepared("share", s(c.ref), bin(c.content), c.ttlMs);
-        t.exec_prepared("share_longer", s(c.ref), c.ttlMs, c.ttlMs - kSharedGraceMs);
+        for (;;) {
+            t.exec_prepared("share", s(c.ref), bin(c.content), c.ttlMs);
+            const pqxx::result held =
+                t.exec_prepared("share_hold", s(c.ref), c.ttlMs - kSharedGraceMs);
+            if (held.empty())
+                continue; // purged between the two: written again
+            if (held[0][0].as<bool>())
+                t.exec_prepared("share_longer", s(c.ref), c.ttlMs);
+            break;
+        }
     }
 }
 

@@ -1728,6 +1728,80 @@ private Q_SLOTS:
         QCOMPARE(name((*kept)->state), name(KeyState::Processing));
     }
 
+    // A batch's shared content outlives every record naming it, even when PostgreSQL's purge
+    // takes the expired row while the batch writes it: the batch sees the row, the purge
+    // (holding it here, as a slow purge would) deletes it, and the batch's records must still
+    // find their headers.
+    void postgresPurgeCannotTakeSharedContentABatchNames()
+    {
+        const QString url = qEnvironmentVariable("IDEM_TEST_POSTGRES_URL");
+        auto pool = openStorePool(url, 2);
+        QVERIFY2(pool.ok(), pool.ok() ? "" : qPrintable(pool.error().message));
+        const QString ep = u"sharedpurge%1"_qs.arg(QString::fromLatin1(g_run));
+        const HeaderList headers{{"Content-Type", "application/json"}, {"X-Run", ep.toUtf8()}};
+        const QByteArray ref = sharedRef(headersJson(headers));
+        auto batchOf = [&](const QString &k) {
+            ClaimRequest r;
+            r.key = ep + u":"_qs + k;
+            r.endpoint = ep;
+            r.provider = u"sendgrid"_qs;
+            r.fingerprint = "f" + k.toUtf8();
+            r.policy.ttlMs = 600'000;
+            r.policy.leaseMs = 60'000;
+            r.request.body = "{}";
+            r.request.headers = headers;
+            r.request.headersRef = ref;
+            return QList<ClaimRequest>{r};
+        };
+        auto claimBatch = [&](const QString &k) {
+            return (*pool)->run<QList<ClaimResult>>(
+                [&](IdempotencyStore &s) { return s.claimBatch(batchOf(k)); });
+        };
+        QVERIFY(claimBatch(u"a"_qs));
+        pqxx::connection purging(url.toStdString()), watching(url.toStdString());
+        {
+            pqxx::nontransaction n(watching);
+            n.exec_params("UPDATE idem_shared SET expires_at_ms = idem_now_ms() - 1"
+                          " WHERE sha256 = $1",
+                          ref.toStdString());
+        }
+        pqxx::work purge(purging);
+        QCOMPARE(purge.exec_params("SELECT 1 FROM idem_shared WHERE sha256 = $1 FOR UPDATE",
+                                   ref.toStdString())
+                     .size(),
+                 1);
+        auto second = std::async(std::launch::async, [&] { return claimBatch(u"b"_qs); });
+        // The batch has found the row and waits for it.
+        QVERIFY(QTest::qWaitFor(
+            [&] {
+                pqxx::nontransaction n(watching);
+                return n.exec("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type ="
+                              " 'Lock' AND query LIKE '%idem_shared%'")[0][0]
+                           .as<int>() > 0;
+            },
+            10'000));
+        purge.exec_params("DELETE FROM idem_shared WHERE sha256 = $1 AND expires_at_ms <="
+                          " idem_now_ms()",
+                          ref.toStdString());
+        purge.commit();
+        const auto claimed = second.get();
+        QVERIFY2(claimed.ok(), claimed.ok() ? "" : qPrintable(claimed.error().message));
+        QVERIFY(claimed->first().claimed());
+        {
+            pqxx::nontransaction n(watching);
+            QCOMPARE(n.exec_params("SELECT count(*) FROM idem_shared WHERE sha256 = $1 AND"
+                                   " expires_at_ms > idem_now_ms() + 600000",
+                                   ref.toStdString())[0][0]
+                         .as<int>(),
+                     1);
+        }
+        const auto stored = (*pool)->run<std::optional<KeyRecord>>(
+            [&](IdempotencyStore &s) { return s.key(ep + u":b"_qs); });
+        QVERIFY2(stored.ok() && stored->has_value(),
+                 stored.ok() ? "absent" : qPrintable(stored.error().message));
+        QCOMPARE((*stored)->request.headers, headers);
+    }
+
     // ?wait_replicas=N: a claim or finish that N replicas did not acknowledge is refused (503),
     // so a failover cannot lose a claim whose event then ran. The refused claim's key is listed
     // all the same (it is in the store, processing until its lease ends).
