@@ -1044,7 +1044,11 @@ void MainWindow::exportTo(const QString &path, const QStringList &keys)
                 tr("Exported %1 to %2.").arg(countOf(report->written, u"key", u"keys"), path);
             if (!report->missing.isEmpty())
                 message += tr(" Gone meanwhile: %1.").arg(report->missing.join(u", "_qs));
-            finishAction(message, report->missing.isEmpty());
+            if (!report->incomplete.isEmpty())
+                message += tr(" Not exported, as the store no longer has the shared content "
+                              "they name: %1.")
+                               .arg(report->incomplete.join(u"; "_qs));
+            finishAction(message, report->missing.isEmpty() && report->incomplete.isEmpty());
         });
 }
 

@@ -194,9 +194,20 @@ int show(const QStringList &arguments)
     QList<DeliveryEvent> events = timeline ? *timeline : QList<DeliveryEvent>();
     std::reverse(events.begin(), events.end()); // oldest first
     const HeaderList requestHeaders = maskSecrets(r.request.headers);
+    // Shown all the same, with what is missing said (and the exit status saying it too).
+    const QString lost = lostSharedContent(r);
+    auto done = [&] {
+        if (lost.isEmpty())
+            return ExitOk;
+        printError(u"%1: %2 named shared content the store no longer has, so it is not shown"_qs
+                       .arg(escapeControls(key), lost));
+        return ExitRuntime;
+    };
 
     if (parser.isSet(u"json"_qs)) {
         QJsonObject o = summaryJson(r, now);
+        if (!lost.isEmpty())
+            o.insert(u"lost"_qs, lost);
         o.insert(u"request"_qs, QJsonObject{{u"method"_qs, QString::fromLatin1(r.request.method)},
                                             {u"path"_qs, QString::fromUtf8(r.request.path)},
                                             {u"headers"_qs, headersToJson(requestHeaders)},
@@ -214,7 +225,7 @@ int show(const QStringList &arguments)
         }
         o.insert(u"deliveries"_qs, deliveries);
         printOut(QString::fromUtf8(QJsonDocument(o).toJson(QJsonDocument::Indented)));
-        return ExitOk;
+        return done();
     }
 
     QString out;
@@ -236,6 +247,8 @@ int show(const QStringList &arguments)
     line(u"updated"_qs, formatTime(r.updatedMs));
     if (!r.error.isEmpty())
         line(u"error"_qs, r.error);
+    if (!lost.isEmpty())
+        line(u"lost"_qs, lost + u" (the shared content it names is no longer in the store)"_qs);
     out += u"\nrequest      %1 %2\n"_qs.arg(QString::fromLatin1(r.request.method), QString::fromUtf8(r.request.path));
     for (const auto &[n, v] : requestHeaders)
         out += u"  %1: %2\n"_qs.arg(QString::fromLatin1(n), QString::fromUtf8(v));
@@ -264,7 +277,7 @@ int show(const QStringList &arguments)
     if (events.isEmpty())
         out += u"  (none logged)\n"_qs;
     printOut(out);
-    return ExitOk;
+    return done();
 }
 
 // reset / delete: one operator transition per key.

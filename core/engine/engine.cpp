@@ -941,6 +941,12 @@ void IdempotencyEngine::retryKey(const QString &key, bool force,
             if (!existing->has_value())
                 return makeError(ErrorCode::NotFound, u"no key %1"_qs.arg(key));
             const KeyRecord &record = **existing;
+            // (A lost result does not matter here: the run writes a new one.)
+            if (!record.request.headersRef.isEmpty())
+                return makeError(ErrorCode::Invalid,
+                                 u"%1 cannot be retried: its request headers are shared content "
+                                 u"the store no longer has, and the app would get a request "
+                                 u"without them"_qs.arg(key));
             if (!policies.contains(record.endpoint))
                 return makeError(ErrorCode::NotFound,
                                  u"%1: endpoint \"%2\" is not in the config, so its processor is unknown"_qs

@@ -151,6 +151,16 @@ QByteArray sharedRef(const QByteArray &content)
     return QCryptographicHash::hash(content, QCryptographicHash::Sha256).toHex();
 }
 
+QString lostSharedContent(const KeyRecord &record)
+{
+    QStringList lost;
+    if (!record.request.headersRef.isEmpty())
+        lost << u"its request headers"_qs;
+    if (!record.result.ref.isEmpty())
+        lost << u"its result"_qs;
+    return lost.join(u" and "_qs);
+}
+
 namespace {
 
 QByteArray sharedName(const QByteArray &ref)

@@ -127,6 +127,11 @@ QByteArray storedResultHeadersJson(const StoredResult &result, bool shared);
 void readStoredResult(StoredResult &result, const QByteArray &headersText, QByteArray body);
 // `result` filled in from its shared content (sharedResultContent()), its ref cleared.
 void fillSharedResult(StoredResult &result, const QByteArray &content);
+// What of a record read from a store is missing because the shared content it names is not in
+// the store any more (a ref left unresolved): "its request headers", "its result", both joined
+// by "and", or empty when the record is whole. Such a record is not exported, shown as whole or
+// retried: its headers or its answer would be made up.
+QString lostSharedContent(const KeyRecord &record);
 
 // A record keeps its first history entry (how it started) and the newest ones, up to this many.
 constexpr int kHistoryCap = 64;

@@ -261,6 +261,10 @@ Result<ExportReport> exportKeys(IdempotencyStore &store, const KeyQuery &filter,
         if (!named && ((filter.state && r.state != *filter.state) ||
                        (!filter.endpoint.isEmpty() && r.endpoint != filter.endpoint)))
             continue; // left the filter since it was listed
+        if (const QString lost = lostSharedContent(r); !lost.isEmpty()) {
+            report.incomplete << u"%1: %2"_qs.arg(r.key, lost);
+            continue;
+        }
         QList<DeliveryEvent> newestFirst;
         if (byKey) {
             newestFirst = byKey->value(r.key);

@@ -37,6 +37,9 @@ struct ExportReport
 {
     qint64 written = 0;
     QStringList missing; // keys named that the store does not hold (or no longer)
+    // "<key>: <lostSharedContent()>": records not written, as the shared content they name is
+    // no longer in the store (the line would carry made-up headers or an empty answer)
+    QStringList incomplete;
 };
 // Exports the `keys` named (or, when empty, every key the filter matches; offset and limit are
 // ignored), each with its newest kTimelineCap deliveries, handing each line to `write`. The set

@@ -252,6 +252,33 @@ private:
         return [cli] { runTool(u"redis-cli"_qs, cli + QStringList{u"0"_qs}); };
     }
 
+    // Removes a batch's shared content from the store behind its back, as an operator's
+    // DELETE, a lost Redis key or a purge racing a batch would.
+    bool dropShared(const QByteArray &ref)
+    {
+        if (g_backend == u"sqlite"_qs) {
+            sqlite3 *db = dynamic_cast<SqliteStore &>(*m_store).handle();
+            const QByteArray sql = "DELETE FROM idem_shared WHERE sha256 = '" + ref + "'";
+            return sqlite3_exec(db, sql.constData(), nullptr, nullptr, nullptr) == SQLITE_OK &&
+                   sqlite3_changes(db) == 1;
+        }
+        if (g_backend == u"postgres"_qs)
+            return runTool(u"psql"_qs, {qEnvironmentVariable("IDEM_TEST_POSTGRES_URL"),
+                                        u"-v"_qs, u"ON_ERROR_STOP=1"_qs, u"-qc"_qs,
+                                        u"DELETE FROM idem_shared WHERE sha256 = '%1'"_qs.arg(
+                                            QString::fromLatin1(ref))}) == 0;
+        // Redis, or a cluster's first node (redis-cli -c follows MOVED to the key's node).
+        const QString url = qEnvironmentVariable(g_backend == u"cluster"_qs
+                                                     ? "IDEM_TEST_REDIS_CLUSTER_URL"
+                                                     : "IDEM_TEST_REDIS_URL");
+        const QString node = url.section(u"://"_qs, 1).section(u',', 0, 0).section(u'/', 0, 0);
+        QProcess cli;
+        cli.start(u"redis-cli"_qs, {u"-c"_qs, u"-h"_qs, node.section(u':', 0, 0), u"-p"_qs,
+                                    node.section(u':', 1), u"DEL"_qs,
+                                    u"idem:shared:"_qs + QString::fromLatin1(ref)});
+        return cli.waitForFinished(20'000) && cli.readAllStandardOutput().trimmed() == "1";
+    }
+
 private Q_SLOTS:
     void initTestCase()
     {
@@ -1229,6 +1256,58 @@ private Q_SLOTS:
         QVERIFY2(replayed.ok(), replayed.ok() ? "" : qPrintable(replayed.error().message));
         QCOMPARE(name(replayed->at(0).decision.action), name(ClaimAction::Replay));
         QCOMPARE(replayed->at(0).record.result.body, answer.body);
+    }
+
+    // A record whose shared content is gone from the store reads with the ref it names left
+    // unresolved, says what it lost, and is not exported as if it were whole: the export
+    // names it and writes the records that are whole.
+    void aRecordWhoseSharedContentIsGoneIsNotExportedAsWhole()
+    {
+        const QString ep = endpoint();
+        const HeaderList headers{{"Content-Type", "application/json"}, {"X-Run", ep.toUtf8()}};
+        const QByteArray headersRef = sharedRef(headersJson(headers));
+        QList<ClaimRequest> batch;
+        for (const QString &k : {u"a"_qs, u"b"_qs}) {
+            ClaimRequest r = request(ep, k);
+            r.request.headers = headers;
+            r.request.headersRef = headersRef;
+            batch << r;
+        }
+        auto claimed = m_store->claimBatch(batch);
+        QVERIFY2(claimed.ok(), claimed.ok() ? "" : qPrintable(claimed.error().message));
+        const StoredResult answer{200, {{"X-Run", ep.toUtf8()}}, "ok"};
+        FinishRequest f;
+        f.key = ep + u":a"_qs;
+        f.token = claimed->at(0).record.token;
+        f.state = KeyState::Completed;
+        f.result = answer;
+        f.result.ref = sharedRef(sharedResultContent(answer));
+        f.ttlMs = 3'600'000;
+        QCOMPARE(name(m_store->finishBatch({f})->at(0)), name(FinishVerdict::Accept));
+        QVERIFY(claim(request(ep, u"whole"_qs)).claimed());
+        QVERIFY(dropShared(headersRef));
+        QVERIFY(dropShared(f.result.ref));
+
+        auto fresh = m_factory(); // reads nothing remembered from the batch
+        QVERIFY2(fresh.ok(), fresh.ok() ? "" : qPrintable(fresh.error().message));
+        const KeyRecord a = **(*fresh)->key(ep + u":a"_qs);
+        QCOMPARE(lostSharedContent(a), u"its request headers and its result"_qs);
+        QCOMPARE(lostSharedContent(**(*fresh)->key(ep + u":b"_qs)), u"its request headers"_qs);
+        QCOMPARE(lostSharedContent(**(*fresh)->key(ep + u":whole"_qs)), QString());
+
+        KeyQuery filter;
+        filter.endpoint = ep;
+        QStringList written;
+        auto report = exportKeys(**fresh, filter, {}, [&](const QByteArray &line) {
+            written << QJsonDocument::fromJson(line)[u"record"_qs][u"key"_qs].toString();
+        });
+        QVERIFY2(report.ok(), report.ok() ? "" : qPrintable(report.error().message));
+        QCOMPARE(written, QStringList{ep + u":whole"_qs});
+        QCOMPARE(report->written, 1);
+        QStringList incomplete = report->incomplete;
+        incomplete.sort();
+        QCOMPARE(incomplete, (QStringList{ep + u":a: its request headers and its result"_qs,
+                                          ep + u":b: its request headers"_qs}));
     }
 
     // Many connections racing for keys whose lease ran out, and for failed keys: each is taken

@@ -627,6 +627,55 @@ private Q_SLOTS:
             QCOMPARE(idemdesk(QStringList{u"keys"_qs, u"delete"_qs, key} + into).rc, 0);
     }
 
+    // A batch's records whose shared content is gone from the store: show says what is lost,
+    // export leaves them out and fails, retry refuses to make up their headers; each exits 1.
+    void recordsMissingTheirSharedContentFailClearly()
+    {
+        const QString run = QString::number(QRandomGenerator::global()->bounded(1u << 30), 36);
+        const QString db = m_dir.filePath(run + u"-shared.db"_qs);
+        const QString config = writeFile(
+            m_dir, run + u"-shared.json"_qs,
+            "{\"store\": \"sqlite:" + db.toUtf8() +
+                "\", \"endpoints\": [{\"name\": \"sg\", \"provider\": \"sendgrid\"}]}");
+        quint16 port = 0;
+        QByteArray err;
+        auto serve = idem::test::startServe(QStringLiteral(IDEMDESK_BIN), {u"--config"_qs, config},
+                                            port, &err);
+        QVERIFY2(port, err.constData());
+        QCOMPARE(post(port, "/hooks/sg",
+                      "[{\"event\":\"open\",\"sg_event_id\":\"x1\",\"timestamp\":1},"
+                      "{\"event\":\"open\",\"sg_event_id\":\"x2\",\"timestamp\":1}]")
+                     .status,
+                 200);
+        ::kill(pid_t(serve->processId()), SIGTERM);
+        QVERIFY(serve->waitForFinished(15000));
+        QVERIFY2(idemdesk({u"keys"_qs, u"show"_qs, u"sg:x1"_qs, u"--config"_qs, config}).rc == 0,
+                 "the record reads whole while its shared content is there");
+        sqlite3 *handle = nullptr;
+        QCOMPARE(sqlite3_open(QFile::encodeName(db).constData(), &handle), SQLITE_OK);
+        QCOMPARE(sqlite3_exec(handle, "DELETE FROM idem_shared", nullptr, nullptr, nullptr),
+                 SQLITE_OK);
+        QVERIFY(sqlite3_changes(handle) >= 1);
+        sqlite3_close(handle);
+
+        Run r = idemdesk({u"keys"_qs, u"show"_qs, u"sg:x1"_qs, u"--config"_qs, config});
+        QCOMPARE(r.rc, 1);
+        QVERIFY2(r.out.contains("lost") && r.out.contains("its request headers"), r.out.constData());
+        QVERIFY2(r.err.contains("named shared content the store no longer has"), r.err.constData());
+        r = idemdesk({u"keys"_qs, u"show"_qs, u"sg:x1"_qs, u"--json"_qs, u"--config"_qs, config});
+        QCOMPARE(r.rc, 1);
+        QVERIFY2(QJsonDocument::fromJson(r.out)[u"lost"_qs].toString().contains(u"request headers"_qs),
+                 r.out.constData());
+        const QString file = m_dir.filePath(run + u"-shared.jsonl"_qs);
+        r = idemdesk({u"keys"_qs, u"export"_qs, u"--output"_qs, file, u"--config"_qs, config});
+        QCOMPARE(r.rc, 1);
+        QVERIFY2(r.err.contains("not exported: sg:x1: its request headers"), r.err.constData());
+        QVERIFY2(r.err.contains("not exported: sg:x2: its request headers"), r.err.constData());
+        r = idemdesk({u"keys"_qs, u"retry"_qs, u"sg:x1"_qs, u"--force"_qs, u"--config"_qs, config});
+        QCOMPARE(r.rc, 1);
+        QVERIFY2(r.err.contains("cannot be retried"), r.err.constData());
+    }
+
     void anExportIsForItsOwnerAloneAndWritesThroughNoLink()
     {
         // The export holds every stored request and result: 0600 like the store, new or
