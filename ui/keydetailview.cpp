@@ -221,8 +221,8 @@ void KeyDetailView::showKey(const KeyRecord &r, const QList<DeliveryEvent> &newe
         summary += tr("<br><b>last error</b> (before it was %2): %1")
                        .arg(richTextEscaped(r.error), toString(r.state));
     if (const QString lost = lostSharedContent(r); !lost.isEmpty())
-        summary += tr("<br><span style='color:%2'><b>lost:</b> %1: the shared content it names "
-                      "is no longer in the store</span>")
+        summary += tr("<br><span style='color:%2'><b>lost:</b> %1, kept as shared content "
+                      "the store no longer has</span>")
                        .arg(lost, failed);
     m_summary->setText(summary);
 
