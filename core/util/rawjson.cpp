@@ -7,7 +7,6 @@
 #include <QVarLengthArray>
 
 #include <algorithm>
-#include <limits>
 #include <string_view>
 
 namespace idem {
@@ -254,7 +253,7 @@ private:
 
 Result<QList<RawJsonObject>> rawJsonObjects(QByteArrayView json, QByteArrayView idMember)
 {
-    if (json.size() > std::numeric_limits<qint32>::max() / 2)
+    if (json.size() > qsizetype(1) << 30) // max_body_bytes' bound: every offset fits 32 bits
         return makeError(ErrorCode::TooLarge, u"the JSON body is over 1 GiB"_qs);
     const qsizetype base = json.startsWith("\xEF\xBB\xBF") ? 3 : 0;
     const QByteArrayView text = json.sliced(base);
