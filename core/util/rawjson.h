@@ -16,8 +16,8 @@ struct RawJsonObject
     // as QJsonDocument::Compact escapes them, each number's text as written. The same object
     // sent with its members in another order or spaced otherwise has the same form; objects that
     // differ in any value, a digit of a number past 2^53 included, have different ones. For an
-    // object whose numbers are integers written plainly below 2^63, it is QJsonDocument's
-    // compact form byte for byte.
+    // object whose numbers are all integers within 64 bits, written without fraction, exponent
+    // or "-0", it is QJsonDocument's compact form byte for byte.
     QByteArray canonical;
     // Its top-level member named as rawJsonObjects' `idMember`: a string (decoded), a number (its
     // text as written) or a boolean ("true", "false"); empty for anything else or none.
