@@ -706,8 +706,8 @@ void IdempotencyEngine::summariseRejections(bool all)
 
 // SendGrid-style batches (docs/http.md#sendgrid-batches): each element is its own key, all claimed
 // in one atomic step and finished in another; only the elements not yet completed are forwarded, as
-// one array (the original bytes, signature and all, when every element is new); the answer is 2xx
-// only when every element is completed.
+// one array of the elements' bytes as sent (the original body, signature and all, when every
+// element is new); the answer is 2xx only when every element is completed.
 void IdempotencyEngine::handleBatch(const DeliveryPtr &d, const Provider *provider)
 {
     const EndpointConfig &e = *d->endpoint;
@@ -727,8 +727,7 @@ void IdempotencyEngine::handleBatch(const DeliveryPtr &d, const Provider *provid
         auto key = namespacedKey(e.name, element.key);
         if (!key)
             return reject(d, 400, u"Invalid idempotency key"_qs, key.error().message);
-        const QByteArray bytes =
-            QJsonDocument(QJsonArray{element.element}).toJson(QJsonDocument::Compact);
+        const QByteArray bytes = '[' + element.raw + ']'; // a batch of one, as sent
         if (const auto first = claimOf.constFind(*key); first != claimOf.cend()) {
             if (batch->claims.at(*first).fingerprint == element.fingerprint)
                 ++batch->repeats;
@@ -745,7 +744,7 @@ void IdempotencyEngine::handleBatch(const DeliveryPtr &d, const Provider *provid
         claim.request = {d->request.method, d->request.target, headers, bytes, headersRef};
         claim.policy = e.settings.claimPolicy();
         batch->claims.append(claim);
-        batch->bodies.append(element.element);
+        batch->bodies.append(element.raw);
     }
     d->key = batch->claims.size() == 1 ? batch->claims.first().key : QString();
     d->claimSentUs = monotonicUs();
@@ -756,7 +755,7 @@ void IdempotencyEngine::handleBatch(const DeliveryPtr &d, const Provider *provid
                 return respond(d, storeUnavailable(results.error().message), Outcome::Unavailable, 0,
                                results.error().message);
             const QList<ClaimRequest> &claims = batch->claims;
-            QJsonArray forward;
+            QByteArrayList forward;
             QStringList forwardKeys;
             QList<QByteArray> tokens;
             QList<qsizetype> claimedIndexes;
@@ -772,8 +771,9 @@ void IdempotencyEngine::handleBatch(const DeliveryPtr &d, const Provider *provid
             HeaderList headers = d->request.headers;
             QByteArray body = d->request.body;
             if (forward.size() != batch->events) {
-                // A subset: its own array, and no signature, which covered the whole batch.
-                body = QJsonDocument(forward).toJson(QJsonDocument::Compact);
+                // A subset: its own array of the elements as sent, and no signature, which
+                // covered the whole batch.
+                body = '[' + forward.join(',') + ']';
                 headers.removeIf([](const auto &h) { return isBatchSignatureHeader(h.first); });
             }
             run(d, job(d, forwardKeys.join(u","_qs), tokens.join(','), headers, body),

@@ -111,7 +111,7 @@ private:
     struct Batch
     {
         QList<ClaimRequest> claims;
-        QList<QJsonValue> bodies; // each claim's event
+        QByteArrayList bodies;    // each claim's event, as sent
         qsizetype events = 0;     // in the delivery, repeats and mismatches included
         qsizetype repeats = 0;
         QList<QPair<QString, QByteArray>> conflicts; // key, and the event's bytes

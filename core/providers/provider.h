@@ -22,7 +22,7 @@ struct BatchElement
 {
     QString key; // raw, before namespacing
     QByteArray fingerprint;
-    QJsonValue element;
+    QByteArray raw; // the element's bytes as sent: what is stored and forwarded for it
 };
 
 // A delivery as a provider's sender makes it: headers and body, signed.

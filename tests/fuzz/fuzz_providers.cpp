@@ -1,11 +1,15 @@
 // Every provider's signature check and key extraction on arbitrary headers and bodies.
 // Input: one byte choosing the provider, then "name: value" lines, a blank line, the body.
 #include "providers/provider.h"
+#include "util/rawjson.h"
 
+#include <QJsonArray>
 #include <QJsonDocument>
+#include <QJsonObject>
 
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 
 namespace {
 idem::EndpointConfig endpoint(const QString &provider)
@@ -20,6 +24,23 @@ idem::EndpointConfig endpoint(const QString &provider)
     if (provider == u"sendgrid"_qs)
         e.publicKeys = {"MFkwEwYHKoZIzj0CAQYIKoZIzj0DAQcDQgAE83T4O/n84iotIvIW4mdBgQ/7dAfSmpqIM8kF9mN1flpVKS3GRqe62gw+2fNNRaINXvVpiglSI8eNEc6wEA3F+g=="};
     return e;
+}
+
+// A batch's elements are its own, as sent, and their canonical forms mean the same: each read
+// alone is the object QJsonDocument reads at its place in the whole.
+void checkElements(const QByteArray &body, const QList<idem::BatchElement> &elements)
+{
+    const QJsonArray whole = QJsonDocument::fromJson(body).array();
+    const auto objects = idem::rawJsonObjects(body);
+    if (!objects || whole.size() != elements.size() || objects->size() != elements.size())
+        abort();
+    for (qsizetype i = 0; i < elements.size(); ++i) {
+        const QJsonObject sent = QJsonDocument::fromJson(elements.at(i).raw).object();
+        const QJsonObject canonical = QJsonDocument::fromJson(objects->at(i).canonical).object();
+        if (elements.at(i).raw != objects->at(i).raw || sent != whole.at(i).toObject() ||
+            canonical != sent)
+            abort();
+    }
 }
 } // namespace
 
@@ -49,7 +70,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (key.kind == idem::KeyExtraction::Kind::Found)
         (void)idem::namespacedKey(e.name, key.key);
     if (p->isBatch())
-        (void)p->splitBatch(request, e.settings.maxBatchElements);
+        if (const auto elements = p->splitBatch(request, e.settings.maxBatchElements))
+            checkElements(request.body, *elements);
     (void)p->directAnswer(request);
     (void)p->note(request);
     return 0;

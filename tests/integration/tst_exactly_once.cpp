@@ -1483,6 +1483,87 @@ private Q_SLOTS:
         QVERIFY(refused("y").at(0).contains("\"url\":\"d\""));
     }
 
+    // An event is told apart, keyed, stored and forwarded by its bytes as sent, never by a
+    // double: two events whose ids differ only past 2^53 (with or without sg_event_id) are two
+    // events, each run once, and one forwarded in a subset, like its record, keeps its digits
+    // verbatim.
+    void sendgridEventsDifferingOnlyPast2To53AreDistinct_data() { everyStore(); }
+    void sendgridEventsDifferingOnlyPast2To53AreDistinct()
+    {
+        QFETCH(QString, backend);
+        GatedDownstream down;
+        const QByteArray ep = "sgn" + g_run;
+        Desk desk = start(backend, sendgrid(ep, down.url()));
+        const QByteArray run = backend.toLatin1() + g_run;
+        const QByteArray path = "/hooks/" + ep;
+        auto keyless = [&](const char *id) {
+            return "{\"event\":\"open\",\"run\":\"" + run + "\",\"id\":" + QByteArray(id) + "}";
+        };
+        auto keyed = [&](const char *id) {
+            return "{\"event\":\"open\",\"run\":\"" + run + "\",\"sg_event_id\":" + id + "}";
+        };
+        // Past 2^64, and past 2^53: a double holds neither pair apart.
+        const QByteArray four = "[" + keyless("18446744073709551000") + "," +
+                                keyless("18446744073709551001") + "," + keyed("9007199254740993") +
+                                "," + keyed("9007199254740992") + "]";
+        ClientResponse r = post(desk.port, path, four);
+        QCOMPARE(r.status, 200);
+        QCOMPARE(jsonOf(r).value(u"events").toInt(), 4);
+        QCOMPARE(jsonOf(r).value(u"processed").toInt(), 4);
+        QCOMPARE(jsonOf(r).value(u"repeated").toInt(), 0);
+        QCOMPARE(down.count(), 1);
+        QCOMPARE(down.requests().at(0).body, four);
+        QVERIFY(record(desk, QString::fromLatin1(ep + ":9007199254740993")));
+        QVERIFY(record(desk, QString::fromLatin1(ep + ":9007199254740992")));
+
+        // Re-sent with a new event: only that one runs, forwarded as the sender wrote it.
+        const QByteArray big = "{\"event\":\"click\", \"sg_event_id\":\"" + run +
+                               "-big\", \"n\":12345678901234567890, \"f\":1.50}";
+        r = post(desk.port, path, four.chopped(1) + "," + big + "]");
+        QCOMPARE(r.status, 200);
+        QCOMPARE(jsonOf(r).value(u"processed").toInt(), 1);
+        QCOMPARE(jsonOf(r).value(u"replayed").toInt(), 4);
+        QCOMPARE(down.count(), 2);
+        QCOMPARE(down.requests().at(1).body, "[" + big + "]");
+        const std::optional<KeyRecord> stored =
+            record(desk, QString::fromLatin1(ep + ":" + run + "-big"));
+        QVERIFY(stored);
+        QCOMPARE(stored->request.body, "[" + big + "]");
+    }
+
+    // An element that names a member twice has no one meaning (QJsonDocument keeps the last,
+    // other readers the first): the batch is refused with 400, saying so, and nothing of it is
+    // claimed or run. Nor does such a variant of a completed event get a 2xx replay.
+    void sendgridRefusesAnElementNamingAMemberTwice_data() { everyStore(); }
+    void sendgridRefusesAnElementNamingAMemberTwice()
+    {
+        QFETCH(QString, backend);
+        GatedDownstream down;
+        const QByteArray ep = "sgd" + g_run;
+        Desk desk = start(backend, sendgrid(ep, down.url()));
+        const QByteArray id = backend.toLatin1() + g_run;
+        const QByteArray path = "/hooks/" + ep;
+        const QByteArray done = "{\"sg_event_id\":\"" + id + "-1\",\"url\":\"a\"}";
+        QCOMPARE(post(desk.port, path, "[" + done + "]").status, 200);
+        const QList<QByteArray> twice{
+            "[{\"sg_event_id\":\"" + id + "-2\",\"url\":\"a\",\"url\":\"b\"}]",
+            // The same member twice, once escaped; and twice deeper in the element.
+            "[{\"sg_event_id\":\"" + id + "-3\",\"url\":\"a\",\"\\u0075rl\":\"b\"}]",
+            "[{\"sg_event_id\":\"" + id + "-4\",\"x\":{\"y\":[{\"z\":1,\"z\":2}]}}]",
+            // The completed event again, its url once more as it was: QJsonDocument reads the
+            // same event, the sender wrote another.
+            "[" + done + ",{\"sg_event_id\":\"" + id + "-1\",\"url\":\"b\",\"url\":\"a\"}]",
+        };
+        for (const QByteArray &batch : twice) {
+            const ClientResponse r = post(desk.port, path, batch);
+            QCOMPARE(r.status, 400);
+            QVERIFY2(r.body.contains("twice in one object"), r.body.constData());
+        }
+        QCOMPARE(down.count(), 1);
+        for (const char *n : {"-2", "-3", "-4"})
+            QVERIFY2(!record(desk, QString::fromLatin1(ep + ":" + id + n)), n);
+    }
+
     // More events in one batch than max_batch_elements: refused whole (413, saying why), before
     // anything is claimed or stored.
     void aBatchOverMaxBatchElementsIsRefusedWhole_data() { everyStore(); }
