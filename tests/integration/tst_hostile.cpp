@@ -245,6 +245,17 @@ class TestHostile : public QObject
         return c.readResponse();
     }
 
+    // `serve` with the built-in config on SQLite store `name`.db, answering; port 0 when not.
+    std::unique_ptr<QProcess> serveOnSqlite(const QString &name, quint16 &port)
+    {
+        auto serve = test::startServe(
+            QStringLiteral(IDEMDESK_BIN),
+            {u"--store"_qs, u"sqlite:"_qs + m_dir.filePath(name + u".db"_qs)}, port);
+        if (port && get(port, "/healthz").status != 200)
+            port = 0;
+        return serve;
+    }
+
     // `count` connections from `sources` (in turn), each sending all of a 1 MiB body but its
     // last byte, then nothing. Returns them open; `held` counts those the desk kept reading
     // (no answer within a moment), `refused` those it answered 429 or 503 and closed.
@@ -539,11 +550,8 @@ private Q_SLOTS:
         // so the rest waits in the kernel; it held every byte as it arrived (and copied what it
         // held again for each request it answered: RSS +50 MB and growing, a core busy).
         quint16 port = 0;
-        auto serve = test::startServe(
-            QStringLiteral(IDEMDESK_BIN),
-            {u"--store"_qs, u"sqlite:"_qs + m_dir.filePath(u"pipeline.db"_qs)}, port);
+        auto serve = serveOnSqlite(u"pipeline"_qs, port);
         QVERIFY(port);
-        QCOMPARE(get(port, "/healthz").status, 200);
         const QByteArray request =
             "GET /healthz HTTP/1.1\r\nHost: x\r\nX-Pad: " + QByteArray(4000, 'p') + "\r\n\r\n";
         constexpr int kRequests = 8192;
@@ -614,11 +622,8 @@ private Q_SLOTS:
         // carry their 15 KB path back, reading none (their receive buffers small): the desk
         // held 1 MiB of answers for each and every request byte it read (RSS +330 MB).
         quint16 port = 0;
-        auto serve = test::startServe(
-            QStringLiteral(IDEMDESK_BIN),
-            {u"--store"_qs, u"sqlite:"_qs + m_dir.filePath(u"unread.db"_qs)}, port);
+        auto serve = serveOnSqlite(u"unread"_qs, port);
         QVERIFY(port);
-        QCOMPARE(get(port, "/healthz").status, 200);
         const qint64 before = residentKb(serve->processId());
         const QByteArray eight =
             ("GET /hooks/" + QByteArray(15000, 'a') + " HTTP/1.1\r\nHost: x\r\n\r\n").repeated(8);

@@ -233,6 +233,22 @@ private:
     std::thread m_thread;
 };
 constexpr qint64 kTombstoneMs = 86'400'000; // common.lua's TOKEN_GRACE_MS
+
+QByteArray bulk(const QByteArray &s)
+{
+    return "$" + QByteArray::number(s.size()) + "\r\n" + s + "\r\n";
+}
+
+// What a FakeRedis answers for the blocking store to connect: a single Redis of layout v4, one
+// bucket, its scripts loaded and its clock read.
+QHash<QByteArray, QByteArray> connectingAnswers()
+{
+    return {{"CLUSTER INFO", "-ERR This instance has cluster support disabled\r\n"},
+            {"SCRIPT LOAD", bulk(QByteArray(40, 'a'))},
+            {"GET", bulk("4")},
+            {"GET IDEM:BUCKETS", bulk("1")},
+            {"TIME", "*2\r\n" + bulk("1700000000") + bulk("0")}};
+}
 } // namespace
 
 class TestRedis : public QObject
@@ -1282,16 +1298,10 @@ private Q_SLOTS:
     void aHostileRedisIsRefusedNotCrashedOn()
     {
         const QByteArray meta = "completed 1 1 1 1 0 99999999999999 200 generic ep f";
-        auto bulk = [](const QByteArray &s) {
-            return "$" + QByteArray::number(s.size()) + "\r\n" + s + "\r\n";
-        };
-        FakeRedis fake({{"CLUSTER INFO", "-ERR This instance has cluster support disabled\r\n"},
-                        {"SCRIPT LOAD", bulk(QByteArray(40, 'a'))},
-                        {"GET", bulk("4")},
-                        {"GET IDEM:BUCKETS", bulk("1")},
-                        {"TIME", "*2\r\n" + bulk("1700000000") + bulk("0")},
-                        {"HGETALL", "*2\r\n" + bulk("m") + bulk(meta)},
-                        {"XREVRANGE", "*1\r\n$1\r\nx\r\n"}});
+        QHash<QByteArray, QByteArray> answers = connectingAnswers();
+        answers.insert("HGETALL", "*2\r\n" + bulk("m") + bulk(meta));
+        answers.insert("XREVRANGE", "*1\r\n$1\r\nx\r\n");
+        FakeRedis fake(answers);
         QProcess show;
         show.start(QStringLiteral(IDEMDESK_BIN), {u"keys"_qs, u"show"_qs, u"ep:a"_qs, u"--store"_qs,
                                                   u"redis://127.0.0.1:%1"_qs.arg(fake.port())});
@@ -1320,18 +1330,12 @@ private Q_SLOTS:
     void anAnswerAnnouncingAHugeArrayFailsTheCallAtOnce()
     {
         QFETCH(QByteArray, answer);
-        auto bulk = [](const QByteArray &s) {
-            return "$" + QByteArray::number(s.size()) + "\r\n" + s + "\r\n";
-        };
         // The server keeps the link open after its answer (for 10 s): an unguarded reader waits
         // for the elements until then, and the call fails as a lost link, not as refused.
-        FakeRedis fake({{"CLUSTER INFO", "-ERR This instance has cluster support disabled\r\n"},
-                        {"SCRIPT LOAD", bulk(QByteArray(40, 'a'))},
-                        {"GET", bulk("4")},
-                        {"GET IDEM:BUCKETS", bulk("1")},
-                        {"TIME", "*2\r\n" + bulk("1700000000") + bulk("0")},
-                        {"HGETALL", answer},
-                        {"EVALSHA", answer}});
+        QHash<QByteArray, QByteArray> answers = connectingAnswers();
+        answers.insert("HGETALL", answer);
+        answers.insert("EVALSHA", answer);
+        FakeRedis fake(answers);
         const QString url = u"redis://127.0.0.1:%1"_qs.arg(fake.port());
         RedisOptions patient;
         patient.commandTimeoutMs = 30'000;
