@@ -71,6 +71,14 @@ LimitRefusal ConnectionBudget::reserve(const QByteArray &client, qint64 bytes)
     return LimitRefusal::None;
 }
 
+void ConnectionBudget::hold(const QByteArray &client, qint64 bytes)
+{
+    if (bytes <= 0)
+        return;
+    m_clients[client].bytes += bytes;
+    m_bytes += bytes;
+}
+
 void ConnectionBudget::release(const QByteArray &client, qint64 bytes)
 {
     auto it = m_clients.find(client);

@@ -22,9 +22,10 @@ int listenBacklog();
 // share of it (429: this client holds too much).
 enum class LimitRefusal { None, Server, Client };
 
-// The request bytes a server's connections buffer, together and per client, and how many
-// connections each client keeps open. The server asks before it opens a connection or buffers
-// more of a request, and gives back what it let go; nothing is taken when it is refused.
+// The bytes a server's connections buffer (request bodies, request bytes read ahead, answers not
+// yet taken), together and per client, and how many connections each client keeps open. The
+// server asks before it opens a connection or buffers more of a request body, and gives back what
+// it let go; nothing is taken when it is refused.
 class ConnectionBudget final
 {
 public:
@@ -42,6 +43,10 @@ public:
     void closeConnection(const QByteArray &client);
     // `bytes` more buffered for one of `client`'s requests.
     LimitRefusal reserve(const QByteArray &client, qint64 bytes);
+    // `bytes` the server holds for `client` already (request bytes read ahead, answers written but
+    // not yet taken), counted whatever the limits: past them, reserve() refuses the next bodies
+    // until they are given back. What each connection may hold so is bounded by the server.
+    void hold(const QByteArray &client, qint64 bytes);
     void release(const QByteArray &client, qint64 bytes);
 
     qint64 bufferedBytes() const { return m_bytes; }

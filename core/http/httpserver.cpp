@@ -226,13 +226,14 @@ const llhttp_settings_t &HttpConnection::settings()
 
 HttpConnection::HttpConnection(QTcpSocket *socket, HttpServer *server, QByteArray client)
     : QObject(server), m_socket(socket), m_server(server), m_client(std::move(client)),
-      m_pace(server->m_limits.minUploadBytesPerSecond, server->m_limits.uploadWindowMs)
+      m_pace(server->m_limits.minUploadBytesPerSecond, server->m_limits.uploadWindowMs),
+      m_drainPace(server->m_limits.minDrainBytesPerSecond, server->m_limits.idleTimeoutMs)
 {
     ++m_server->m_connections;
     socket->setParent(this);
     // Bounded read buffer: while a request is being answered we stop reading, and the kernel's
     // window pushes back on a client that keeps sending.
-    socket->setReadBufferSize(256 * 1024);
+    socket->setReadBufferSize(server->m_limits.readBufferBytes);
     llhttp_init(&m_parser, HTTP_REQUEST, &settings());
     m_parser.data = this;
     m_timer.setSingleShot(true);
@@ -254,37 +255,47 @@ HttpConnection::HttpConnection(QTcpSocket *socket, HttpServer *server, QByteArra
 HttpConnection::~HttpConnection()
 {
     releaseBody();
+    dropPending();
+    m_server->m_budget.release(m_client, m_unsent);
+    m_server->m_bufferedBytes = m_server->m_budget.bufferedBytes();
     m_server->m_budget.closeConnection(m_client);
     --m_server->m_connections;
 }
 
 void HttpConnection::processInput()
 {
-    if (m_phase == Phase::Waiting || m_phase == Phase::Draining || m_phase == Phase::Closing)
-        return; // resumed once the current answer is written (and mostly taken by the client)
-    QByteArray data = m_pending;
-    m_pending.clear();
-    const qsizetype pipelined = data.size();
-    data += m_socket->readAll();
-    if (data.isEmpty())
-        return;
-    if (m_scanArmed && scanForObsFold(data))
-        m_obsFold = true; // refused when the parser completes this message's headers
-    const llhttp_errno_t err = llhttp_execute(&m_parser, data.constData(), size_t(data.size()));
-    m_pace.received(data.size() - pipelined); // counted once, when they arrived
-    if (err == HPE_OK)
-        return;
-    if (err == HPE_PAUSED) {
-        const char *pos = llhttp_get_error_pos(&m_parser);
-        m_pending = data.mid(pos - data.constData());
-        llhttp_resume(&m_parser);
-        dispatch();
+    // What was read is parsed before more is read, one request at a time: a client pipelining
+    // requests faster than they are answered finds them waiting in the kernel, not here.
+    // Waiting, Draining, Closing: resumed once the current answer is written (and mostly taken
+    // by the client).
+    while (m_phase == Phase::Idle || m_phase == Phase::Reading) {
+        const qint64 arrived = m_pendingAt < m_pending.size() ? 0 : readMore();
+        const char *from = m_pending.constData() + m_pendingAt;
+        const qsizetype size = m_pending.size() - m_pendingAt;
+        if (size == 0)
+            return;
+        if (m_scanArmed && scanForObsFold(QByteArrayView(from, size)))
+            m_obsFold = true; // refused when the parser completes this message's headers
+        const llhttp_errno_t err = llhttp_execute(&m_parser, from, size_t(size));
+        m_pace.received(arrived); // counted once, when they arrived
+        if (err == HPE_OK) {
+            consumePending(size);
+            continue;
+        }
+        if (err == HPE_PAUSED) {
+            consumePending(llhttp_get_error_pos(&m_parser) - from);
+            holdPending(); // what follows this request waits for its answer
+            llhttp_resume(&m_parser);
+            dispatch();
+            return;
+        }
+        if (m_earlyStatus)
+            fail(m_earlyStatus, m_earlyDetail);
+        else
+            fail(400, u"malformed HTTP request: %1"_qs.arg(
+                          QString::fromLatin1(llhttp_get_error_reason(&m_parser))));
         return;
     }
-    if (m_earlyStatus)
-        fail(m_earlyStatus, m_earlyDetail);
-    else
-        fail(400, u"malformed HTTP request: %1"_qs.arg(QString::fromLatin1(llhttp_get_error_reason(&m_parser))));
 }
 
 // llhttp takes a header line that begins with a space or tab (obs-fold) as more of the value
@@ -542,6 +553,66 @@ bool HttpConnection::growBody(qint64 needed)
     return true;
 }
 
+qint64 HttpConnection::readMore()
+{
+    dropPending();
+    const qint64 available =
+        std::min(m_socket->bytesAvailable(), m_server->m_limits.readBufferBytes);
+    if (available <= 0)
+        return 0;
+    m_pending = m_socket->read(available);
+    return m_pending.size();
+}
+
+void HttpConnection::holdPending()
+{
+    if (m_pending.isEmpty() || m_pendingHeld)
+        return;
+    m_pendingHeld = m_pending.size();
+    m_server->m_budget.hold(m_client, m_pendingHeld);
+    m_server->m_bufferedBytes = m_server->m_budget.bufferedBytes();
+}
+
+void HttpConnection::consumePending(qint64 bytes)
+{
+    m_pendingAt += bytes;
+    if (m_pendingAt >= m_pending.size())
+        dropPending();
+}
+
+void HttpConnection::dropPending()
+{
+    if (m_pendingHeld) {
+        m_server->m_budget.release(m_client, m_pendingHeld);
+        m_server->m_bufferedBytes = m_server->m_budget.bufferedBytes();
+        m_pendingHeld = 0;
+    }
+    m_pending.clear();
+    m_pendingAt = 0;
+}
+
+void HttpConnection::countUnsent()
+{
+    const qint64 unsent = m_socket->bytesToWrite();
+    if (unsent > m_unsent)
+        m_server->m_budget.hold(m_client, unsent - m_unsent);
+    else
+        m_server->m_budget.release(m_client, m_unsent - unsent);
+    m_unsent = unsent;
+    m_server->m_bufferedBytes = m_server->m_budget.bufferedBytes();
+}
+
+bool HttpConnection::mustDrain() const
+{
+    // Past the budget (the server's or its client's share), a connection takes no new request
+    // until its client has taken every answer it has: what it holds then is its last read.
+    const HttpLimits &limits = m_server->m_limits;
+    const ConnectionBudget &budget = m_server->m_budget;
+    return m_unsent > limits.maxUnsentBytes ||
+           (m_unsent > 0 && (budget.bufferedBytes() > limits.maxBufferedBytes ||
+                             budget.bufferedBytes(m_client) > limits.maxBufferedBytesPerClient));
+}
+
 void HttpConnection::releaseBody()
 {
     if (!m_reserved)
@@ -565,7 +636,7 @@ bool HttpConnection::readArrived()
         m_socket->waitForReadyRead(0); // what the kernel holds, without blocking
     if (m_phase != Phase::Idle)
         return true; // its readyRead ran processInput: a request arrives (its own timer runs)
-    if (m_socket->bytesAvailable() == 0 && m_pending.isEmpty())
+    if (m_socket->bytesAvailable() == 0 && m_pendingAt == m_pending.size())
         return false;
     processInput();
     return true;
@@ -604,25 +675,32 @@ void HttpConnection::answer(quint64 sequence, const HttpResponse &response)
     writeResponse(response, !m_keepAlive || m_server->m_stopping, m_head);
     if (m_phase == Phase::Closing)
         return;
-    m_timer.start(m_server->m_limits.idleTimeoutMs);
     // A client that sends requests but does not read the answers must not make us hold them
-    // all: its next request is read once what waits for it is back under the bound.
-    if (m_socket->bytesToWrite() > m_server->m_limits.maxUnsentBytes) {
+    // all: its next request is read once what waits for it is back under the bound, and it must
+    // take them at a minimum rate meanwhile.
+    if (mustDrain()) {
         m_phase = Phase::Draining;
+        m_drainPace.start(monotonicUs() / 1000);
+        m_timer.start(m_server->m_limits.idleTimeoutMs);
         return;
     }
+    m_timer.start(m_server->m_limits.idleTimeoutMs);
     m_phase = Phase::Idle;
     // Resume with pipelined bytes already read, outside of the caller's stack.
     QMetaObject::invokeMethod(this, &HttpConnection::processInput, Qt::QueuedConnection);
 }
 
-void HttpConnection::onBytesWritten()
+void HttpConnection::onBytesWritten(qint64 bytes)
 {
+    countUnsent();
     if (m_phase != Phase::Draining)
         return;
-    m_timer.start(m_server->m_limits.idleTimeoutMs); // it reads: not idle
-    if (m_socket->bytesToWrite() > m_server->m_limits.maxUnsentBytes)
+    // Written is not idle, but a byte now and then is no progress: the pace decides when the
+    // timer runs out (onTimeout), and the idle time starts again once it is back under.
+    m_drainPace.received(bytes);
+    if (mustDrain())
         return;
+    m_timer.start(m_server->m_limits.idleTimeoutMs);
     m_phase = Phase::Idle;
     QMetaObject::invokeMethod(this, &HttpConnection::processInput, Qt::QueuedConnection);
 }
@@ -636,6 +714,9 @@ void HttpConnection::fail(int status, const QString &detail)
     writeResponse(r, true, m_request.method == "HEAD");
     if (m_server->m_onReject)
         m_server->m_onReject(m_request, status, detail);
+    // What it buffered of a refused request leaves the budget now, not when the client closes.
+    releaseBody();
+    m_request.body = QByteArray();
 }
 
 void HttpConnection::writeResponse(const HttpResponse &given, bool closeAfter, bool head)
@@ -685,6 +766,7 @@ void HttpConnection::writeResponse(const HttpResponse &given, bool closeAfter, b
     // Written now, not when the loop next sees the socket writable: the write notifier QTcpSocket
     // enables is disabled again within this turn, so epoll is not told (EpollDispatcher).
     m_socket->flush();
+    countUnsent();
     if (closeAfter)
         close();
 }
@@ -700,8 +782,13 @@ void HttpConnection::onTimeout()
     }
     if (m_phase == Phase::Reading) {
         onReadingTimeout();
+    } else if (m_phase == Phase::Draining && m_drainPace.enabled() &&
+               !m_drainPace.tooSlow(monotonicUs() / 1000)) {
+        // It takes them fast enough (or the timer ran early): on to its window's end.
+        const qint64 left = m_drainPace.windowEndMs() - monotonicUs() / 1000;
+        m_timer.start(int(std::max<qint64>(1, left)));
     } else if (m_phase == Phase::Draining || m_phase == Phase::Closing) {
-        // The client took nothing of its answers for the idle time: drop them with it.
+        // The client took too little of its answers for the idle time: drop them with it.
         m_socket->abort();
         deleteLater();
     } else {
@@ -738,7 +825,7 @@ void HttpConnection::onReadingTimeout()
 void HttpConnection::close()
 {
     m_phase = Phase::Closing;
-    m_pending.clear();
+    dropPending();
     m_socket->disconnectFromHost(); // flushes what was written, then emits disconnected
     if (m_socket->state() == QAbstractSocket::UnconnectedState)
         deleteLater();

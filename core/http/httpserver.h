@@ -38,7 +38,15 @@ struct HttpLimits
     int uploadWindowMs = 10'000;
     // Answers written but not yet taken by the client, per connection: above this the
     // connection's next pipelined request is not read until the client drains its answers.
-    qint64 maxUnsentBytes = 1024 * 1024;
+    qint64 maxUnsentBytes = 64 * 1024;
+    // While it waits so, its answers must be taken at this rate over each idleTimeoutMs, or the
+    // connection is closed: a reader taking a byte now and then does not keep it. 0: they must
+    // be back under maxUnsentBytes within idleTimeoutMs.
+    qint64 minDrainBytesPerSecond = 1024;
+    // The most read from a connection's socket at once (the socket's read buffer). Nothing more
+    // is read while a request is being answered or its answers wait for the client: the rest
+    // stays in the kernel, whose window pushes back on a client that keeps sending.
+    qint64 readBufferBytes = 64 * 1024;
 };
 
 using HttpHandler = std::function<void(HttpRequest request, Responder responder)>;
@@ -76,7 +84,8 @@ public:
     void stopAccepting();
     bool stopping() const { return m_stopping; }
     int connectionCount() const { return m_connections.load(); } // from any thread
-    // Request bytes the connections buffer now (HttpLimits::maxBufferedBytes), from any thread.
+    // Bytes the connections buffer now (HttpLimits::maxBufferedBytes: request bodies, request
+    // bytes read ahead, answers not yet taken by their clients), from any thread.
     qint64 bufferedBytes() const { return m_bufferedBytes.load(); }
     const HttpLimits &limits() const { return m_limits; }
     const HttpHandler &handler() const { return m_handler; }
@@ -123,7 +132,7 @@ private:
     int checkFraming(const llhttp_t *p);
     void addHeader();
     void dispatch();
-    void onBytesWritten();
+    void onBytesWritten(qint64 bytes);
     void fail(int status, const QString &detail);
     int refuseEarly(int status, const QString &detail);
     void writeResponse(const HttpResponse &response, bool close, bool head);
@@ -134,6 +143,16 @@ private:
     // decided) when the budget refuses.
     bool growBody(qint64 needed);
     void releaseBody();
+    // Up to readBufferBytes from the socket into m_pending; 0 when the socket holds nothing.
+    qint64 readMore();
+    void consumePending(qint64 bytes);
+    // m_pending counted in the budget: it is kept while the request it ended is answered.
+    void holdPending();
+    void dropPending();
+    // The budget's count of this connection's unsent answers, brought to what the socket holds.
+    void countUnsent();
+    // Whether its next request must wait for the client to take the answers it has not.
+    bool mustDrain() const;
     // An idle connection whose next request is already here (in the kernel, the socket's
     // buffer or m_pending) reads it; false when nothing is.
     bool readArrived();
@@ -152,7 +171,13 @@ private:
     llhttp_t m_parser;
     QTimer m_timer;
     Phase m_phase = Phase::Idle;
-    QByteArray m_pending; // bytes read but not yet parsed (pipelined requests)
+    // Bytes read, from m_pendingAt on not yet parsed (pipelined requests): at most one read,
+    // since nothing is read before they are parsed.
+    QByteArray m_pending;
+    qsizetype m_pendingAt = 0;
+    qint64 m_pendingHeld = 0; // what the budget counts of it (holdPending)
+    qint64 m_unsent = 0;      // the budget's count of the answers the socket has not sent
+    UploadPace m_drainPace;   // the client taking its answers while Draining
     HttpRequest m_request;
     QByteArray m_field;
     QByteArray m_value;

@@ -401,6 +401,7 @@ Result<redisContext *> ClusterLinks::connectTo(const ClusterNode &node)
     }
     const timeval commandTimeout{m_commandTimeoutMs / 1000, (m_commandTimeoutMs % 1000) * 1000};
     redisSetTimeout(c, commandTimeout);
+    redis::guardReader(c->reader);
     if (m_setup) {
         if (auto r = m_setup(c); !r) {
             redisFree(c);

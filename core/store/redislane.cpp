@@ -129,6 +129,7 @@ bool RedisLane::connectIfNeeded(QString *error)
         redisAsyncFree(ac);
         return false;
     }
+    redis::guardReader(ac->c.reader);
     m_ac = ac;
     m_failure.clear();
     ac->data = this;

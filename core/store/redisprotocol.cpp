@@ -62,6 +62,25 @@ QByteArray requestHead(const StoredRequest &r, bool sharedHeaders)
     return r.method + ' ' + r.path + '\n' + storedHeadersJson(r, sharedHeaders);
 }
 
+// hiredis's own reply functions (static in hiredis.c), as its plain reader has them.
+const redisReplyObjectFunctions &plainReplyFunctions()
+{
+    static const redisReplyObjectFunctions functions = [] {
+        redisReader *plain = redisReaderCreate();
+        const redisReplyObjectFunctions copy = *plain->fn;
+        redisReaderFree(plain);
+        return copy;
+    }();
+    return functions;
+}
+
+void *createBoundedArray(const redisReadTask *task, int elements)
+{
+    if (elements > kMaxReplyElements)
+        return nullptr; // the reader's error: the link goes, nothing is allocated
+    return plainReplyFunctions().createArray(task, elements);
+}
+
 } // namespace
 
 Argv::Argv(const QList<QByteArray> &args) : held(args)
@@ -72,6 +91,16 @@ Argv::Argv(const QList<QByteArray> &args) : held(args)
         argv.push_back(a.constData());
         lengths.push_back(size_t(a.size()));
     }
+}
+
+void guardReader(redisReader *reader)
+{
+    static redisReplyObjectFunctions guarded = [] {
+        redisReplyObjectFunctions functions = plainReplyFunctions();
+        functions.createArray = &createBoundedArray;
+        return functions;
+    }();
+    reader->fn = &guarded;
 }
 
 QByteArray text(const redisReply *r)

@@ -10,6 +10,7 @@
 
 struct redisReply;
 struct redisContext;
+struct redisReader;
 
 namespace idem::redis {
 
@@ -109,6 +110,16 @@ struct Argv
     std::vector<const char *> argv;
     std::vector<size_t> lengths;
 };
+
+// The most elements one array in a reply may announce: far above any reply the desk asks for
+// (its SCAN, range and stream reads ask for 1000 at a time). hiredis allocates an array's element
+// pointers from the count it reads, before any element arrives: a hostile or broken server (or
+// a man in the middle) announcing `*617000000` would have the desk allocate 4.9 GB and abort.
+constexpr int kMaxReplyElements = 1 << 20; // 8 MiB of pointers
+// Makes `reader` (a context's, before its first command) take an array announcing more than
+// kMaxReplyElements as a protocol error: the link is dropped (hiredis's error text for it is
+// "Out of memory") and the command fails as on any lost link, nothing allocated for it.
+void guardReader(redisReader *reader);
 
 QByteArray text(const redisReply *reply);
 // Something to read on a link with no command outstanding — the server closed it (a restart,

@@ -133,6 +133,7 @@ Result<std::unique_ptr<RedisStore>> RedisStore::connect(const StoreUrl &url,
     timeval commandTimeout{options.commandTimeoutMs / 1000,
                            (options.commandTimeoutMs % 1000) * 1000};
     redisSetTimeout(context, commandTimeout);
+    redis::guardReader(context->reader);
     std::unique_ptr<RedisStore> store(new RedisStore(context, url, options));
     if (auto r = authenticate(context, url); !r)
         return r.error();

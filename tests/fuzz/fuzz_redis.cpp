@@ -59,6 +59,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (size < 1)
         return 0;
     redisReader *reader = redisReaderCreate();
+    idem::redis::guardReader(reader); // as the desk's links read
     redisReaderFeed(reader, reinterpret_cast<const char *>(data + 1), size - 1);
     void *reply = nullptr;
     for (int i = 0; i < 16 && redisReaderGetReply(reader, &reply) == REDIS_OK && reply; ++i) {

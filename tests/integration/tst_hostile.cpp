@@ -19,13 +19,19 @@
 #include <QTemporaryDir>
 #include <QTest>
 
+#include <arpa/inet.h>
 #include <atomic>
+#include <fcntl.h>
 #include <hiredis.h>
+#include <netinet/in.h>
+#include <poll.h>
 #include <pqxx/pqxx>
 #include <signal.h>
 #include <sqlite3.h>
 #include <sys/resource.h>
+#include <sys/socket.h>
 #include <thread>
+#include <unistd.h>
 
 using namespace idem;
 
@@ -52,6 +58,24 @@ qint64 residentKb(qint64 pid = 0)
     return -1;
 }
 
+// A plain socket connected to 127.0.0.1:port, for clients that do what RawConnection will not
+// (read nothing, send without blocking); -1 when it could not connect. `receiveBuffer`: its
+// SO_RCVBUF, 0 for the system's.
+int connectTo(quint16 port, int receiveBuffer = 0)
+{
+    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    if (receiveBuffer > 0)
+        ::setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &receiveBuffer, sizeof receiveBuffer);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(port);
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (::connect(fd, reinterpret_cast<sockaddr *>(&a), sizeof a) != 0) {
+        ::close(fd);
+        return -1;
+    }
+    return fd;
+}
 
 // Where a store's stored result of `key` is rewritten straight in the store, as a shared Redis or
 // PostgreSQL may hold it whoever wrote it: the same status and body, these header fields.
@@ -219,6 +243,17 @@ class TestHostile : public QObject
         RawConnection c(port, 5000);
         c.send(bytes);
         return c.readResponse();
+    }
+
+    // `serve` with the built-in config on SQLite store `name`.db, answering; port 0 when not.
+    std::unique_ptr<QProcess> serveOnSqlite(const QString &name, quint16 &port)
+    {
+        auto serve = test::startServe(
+            QStringLiteral(IDEMDESK_BIN),
+            {u"--store"_qs, u"sqlite:"_qs + m_dir.filePath(name + u".db"_qs)}, port);
+        if (port && get(port, "/healthz").status != 200)
+            port = 0;
+        return serve;
     }
 
     // `count` connections from `sources` (in turn), each sending all of a 1 MiB body but its
@@ -506,6 +541,127 @@ private Q_SLOTS:
         // the client has read it.
         QTRY_COMPARE_WITH_TIMEOUT(replayed() - replayedBefore, 300, 5000);
         QVERIFY2(residentKb() - residentBefore < 16 * 1024, "memory grew while the client read its answers");
+    }
+
+    void aConnectionPipeliningFasterThanItIsAnsweredHoldsOneRead()
+    {
+        // Issue 31 (F2) on a real `serve`: one connection sends 32 MiB of pipelined requests and
+        // reads its answers as they come. The desk parses what it has read before it reads more,
+        // so the rest waits in the kernel; it held every byte as it arrived (and copied what it
+        // held again for each request it answered: RSS +50 MB and growing, a core busy).
+        quint16 port = 0;
+        auto serve = serveOnSqlite(u"pipeline"_qs, port);
+        QVERIFY(port);
+        const QByteArray request =
+            "GET /healthz HTTP/1.1\r\nHost: x\r\nX-Pad: " + QByteArray(4000, 'p') + "\r\n\r\n";
+        constexpr int kRequests = 8192;
+        const QByteArray burst = request.repeated(kRequests);
+        const qint64 before = residentKb(serve->processId());
+        const int fd = connectTo(port);
+        QVERIFY(fd >= 0);
+        std::atomic<int> answers{0};
+        std::atomic<bool> sent{false};
+        std::thread reader([&] {
+            QByteArray carry;
+            char buffer[65536];
+            for (;;) {
+                const ssize_t got = ::recv(fd, buffer, sizeof buffer, 0);
+                if (got <= 0)
+                    break;
+                carry += QByteArrayView(buffer, got);
+                answers += int(carry.count("HTTP/1.1 200 "));
+                carry = carry.right(12); // an answer's first line cut between two reads
+            }
+        });
+        std::thread sender([&] {
+            for (qsizetype at = 0; at < burst.size();) {
+                const ssize_t n =
+                    ::send(fd, burst.constData() + at, size_t(burst.size() - at), MSG_NOSIGNAL);
+                if (n <= 0)
+                    break;
+                at += n;
+            }
+            sent = true;
+        });
+        auto stop = qScopeGuard([&] {
+            ::shutdown(fd, SHUT_RDWR);
+            sender.join();
+            reader.join();
+            ::close(fd);
+        });
+        qint64 peakKb = 0;
+        double healthzMs = -1;
+        QElapsedTimer elapsed;
+        elapsed.start();
+        while (!(sent && answers == kRequests) && elapsed.elapsed() < 120'000) {
+            peakKb = std::max(peakKb, residentKb(serve->processId()) - before);
+            if (peakKb > 8 * 1024)
+                break;
+            if (healthzMs < 0 && answers > kRequests / 2) { // another client, meanwhile
+                QElapsedTimer t;
+                t.start();
+                QCOMPARE(get(port, "/healthz").status, 200);
+                healthzMs = double(t.nsecsElapsed()) / 1e6;
+            }
+            QTest::qWait(20);
+        }
+        qInfo("one connection pipelining %d requests (%lld MiB) while reading: %d answered in "
+              "%lld ms, serve's resident memory %lld KB before, at most %lld KB more; another "
+              "client's /healthz meanwhile %.1f ms",
+              kRequests, qint64(burst.size() >> 20), answers.load(), elapsed.elapsed(), before,
+              peakKb, healthzMs);
+        QVERIFY2(peakKb <= 8 * 1024, qPrintable(u"%1 KB more"_qs.arg(peakKb)));
+        QCOMPARE(answers.load(), kRequests);
+        serve->terminate();
+        QVERIFY(serve->waitForFinished(10000));
+    }
+
+    void connectionsThatNeverReadTheirAnswersHoldABoundedShare()
+    {
+        // The review's 64 connections of one client, each pipelining requests whose 404 answers
+        // carry their 15 KB path back, reading none (their receive buffers small): the desk
+        // held 1 MiB of answers for each and every request byte it read (RSS +330 MB).
+        quint16 port = 0;
+        auto serve = serveOnSqlite(u"unread"_qs, port);
+        QVERIFY(port);
+        const qint64 before = residentKb(serve->processId());
+        const QByteArray eight =
+            ("GET /hooks/" + QByteArray(15000, 'a') + " HTTP/1.1\r\nHost: x\r\n\r\n").repeated(8);
+        std::vector<int> fds;
+        auto closeAll = qScopeGuard([&] {
+            for (const int fd : fds)
+                ::close(fd);
+        });
+        for (int i = 0; i < 64; ++i) {
+            fds.push_back(connectTo(port, 4096));
+            QVERIFY(fds.back() >= 0);
+            ::fcntl(fds.back(), F_SETFL, O_NONBLOCK);
+        }
+        // Sent until no connection takes more for 2 s (the desk reads none of them any more).
+        qint64 sent = 0;
+        QElapsedTimer elapsed;
+        elapsed.start();
+        std::vector<pollfd> polls;
+        for (const int fd : fds)
+            polls.push_back({fd, POLLOUT, 0});
+        while (elapsed.elapsed() < 60'000 && ::poll(polls.data(), polls.size(), 2000) > 0) {
+            for (pollfd &p : polls) {
+                if (p.revents & (POLLERR | POLLHUP))
+                    p.fd = -1;
+                else if (p.revents & POLLOUT)
+                    sent += std::max<ssize_t>(
+                        0, ::send(p.fd, eight.constData(), size_t(eight.size()), MSG_NOSIGNAL));
+            }
+        }
+        const qint64 grownKb = residentKb(serve->processId()) - before;
+        qInfo("64 connections sending %lld MiB of requests, reading no answer: serve's resident "
+              "memory %lld KB before, %lld KB more",
+              sent >> 20, before, grownKb);
+        QVERIFY2(grownKb < 32 * 1024, qPrintable(u"%1 KB more"_qs.arg(grownKb)));
+        QCOMPARE(raw(port, "GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").status,
+                 200);
+        serve->terminate();
+        QVERIFY(serve->waitForFinished(10000));
     }
 
     void senderThatDisconnectsMidBody()

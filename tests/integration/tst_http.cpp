@@ -3,7 +3,9 @@
 #include "http/blockingclient.h"
 
 #include <QDir>
+#include <QElapsedTimer>
 #include <QFile>
+#include <QScopeGuard>
 #include <QTest>
 #include <QThread>
 #include <QTimer>
@@ -391,6 +393,59 @@ private Q_SLOTS:
         }
         QCOMPARE(wire.count("HTTP/1.1 "), 2);
         QVERIFY2(wire.contains("\r\n\r\nGET /echo "), wire.constData()); // the second, whole
+    }
+
+    void aClientTakingItsAnswersTooSlowlyIsClosed()
+    {
+        // A client that takes its answers, but slower than the minimum rate: closed once an idle
+        // time has passed at that pace. Each write used to count as activity, so a client taking
+        // a little now and then kept the connection and the answers it had not taken.
+        HttpLimits limits;
+        limits.idleTimeoutMs = 2000;
+        limits.minDrainBytesPerSecond = 4 * 1024 * 1024; // it takes ~1 MB/s
+        QThread thread;
+        auto *server = new HttpServer(limits, [](HttpRequest, Responder responder) {
+            HttpResponse r;
+            r.status = 200;
+            r.body = QByteArray(8 * 1024 * 1024, 'x'); // more than the kernel's buffers take
+            responder.send(r);
+        });
+        server->moveToThread(&thread);
+        thread.start();
+        quint16 port = 0;
+        QMetaObject::invokeMethod(
+            server,
+            [&] {
+                if (server->listen(QHostAddress::LocalHost, 0))
+                    port = server->port();
+            },
+            Qt::BlockingQueuedConnection);
+        auto stop = qScopeGuard([&] {
+            QMetaObject::invokeMethod(
+                server, [server] { delete server; }, Qt::BlockingQueuedConnection);
+            thread.quit();
+            thread.wait();
+        });
+        QVERIFY(port);
+        RawConnection c(port, 2000);
+        QVERIFY(c.send(QByteArray("GET /big HTTP/1.1\r\nHost: x\r\n\r\n").repeated(8)));
+        qint64 taken = 0;
+        bool closed = false;
+        QElapsedTimer elapsed;
+        elapsed.start();
+        // The server's close reaches the client after what the kernels' buffers hold (~4 MB here).
+        while (!closed && elapsed.elapsed() < 30'000) {
+            const QByteArray got = c.readBytes(64 * 1024); // fewer: closed, or nothing for 2 s
+            taken += got.size();
+            closed = got.size() < 64 * 1024 && c.waitClosed(100);
+            QThread::msleep(64); // the client's pace
+        }
+        qInfo("a client taking its answers at %lld KB/s: %s after %lld ms, %lld of %d KB taken",
+              taken / std::max<qint64>(1, elapsed.elapsed()), closed ? "closed" : "still open",
+              elapsed.elapsed(), taken >> 10, 64 * 1024);
+        QVERIFY2(closed, "a client taking its answers below the minimum rate kept its connection");
+        QVERIFY(taken > 0);
+        QVERIFY(taken < 64 * 1024 * 1024);
     }
 
     void http10ClosesAfterTheAnswer()

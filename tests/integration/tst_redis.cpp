@@ -3,6 +3,7 @@
 // the receiver thread's own asynchronous lane (RedisLane) keeps all of that too.
 #include "http/blockingclient.h"
 #include "store/redislane.h"
+#include "store/redisprotocol.h"
 #include "store/redisstore.h"
 #include "store/storefactory.h"
 #include "support/desk.h"
@@ -232,6 +233,22 @@ private:
     std::thread m_thread;
 };
 constexpr qint64 kTombstoneMs = 86'400'000; // common.lua's TOKEN_GRACE_MS
+
+QByteArray bulk(const QByteArray &s)
+{
+    return "$" + QByteArray::number(s.size()) + "\r\n" + s + "\r\n";
+}
+
+// What a FakeRedis answers for the blocking store to connect: a single Redis of layout v4, one
+// bucket, its scripts loaded and its clock read.
+QHash<QByteArray, QByteArray> connectingAnswers()
+{
+    return {{"CLUSTER INFO", "-ERR This instance has cluster support disabled\r\n"},
+            {"SCRIPT LOAD", bulk(QByteArray(40, 'a'))},
+            {"GET", bulk("4")},
+            {"GET IDEM:BUCKETS", bulk("1")},
+            {"TIME", "*2\r\n" + bulk("1700000000") + bulk("0")}};
+}
 } // namespace
 
 class TestRedis : public QObject
@@ -1281,16 +1298,10 @@ private Q_SLOTS:
     void aHostileRedisIsRefusedNotCrashedOn()
     {
         const QByteArray meta = "completed 1 1 1 1 0 99999999999999 200 generic ep f";
-        auto bulk = [](const QByteArray &s) {
-            return "$" + QByteArray::number(s.size()) + "\r\n" + s + "\r\n";
-        };
-        FakeRedis fake({{"CLUSTER INFO", "-ERR This instance has cluster support disabled\r\n"},
-                        {"SCRIPT LOAD", bulk(QByteArray(40, 'a'))},
-                        {"GET", bulk("4")},
-                        {"GET IDEM:BUCKETS", bulk("1")},
-                        {"TIME", "*2\r\n" + bulk("1700000000") + bulk("0")},
-                        {"HGETALL", "*2\r\n" + bulk("m") + bulk(meta)},
-                        {"XREVRANGE", "*1\r\n$1\r\nx\r\n"}});
+        QHash<QByteArray, QByteArray> answers = connectingAnswers();
+        answers.insert("HGETALL", "*2\r\n" + bulk("m") + bulk(meta));
+        answers.insert("XREVRANGE", "*1\r\n$1\r\nx\r\n");
+        FakeRedis fake(answers);
         QProcess show;
         show.start(QStringLiteral(IDEMDESK_BIN), {u"keys"_qs, u"show"_qs, u"ep:a"_qs, u"--store"_qs,
                                                   u"redis://127.0.0.1:%1"_qs.arg(fake.port())});
@@ -1300,6 +1311,48 @@ private Q_SLOTS:
         QVERIFY2(show.exitCode() == 0 && err.contains("unreadable entry in the delivery log"),
                  qPrintable(u"exit %1: %2"_qs.arg(show.exitCode()).arg(QString::fromUtf8(err))));
         QVERIFY(show.readAllStandardOutput().contains("ep:a"));
+    }
+
+    // An answer that announces an array of hundreds of millions of elements (`*617000000`, as a
+    // hostile or broken server or a man in the middle may send): the call fails at once as on a
+    // lost link, on the blocking store and on the receiver's lane, and nothing is allocated for
+    // the count. Without the guard hiredis allocates the element array (4.9 GB: the fuzzer's
+    // abort; 16 MB for the second row) and waits for elements that never come.
+    void anAnswerAnnouncingAHugeArrayFailsTheCallAtOnce_data()
+    {
+        QTest::addColumn<QByteArray>("answer");
+        QTest::newRow("617000000") << QByteArray("*617000000\r\n");
+        QTest::newRow("just past the bound")
+            << "*" + QByteArray::number(redis::kMaxReplyElements + 1) + "\r\n";
+        QTest::newRow("nested") << "*2\r\n$1\r\nm\r\n*" +
+                                       QByteArray::number(redis::kMaxReplyElements + 1) + "\r\n";
+    }
+    void anAnswerAnnouncingAHugeArrayFailsTheCallAtOnce()
+    {
+        QFETCH(QByteArray, answer);
+        // The server keeps the link open after its answer (for 10 s): an unguarded reader waits
+        // for the elements until then, and the call fails as a lost link, not as refused.
+        QHash<QByteArray, QByteArray> answers = connectingAnswers();
+        answers.insert("HGETALL", answer);
+        answers.insert("EVALSHA", answer);
+        FakeRedis fake(answers);
+        const QString url = u"redis://127.0.0.1:%1"_qs.arg(fake.port());
+        RedisOptions patient;
+        patient.commandTimeoutMs = 30'000;
+        auto store = RedisStore::connect(*StoreUrl::parse(url), patient);
+        QVERIFY2(store.ok(), store.ok() ? "" : qPrintable(store.error().message));
+        const auto read = (*store)->key(u"ep:a"_qs);
+        QVERIFY(!read.ok());
+        // hiredis's words for a reply its reader refused to build.
+        QVERIFY2(read.error().message.contains(u"Out of memory"_qs),
+                 qPrintable(read.error().message));
+
+        LaneOn on(url);
+        QVERIFY(on.lane);
+        const auto claimed = laneClaim(*on.lane, claimOf(u"ep:b"_qs));
+        QVERIFY(!claimed.ok());
+        QVERIFY2(claimed.error().message.contains(u"Out of memory"_qs),
+                 qPrintable(claimed.error().message));
     }
 
     // A v3 record that had expired came over as a tombstone, in no index; claimed again, the
