@@ -729,7 +729,9 @@ void IdempotencyEngine::handleBatch(const DeliveryPtr &d, const Provider *provid
             return reject(d, 400, u"Invalid idempotency key"_qs, key.error().message);
         const QByteArray bytes = '[' + element.raw + ']'; // a batch of one, as sent
         if (const auto first = claimOf.constFind(*key); first != claimOf.cend()) {
-            if (batch->claims.at(*first).fingerprint == element.fingerprint)
+            // on_mismatch "ignore": another body under the key is a duplicate, as across batches
+            if (batch->claims.at(*first).fingerprint == element.fingerprint ||
+                batch->claims.at(*first).policy.onMismatch == OnMismatch::Ignore)
                 ++batch->repeats;
             else
                 batch->conflicts.append({*key, bytes});

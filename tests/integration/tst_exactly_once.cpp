@@ -1483,6 +1483,28 @@ private Q_SLOTS:
         QVERIFY(refused("y").at(0).contains("\"url\":\"d\""));
     }
 
+    // on_mismatch "ignore" holds inside a batch as across batches: another body under a key
+    // already in the batch is a duplicate of the first, counted as repeated, and the batch is 2xx.
+    void sendgridIgnoresAMismatchInsideABatchWhenToldTo()
+    {
+        GatedDownstream down;
+        const QByteArray ep = "sgi" + g_run;
+        Desk desk = start(u"sqlite"_qs, sendgrid(ep, down.url(), ", \"on_mismatch\": \"ignore\""));
+        auto event = [&](const char *url) {
+            return "{\"sg_event_id\":\"i" + g_run + "\",\"event\":\"click\",\"url\":\"" +
+                   QByteArray(url) + "\"}";
+        };
+        const ClientResponse both =
+            post(desk.port, "/hooks/" + ep, "[" + event("a") + "," + event("b") + "]");
+        QCOMPARE(both.status, 200);
+        QCOMPARE(jsonOf(both).value(u"processed").toInt(), 1);
+        QCOMPARE(jsonOf(both).value(u"repeated").toInt(), 1);
+        const ClientResponse later = post(desk.port, "/hooks/" + ep, "[" + event("c") + "]");
+        QCOMPARE(later.status, 200);
+        QCOMPARE(jsonOf(later).value(u"replayed").toInt(), 1);
+        QCOMPARE(received(down, u"url"_qs), (QHash<QString, int>{{u"a"_qs, 1}}));
+    }
+
     // An event is told apart, keyed, stored and forwarded by its bytes as sent, never by a
     // double: two events whose ids differ only past 2^53 (with or without sg_event_id) are two
     // events, each run once, and one forwarded in a subset, like its record, keeps its digits
