@@ -8,6 +8,9 @@
 #include <QTcpSocket>
 #include <QUrl>
 
+#include <linux/sockios.h> // SIOCOUTQ
+#include <sys/ioctl.h>
+
 namespace idem {
 
 namespace {
@@ -602,6 +605,23 @@ void HttpConnection::countUnsent()
     m_server->m_bufferedBytes = m_server->m_budget.bufferedBytes();
 }
 
+qint64 HttpConnection::takenByClient() const
+{
+    int queued = 0; // sent or not, not yet acknowledged
+#ifdef SIOCOUTQ
+    if (::ioctl(int(m_socket->socketDescriptor()), SIOCOUTQ, &queued) != 0)
+        queued = 0;
+#endif
+    return m_written - queued;
+}
+
+void HttpConnection::countTaken()
+{
+    const qint64 taken = takenByClient();
+    m_drainPace.received(std::max<qint64>(0, taken - m_taken));
+    m_taken = std::max(m_taken, taken);
+}
+
 bool HttpConnection::mustDrain() const
 {
     // Past the budget (the server's or its client's share), a connection takes no new request
@@ -681,6 +701,7 @@ void HttpConnection::answer(quint64 sequence, const HttpResponse &response)
     if (mustDrain()) {
         m_phase = Phase::Draining;
         m_drainPace.start(monotonicUs() / 1000);
+        m_taken = takenByClient();
         m_timer.start(m_server->m_limits.idleTimeoutMs);
         return;
     }
@@ -692,12 +713,13 @@ void HttpConnection::answer(quint64 sequence, const HttpResponse &response)
 
 void HttpConnection::onBytesWritten(qint64 bytes)
 {
+    m_written += bytes;
     countUnsent();
     if (m_phase != Phase::Draining)
         return;
     // Written is not idle, but a byte now and then is no progress: the pace decides when the
     // timer runs out (onTimeout), and the idle time starts again once it is back under.
-    m_drainPace.received(bytes);
+    countTaken();
     if (mustDrain())
         return;
     m_timer.start(m_server->m_limits.idleTimeoutMs);
@@ -780,6 +802,8 @@ void HttpConnection::onTimeout()
         if (readArrived())
             return;
     }
+    if (m_phase == Phase::Draining)
+        countTaken();
     if (m_phase == Phase::Reading) {
         onReadingTimeout();
     } else if (m_phase == Phase::Draining && m_drainPace.enabled() &&

@@ -153,6 +153,13 @@ private:
     void countUnsent();
     // Whether its next request must wait for the client to take the answers it has not.
     bool mustDrain() const;
+    // Bytes of its answers the client has taken: handed to the kernel and acknowledged by the
+    // peer. Not bytesWritten alone: the kernel takes megabytes at once and reports room again
+    // only once much of it is gone, so a client reading steadily can go a whole idle time
+    // without one bytesWritten.
+    qint64 takenByClient() const;
+    // Counts what the client took since the last count towards the drain pace.
+    void countTaken();
     // An idle connection whose next request is already here (in the kernel, the socket's
     // buffer or m_pending) reads it; false when nothing is.
     bool readArrived();
@@ -178,6 +185,8 @@ private:
     qint64 m_pendingHeld = 0; // what the budget counts of it (holdPending)
     qint64 m_unsent = 0;      // the budget's count of the answers the socket has not sent
     UploadPace m_drainPace;   // the client taking its answers while Draining
+    qint64 m_written = 0;     // bytes the socket handed to the kernel (bytesWritten), all told
+    qint64 m_taken = 0;       // takenByClient() when the drain pace last counted it
     HttpRequest m_request;
     QByteArray m_field;
     QByteArray m_value;

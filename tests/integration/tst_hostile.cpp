@@ -18,9 +18,11 @@
 #include <QScopeGuard>
 #include <QTemporaryDir>
 #include <QTest>
+#include <QThread>
 
 #include <arpa/inet.h>
 #include <atomic>
+#include <cerrno>
 #include <fcntl.h>
 #include <hiredis.h>
 #include <netinet/in.h>
@@ -612,6 +614,50 @@ private Q_SLOTS:
               peakKb, healthzMs);
         QVERIFY2(peakKb <= 8 * 1024, qPrintable(u"%1 KB more"_qs.arg(peakKb)));
         QCOMPARE(answers.load(), kRequests);
+        serve->terminate();
+        QVERIFY(serve->waitForFinished(10000));
+    }
+
+    void aClientTakingItsAnswersSteadilyKeepsItsConnection()
+    {
+        // A client pipelining requests whose 404 answers carry their 15 KB path back, and taking
+        // them at ~20 KB/s, twenty times the minimum: the kernel's megabytes of send buffer
+        // report room only once much of it is gone, so a pace counted from what the socket
+        // wrote saw nothing for a whole idle time and dropped it. What counts is what the client
+        // acknowledged.
+        quint16 port = 0;
+        const QString config = m_dir.filePath(u"drain.json"_qs);
+        {
+            QFile f(config);
+            QVERIFY(f.open(QIODevice::WriteOnly));
+            f.write("{\"store\": \"sqlite:" + m_dir.filePath(u"drain.db"_qs).toUtf8() +
+                    "\", \"idle_timeout_seconds\": 8}");
+        }
+        auto serve = test::startServe(QStringLiteral(IDEMDESK_BIN), {u"--config"_qs, config}, port);
+        QVERIFY(port);
+        const int fd = connectTo(port);
+        QVERIFY(fd >= 0);
+        auto closeIt = qScopeGuard([&] { ::close(fd); });
+        ::fcntl(fd, F_SETFL, O_NONBLOCK);
+        const QByteArray request =
+            "GET /hooks/" + QByteArray(15000, 'a') + " HTTP/1.1\r\nHost: x\r\n\r\n";
+        qint64 got = 0;
+        QElapsedTimer elapsed;
+        elapsed.start();
+        while (elapsed.elapsed() < 30'000) { // more than three idle times
+            for (int i = 0; i < 50; ++i)
+                if (::send(fd, request.constData(), size_t(request.size()), MSG_NOSIGNAL) <= 0)
+                    break;
+            char chunk[1000];
+            const ssize_t n = ::recv(fd, chunk, sizeof chunk, 0);
+            QVERIFY2(n != 0 && (n > 0 || errno == EAGAIN || errno == EWOULDBLOCK),
+                     qPrintable(u"closed after %1 ms, %2 KB taken"_qs.arg(elapsed.elapsed())
+                                    .arg(got >> 10)));
+            got += std::max<ssize_t>(0, n);
+            QThread::msleep(50); // 1000 bytes each 50 ms
+        }
+        qInfo("a client taking its answers at %lld B/s for %lld ms: still open", got * 1000 /
+              elapsed.elapsed(), elapsed.elapsed());
         serve->terminate();
         QVERIFY(serve->waitForFinished(10000));
     }
