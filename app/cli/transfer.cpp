@@ -84,7 +84,7 @@ int keysExport(const QStringList &arguments)
     for (const QString &key : std::as_const(report->missing))
         printError(u"no key %1 in the store"_qs.arg(escapeControls(key)));
     for (const QString &lost : std::as_const(report->incomplete))
-        printError(u"not exported: %1 names shared content the store no longer has"_qs.arg(
+        printError(u"not exported: %1 (shared content the store no longer has)"_qs.arg(
             escapeControls(lost)));
     std::fprintf(stderr, "idemdesk: exported %s\n",
                  qPrintable(countOf(report->written, u"key", u"keys")));

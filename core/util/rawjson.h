@@ -26,9 +26,10 @@ struct RawJsonObject
 
 // The elements of `json`, an array of objects, read by RapidJSON's SAX reader (RFC 8259, UTF-8,
 // a leading byte order mark skipped as QJsonDocument skips it). Invalid, saying which element
-// and why, when it is not such an array, when a string is not Unicode (a lone surrogate), or
-// when an object at any depth names a member twice: readers disagree on which of the two
-// counts (QJsonDocument keeps the last, others the first), so such an object has no one meaning.
+// and why, when it is not such an array, when a string holds a lone high surrogate (a lone
+// low one passes, as RapidJSON reads it), or when an object at any depth names a member twice:
+// readers disagree on which of the two counts (QJsonDocument keeps the last, others the
+// first), so such an object has no one meaning.
 // Nesting deeper than QJsonDocument's 1024 levels is Invalid too.
 Result<QList<RawJsonObject>> rawJsonObjects(QByteArrayView json, QByteArrayView idMember = {});
 

@@ -432,43 +432,59 @@ private Q_SLOTS:
     void aProcessedEventWhoseResultIsNotRecordedIsNeverAnswered503_data()
     {
         QTest::addColumn<QString>("store");
-        QTest::newRow("redis") << u"IDEM_TEST_REDIS_URL"_qs;
-        QTest::newRow("postgres") << u"IDEM_TEST_POSTGRES_URL"_qs;
+        QTest::addColumn<bool>("batch"); // a SendGrid batch, finished in one step
+        for (const bool batch : {false, true}) {
+            const char *kind = batch ? "sendgrid" : "generic";
+            QTest::addRow("redis %s", kind) << u"IDEM_TEST_REDIS_URL"_qs << batch;
+            QTest::addRow("postgres %s", kind) << u"IDEM_TEST_POSTGRES_URL"_qs << batch;
+        }
     }
     void aProcessedEventWhoseResultIsNotRecordedIsNeverAnswered503()
     {
         QFETCH(QString, store);
+        QFETCH(bool, batch);
         const QString direct = storeUrl(store);
         QVERIFY2(!direct.isEmpty(), "IDEM_TEST_REDIS_URL / IDEM_TEST_POSTGRES_URL are not set: run through ./dev test");
         QUrl url(direct);
         FaultProxy proxy(quint16(url.port()));
         url.setPort(proxy.port());
         CountingDownstream down;
-        Desk desk = start(forwardTo(down, ", \"lease_seconds\": 3, \"forward_timeout_seconds\": 1"),
+        const QByteArray lease = ", \"lease_seconds\": 3, \"forward_timeout_seconds\": 1";
+        Desk desk = start(batch ? "[{\"name\": \"orders\", \"provider\": \"sendgrid\", "
+                                  "\"forward_to\": \"" +
+                                      down.url().toString().toUtf8() + "\"" + lease + "}]"
+                                : forwardTo(down, lease),
                           url.toString());
-        const QByteArray key = "NR-" + m_run;
+        const QByteArray key = (batch ? "NRB-" : "NR-") + m_run;
+        auto send = [&] {
+            if (!batch)
+                return deliver(desk.port, key);
+            return post(desk.port, "/hooks/orders",
+                        "[{\"event\":\"open\",\"sg_event_id\":\"" + key + "\",\"timestamp\":1}]");
+        };
 
         down.closeGate();
         ClientResponse answer;
-        std::jthread sender([&] { answer = deliver(desk.port, key); });
-        QTRY_COMPARE(down.count("orders:" + key), 1);
+        std::jthread sender([&] { answer = send(); });
+        QTRY_COMPARE(down.total(), 1);
         proxy.setMode(FaultProxy::Mode::Reset); // the store is gone while the app works
         down.openGate();
         sender.join();
         QCOMPARE(answer.status, 504);
         QVERIFY2(answer.body.contains("Result not recorded"), answer.body.constData());
         QVERIFY(!answer.header("Retry-After").isEmpty());
-        QCOMPARE(down.count("orders:" + key), 1);
+        QCOMPARE(down.total(), 1);
 
         // The store back, the key is the lease's: processed again once the lease is over.
         proxy.setMode(FaultProxy::Mode::Pass);
         const KeyRecord left = *record(desk, u"orders:"_qs + QString::fromLatin1(key));
         QCOMPARE(name(left.state), name(KeyState::Processing));
         QTRY_VERIFY_WITH_TIMEOUT(wallMs() > left.leaseUntilMs, 10000);
-        const ClientResponse again = deliver(desk.port, key);
+        const ClientResponse again = send();
         QCOMPARE(again.status, 200);
-        QCOMPARE(again.header("Idempotency-Outcome"), QByteArray("recovered"));
-        QCOMPARE(down.count("orders:" + key), 2);
+        if (!batch)
+            QCOMPARE(again.header("Idempotency-Outcome"), QByteArray("recovered"));
+        QCOMPARE(down.total(), 2);
     }
 
     // SendGrid batches (docs/http.md#sendgrid-batches): each element its own key; only what is not
