@@ -506,7 +506,7 @@ private Q_SLOTS:
                             EXECUTE FUNCTION hostile();)"_qs),
                  QByteArray());
         const ClientResponse r = post(s.port, "/hooks/e", "{}", {{"Idempotency-Key", "k1"}});
-        QCOMPARE(r.status, 503); // the result could not be recorded within the lease
+        QCOMPARE(r.status, 504); // the result could not be recorded within the lease
         QCOMPARE(stop(s), 0);
         const QByteArray err = s.stderrText + s.process->readAllStandardError();
         QVERIFY2(err.contains("recording a result failed"), err.constData());
