@@ -259,7 +259,10 @@ std::optional<QByteArrayView> jsonStep(QByteArrayView json, qsizetype at, const 
     }
     if (!cursor.take('{'))
         return std::nullopt;
+    // A name given twice means its last value, as QJsonDocument (and so the key, the window and
+    // most apps' parsers) reads it: the whole object is read, not up to the first match.
     const QByteArray wanted = '"' + name.toUtf8() + '"';
+    std::optional<QByteArrayView> found;
     for (bool first = true; cursor.peek() != '}'; first = false) {
         if (!first && !cursor.take(','))
             return std::nullopt;
@@ -272,9 +275,9 @@ std::optional<QByteArrayView> jsonStep(QByteArrayView json, qsizetype at, const 
             return std::nullopt;
         const QByteArrayView quoted = rawName.first(rawName.lastIndexOf('"') + 1);
         if (quoted == wanted || (quoted.contains('\\') && jsonString(quoted) == name))
-            return json.sliced(start, cursor.at() - start);
+            found = json.sliced(start, cursor.at() - start);
     }
-    return std::nullopt;
+    return found;
 }
 
 } // namespace

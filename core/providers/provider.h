@@ -97,8 +97,9 @@ constexpr qsizetype kMaxEventTypeChars = 100;
 QString eventTypeText(QStringView raw);
 
 // A JSON text's value at an RFC 6901 pointer, as its raw bytes (a string with its quotes), read
-// without parsing the rest of the text: members are skipped, not decoded. nullopt when a step is
-// missing or the text is not JSON where it was read. Not a validator.
+// without parsing the rest of the text: members are skipped, not decoded. A name given twice in
+// an object reads its last value, as QJsonDocument does. nullopt when a step is missing or the
+// text is not JSON where it was read. Not a validator.
 std::optional<QByteArrayView> jsonValueAt(QByteArrayView json, QStringView pointer);
 // A raw JSON scalar (from jsonValueAt) as text: a string decoded, a number or true/false as
 // written; empty for null, an object or an array.

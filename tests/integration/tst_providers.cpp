@@ -563,6 +563,55 @@ private Q_SLOTS:
         QVERIFY(read.size() <= kMaxEventTypeChars);
     }
 
+    // The type reader skips what it does not need; where QJsonDocument (the key, the window)
+    // reads the body, the reader reads the same value.
+    void theTypeReaderReadsWhatTheJsonParserReads_data()
+    {
+        QTest::addColumn<QByteArray>("body");
+        QTest::addColumn<QString>("pointer");
+        QTest::addColumn<QString>("expected");
+        QTest::newRow("a name given twice")
+            << QByteArray("{\"type\":\"first\",\"type\":\"second\"}") << u"/type"_qs
+            << u"second"_qs;
+        QTest::newRow("given twice, the first escaped")
+            << QByteArray("{\"typ\\u0065\":\"first\",\"type\":\"second\"}") << u"/type"_qs
+            << u"second"_qs;
+        QTest::newRow("given twice, the last escaped")
+            << QByteArray("{\"type\":\"first\",\"typ\\u0065\":\"second\"}") << u"/type"_qs
+            << u"second"_qs;
+        QTest::newRow("given twice in a nested object")
+            << QByteArray("{\"event\":{\"type\":\"a\",\"type\":\"b\"},\"type\":\"c\"}")
+            << u"/event/type"_qs << u"b"_qs;
+        QTest::newRow("an object given again as a string")
+            << QByteArray("{\"event\":{\"type\":\"a\"},\"event\":\"x\"}") << u"/event/type"_qs
+            << QString();
+        // ./dev fuzz (fuzz_providers, checkPointer): a SendGrid batch whose first element names
+        // its event twice, the second time with control characters in it.
+        QTest::newRow("the fuzzer's SendGrid batch")
+            << QByteArray("[{\"email\":\"a@example.com\",\"event\":\"click\",\"sg_message_id\":"
+                          "\"m\",\"event\":\"clic\x06webhook-id:v0= msgok-\x1a{}\"},{\"sg_event_"
+                          "id\":\"x\",\"v\":1},{ \"v\" : 1, \"sg_even|_id\" : \"x\" },{\"sg_event_"
+                          "id\":\"x\",\"v\":2},{\"n\":9007199254740993}]")
+            << u"/0/event"_qs << u"clic\x06webhook-id:v0= msgok-\x1a{}"_qs;
+    }
+    void theTypeReaderReadsWhatTheJsonParserReads()
+    {
+        QFETCH(QByteArray, body);
+        QFETCH(QString, pointer);
+        QFETCH(QString, expected);
+        QJsonParseError error;
+        const QJsonDocument doc = QJsonDocument::fromJson(body, &error);
+        QCOMPARE(error.error, QJsonParseError::NoError);
+        const auto tree = resolvePointer(
+            doc.isArray() ? QJsonValue(doc.array()) : QJsonValue(doc.object()), pointer);
+        QCOMPARE(tree ? tree->toString() : QString(), expected);
+        const auto raw = jsonValueAt(body, pointer);
+        QCOMPARE(raw.has_value(), tree.has_value());
+        QCOMPARE(raw ? jsonScalarText(*raw) : QString(), expected);
+        // What the desk keeps of it.
+        QCOMPARE(eventTypeAt(body, pointer), eventTypeText(expected));
+    }
+
     void genericTypePointerIsConfigured()
     {
         auto c = Config::parse("{\"endpoints\": [{\"name\": \"a\", \"provider\": \"generic\", "
