@@ -286,6 +286,9 @@ std::optional<QByteArrayView> jsonValueAt(QByteArrayView json, QStringView point
 {
     if (!pointer.isEmpty() && !pointer.startsWith(u'/'))
         return std::nullopt;
+    // A leading UTF-8 byte order mark is skipped, as QJsonDocument skips it.
+    if (json.startsWith("\xEF\xBB\xBF"))
+        json = json.sliced(3);
     QByteArrayView node = json.sliced(JsonCursor(json, 0).next());
     if (pointer.isEmpty()) {
         JsonCursor whole(node, 0);

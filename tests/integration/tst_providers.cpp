@@ -593,6 +593,9 @@ private Q_SLOTS:
                           "id\":\"x\",\"v\":1},{ \"v\" : 1, \"sg_even|_id\" : \"x\" },{\"sg_event_"
                           "id\":\"x\",\"v\":2},{\"n\":9007199254740993}]")
             << u"/0/event"_qs << u"clic\x06webhook-id:v0= msgok-\x1a{}"_qs;
+        QTest::newRow("a byte order mark first")
+            << QByteArray("\xEF\xBB\xBF {\"type\":\"invoice.paid\"}") << u"/type"_qs
+            << u"invoice.paid"_qs;
     }
     void theTypeReaderReadsWhatTheJsonParserReads()
     {
