@@ -11,6 +11,10 @@
 //                                       the store's part of a first page (100 keys: all,
 //                                       completed, failed, one endpoint) and of a count, median
 //                                       ms of 7 on a connected store; then one whole purge
+//   idemdesk_bench find STORE_URL [COUNT]
+//                                       `keys list --type/--search` on COUNT keys (default a
+//                                       million, written straight in unless the store holds
+//                                       them): the first page of 100, median ms of 5
 #include "engine/storm.h"
 #include "http/httpserver.h"
 #include "keysmodel.h"
@@ -24,6 +28,7 @@
 #include <QApplication>
 #include <QElapsedTimer>
 #include <QFile>
+#include <QProcess>
 #include <QSocketNotifier>
 #include <QTemporaryDir>
 #include <QTest>
@@ -246,6 +251,132 @@ int uiBench(int argc, char **argv, const QString &storeUrl)
     return 0;
 }
 
+// Key i of the find benchmark: a Stripe-like body of ~600 bytes, one of ten types, and the
+// customer "acme" in one key of a hundred (i % 100 == 0: type 0).
+void findBenchKey(int i, QByteArray &body, QByteArray &type)
+{
+    static const char *const kTypes[] = {
+        "payment_intent.succeeded", "invoice.paid",      "charge.refunded",
+        "customer.created",         "invoice.finalized", "checkout.session.completed",
+        "payment_intent.created",   "charge.succeeded",  "customer.subscription.updated",
+        "invoice.upcoming"};
+    type = kTypes[i % 10];
+    const QByteArray customer =
+        i % 100 == 0 ? QByteArray("ACME Corp") : "globex-" + QByteArray::number(i % 997);
+    body = "{\"id\":\"evt_" + QByteArray::number(i) + "\",\"object\":\"event\",\"type\":\"" + type +
+           "\",\"livemode\":false,\"data\":{\"object\":{\"id\":\"pi_" + QByteArray::number(i * 7) +
+           "\",\"amount\":" + QByteArray::number(i % 50000) +
+           ",\"currency\":\"eur\",\"customer_name\":\"" + customer + "\",\"description\":\"" +
+           QByteArray(420, 'x') + "\"}}}";
+}
+
+// PostgreSQL: the same keys as findBenchKey(), by one INSERT … SELECT in the server.
+bool fillPostgres(const QString &url, int count)
+{
+    const QByteArray sql =
+        "INSERT INTO idem_keys (key, endpoint, provider, state, fingerprint, token, attempts,"
+        " created_ms, updated_ms, lease_until_ms, expires_at_ms, req_method, req_path, req_body,"
+        " res_status, res_body, type)"
+        " SELECT 'big:evt_' || i, 'big', 'generic', CASE WHEN i % 4 = 3 THEN 'failed' ELSE"
+        " 'completed' END, 'f', nextval('idem_tokens'), 1, n - " +
+        QByteArray::number(count) + " + i, n - " + QByteArray::number(count) +
+        " + i, 0, n + 86400000, 'POST', '/hooks/big',"
+        " convert_to('{\"id\":\"evt_' || i || '\",\"object\":\"event\",\"type\":\"' || t ||"
+        " '\",\"livemode\":false,\"data\":{\"object\":{\"id\":\"pi_' || i * 7 || '\",\"amount\":' "
+        "||"
+        " i % 50000 || ',\"currency\":\"eur\",\"customer_name\":\"' || CASE WHEN i % 100 = 0 THEN"
+        " 'ACME Corp' ELSE 'globex-' || i % 997 END || '\",\"description\":\"' || repeat('x', 420)"
+        " || '\"}}}', 'UTF8'), 200, '{\"ok\":true}', t"
+        " FROM (SELECT i, (ARRAY['payment_intent.succeeded', 'invoice.paid', 'charge.refunded',"
+        " 'customer.created', 'invoice.finalized', 'checkout.session.completed',"
+        " 'payment_intent.created', 'charge.succeeded', 'customer.subscription.updated',"
+        " 'invoice.upcoming'])[i % 10 + 1] AS t, (extract(epoch from clock_timestamp()) * "
+        "1000)::bigint"
+        " AS n FROM generate_series(0, " +
+        QByteArray::number(count - 1) +
+        ") AS i) AS g;"
+        " ANALYZE idem_keys;";
+    QProcess psql;
+    psql.start(u"psql"_qs, {u"-q"_qs, u"-v"_qs, u"ON_ERROR_STOP=1"_qs, u"-d"_qs, url, u"-c"_qs,
+                            QString::fromUtf8(sql)});
+    psql.waitForFinished(-1);
+    if (psql.exitCode() != 0)
+        std::fprintf(stderr, "fill: %s\n", psql.readAllStandardError().constData());
+    return psql.exitCode() == 0;
+}
+
+// What one call of the window's find may spend (KeysModel::kFindBudgetMs).
+constexpr int kWindowBudgetMs = 150;
+
+int findBench(const QString &url, int count)
+{
+    QElapsedTimer took;
+    took.start();
+    auto pool = openStorePool(url, 1);
+    if (!pool) {
+        std::fprintf(stderr, "find: %s\n", qPrintable(pool.error().message));
+        return 1;
+    }
+    StorePool &store = **pool;
+    auto counts = store.run<StateCounts>([](IdempotencyStore &s) { return s.countKeys({}); });
+    if (!counts) {
+        std::fprintf(stderr, "find: %s\n", qPrintable(counts.error().message));
+        return 1;
+    }
+    if (counts->total() < count) {
+        bool filled = true;
+        if (url.startsWith(u"sqlite:"))
+            test::generateSqliteKeys(url.mid(7), count, {}, findBenchKey);
+        else if (url.startsWith(u"redis")) {
+            const QString failure = test::generateRedisKeys(url, count, 1, 0, {}, findBenchKey);
+            if (!failure.isEmpty())
+                std::fprintf(stderr, "fill: %s\n", qPrintable(failure));
+            filled = failure.isEmpty();
+        } else
+            filled = fillPostgres(url, count);
+        if (!filled)
+            return 1;
+        std::printf("fill_ms %lld\n", static_cast<long long>(took.elapsed()));
+    }
+    auto medianMs = [&](KeyQuery q, int runs, qint64 *scanned, int *found) {
+        std::vector<double> ms;
+        for (int i = 0; i < runs; ++i) {
+            QElapsedTimer t;
+            t.start();
+            auto page = store.run<KeyPage>([&](IdempotencyStore &s) { return s.findKeys(q); });
+            if (!page) {
+                std::fprintf(stderr, "find: %s\n", qPrintable(page.error().message));
+                return -1.0;
+            }
+            ms.push_back(double(t.nsecsElapsed()) / 1e6);
+            *scanned = page->scanned;
+            *found = int(page->records.size());
+        }
+        std::sort(ms.begin(), ms.end());
+        return ms[ms.size() / 2];
+    };
+    auto report = [&](const char *name, const QString &type, const QString &search, int budget,
+                      int runs) {
+        KeyQuery q;
+        q.type = type;
+        q.search = search;
+        q.limit = 100;
+        q.budgetMs = budget;
+        qint64 scanned = 0;
+        int found = 0;
+        const double ms = medianMs(q, runs, &scanned, &found);
+        std::printf("%s_ms %.1f (found %d, looked at %lld)\n", name, ms, found,
+                    static_cast<long long>(scanned));
+    };
+    report("type_first_page", u"invoice.paid"_qs, {}, 0, 5);
+    report("search_1pct_first_page", {}, u"acme"_qs, 0, 5);
+    report("search_1pct_window_call", {}, u"acme"_qs, kWindowBudgetMs, 5);
+    report("type_and_search_first_page", u"payment_intent.succeeded"_qs, u"acme"_qs, 0, 5);
+    report("search_absent_window_call", {}, u"initech"_qs, kWindowBudgetMs, 5);
+    report("search_absent_whole_store", {}, u"initech"_qs, 0, 1);
+    return 0;
+}
+
 } // namespace
 
 int main(int argc, char **argv)
@@ -260,6 +391,9 @@ int main(int argc, char **argv)
     if (mode == "query" && (argc == 3 || argc == 4))
         return queryBench(QString::fromLocal8Bit(argv[2]),
                           argc == 4 ? QString::fromLocal8Bit(argv[3]) : QString());
+    if (mode == "find" && (argc == 3 || argc == 4))
+        return findBench(QString::fromLocal8Bit(argv[2]),
+                         argc == 4 ? QByteArray(argv[3]).toInt() : 1'000'000);
     if (mode == "fill" && argc >= 4 && argc <= 6)
         return fillRedis(QString::fromLocal8Bit(argv[2]), QByteArray(argv[3]).toInt(),
                          argc > 4 ? QByteArray(argv[4]).toInt() : 1,

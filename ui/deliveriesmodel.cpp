@@ -40,6 +40,8 @@ QVariant DeliveriesModel::headerData(int section, Qt::Orientation orientation, i
     case Time: return tr("Time");
     case Endpoint: return tr("Endpoint");
     case Key: return tr("Key");
+    case Type:
+        return tr("Type");
     case Outcome: return tr("Outcome");
     case Status: return tr("Status");
     case Latency: return tr("Latency");
@@ -86,6 +88,8 @@ QVariant DeliveriesModel::data(const QModelIndex &index, int role) const
         case Time: return e.atMs;
         case Endpoint: return e.endpoint;
         case Key: return e.key;
+        case Type:
+            return e.type;
         case Outcome: return toString(e.outcome);
         case Status: return e.status;
         case Latency: return e.latencyUs;
@@ -98,6 +102,8 @@ QVariant DeliveriesModel::data(const QModelIndex &index, int role) const
         case Time: return QDateTime::fromMSecsSinceEpoch(e.atMs).toString(u"hh:mm:ss.zzz"_qs);
         case Endpoint: return escapeControls(e.endpoint);
         case Key: return e.key.isEmpty() ? tr("(none)") : escapeControls(e.key);
+        case Type:
+            return escapeControls(e.type);
         case Outcome: return toString(e.outcome);
         case Status: return e.status;
         case Latency: return u"%1 ms"_qs.arg(double(e.latencyUs) / 1000.0, 0, 'f', 1);

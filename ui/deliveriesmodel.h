@@ -31,7 +31,7 @@ class DeliveriesModel final : public QAbstractTableModel
 {
     Q_OBJECT
 public:
-    enum Column { Time, Endpoint, Key, Outcome, Status, Latency, ColumnCount };
+    enum Column { Time, Endpoint, Key, Type, Outcome, Status, Latency, ColumnCount };
     enum Role {
         RawValueRole = Qt::UserRole + 1,
         FoldedCountRole, // a folded row's count of rejected deliveries; 0 for a delivery's own row

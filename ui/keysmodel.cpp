@@ -53,6 +53,8 @@ QVariant KeysModel::headerData(int section, Qt::Orientation orientation, int rol
     switch (section) {
     case Key: return tr("Key");
     case Endpoint: return tr("Endpoint");
+    case Type:
+        return tr("Type");
     case State: return tr("State");
     case Deliveries: return tr("Deliveries");
     case FirstSeen: return tr("First seen");
@@ -80,6 +82,8 @@ QVariant KeysModel::data(const QModelIndex &index, int role) const
         switch (index.column()) {
         case Key: return r.key;
         case Endpoint: return r.endpoint;
+        case Type:
+            return r.type;
         case State: return int(r.state);
         case Deliveries: return r.attempts;
         case FirstSeen: return r.createdMs;
@@ -94,6 +98,8 @@ QVariant KeysModel::data(const QModelIndex &index, int role) const
         switch (index.column()) {
         case Key: return escapeControls(r.key);
         case Endpoint: return escapeControls(r.endpoint);
+        case Type:
+            return escapeControls(r.type);
         case State: return toString(r.state);
         case Deliveries: return r.attempts;
         case FirstSeen: return shortTime(r.createdMs);
@@ -134,6 +140,8 @@ KeyQuery KeysModel::query(int offset, int limit) const
     q.state = m_state;
     q.endpoint = m_endpoint;
     q.glob = m_glob;
+    q.type = m_type;
+    q.search = m_search;
     q.offset = offset;
     q.limit = limit;
     return q;
@@ -152,6 +160,8 @@ void KeysModel::fetchMore(const QModelIndex &parent)
     if (!canFetchMore(parent))
         return;
     m_loading = true;
+    if (isFinding())
+        return fetchFound();
     const KeyQuery q = query(int(m_rows.size() + m_shift), m_pageSize);
     const quint64 generation = m_generation;
     m_pool->submit<QList<KeyRecord>>(
@@ -180,19 +190,121 @@ void KeysModel::fetchMore(const QModelIndex &parent)
                 if (!known.contains(r.key))
                     added.append(r);
             m_shift += page->size() - added.size();
-            if (!added.isEmpty()) {
-                // Still "loading" while the rows go in: a view asking for more from inside
-                // the insertion must not fetch the same offset again.
-                beginInsertRows({}, int(m_rows.size()), int(m_rows.size() + added.size()) - 1);
-                m_rows += added;
-                endInsertRows();
-            }
+            // Still "loading" while the rows go in: a view asking for more from inside the
+            // insertion must not fetch the same offset again.
+            addRows(added);
             m_loading = false;
             Q_EMIT loaded();
         });
 }
 
-void KeysModel::setFilter(std::optional<KeyState> state, const QString &endpoint, const QString &text)
+void KeysModel::addRows(const QList<KeyRecord> &page)
+{
+    if (page.isEmpty())
+        return;
+    beginInsertRows({}, int(m_rows.size()), int(m_rows.size() + page.size()) - 1);
+    m_rows += page;
+    endInsertRows();
+}
+
+void KeysModel::fetchFound()
+{
+    KeyQuery q = query(0, m_pageSize);
+    q.after = m_after;
+    q.budgetMs = m_findBudgetMs;
+    const quint64 generation = m_generation;
+    m_pool->submit<KeyPage>(
+        this, [q](IdempotencyStore &s) { return s.findKeys(q); },
+        [this, generation](Result<KeyPage> page) {
+            if (generation != m_generation)
+                return; // the filter changed meanwhile: this find stops here
+            if (!page) {
+                m_loading = false;
+                m_pageFailedAtMs = wallMs();
+                Q_EMIT storeError(page.error().message);
+                Q_EMIT findProgress();
+                return;
+            }
+            m_scanned += page->scanned;
+            m_after = page->next;
+            m_atEnd = page->next.isEmpty();
+            // A key claimed again during the find moved ahead of it and may come back: shown once.
+            QSet<QString> known;
+            for (const KeyRecord &r : std::as_const(m_rows))
+                known.insert(r.key);
+            QList<KeyRecord> added;
+            for (const KeyRecord &r : std::as_const(page->records))
+                if (!known.contains(r.key))
+                    added.append(r);
+            addRows(added);
+            // A call that ran out of its budget before its page was full goes on at once, on a
+            // store worker: the GUI thread only takes the answers.
+            if (!m_atEnd && page->records.size() < m_pageSize) {
+                Q_EMIT findProgress();
+                return fetchFound();
+            }
+            m_loading = false;
+            Q_EMIT findProgress();
+            Q_EMIT loaded();
+        });
+}
+
+// A find's rows are read again key by key (the store's find is not run again every second:
+// on a million keys a search reads them all): their state, deliveries and TTL stay current,
+// and a key deleted or expired meanwhile leaves the list.
+void KeysModel::refreshFound()
+{
+    QStringList keys;
+    for (qsizetype i = 0; i < std::min<qsizetype>(m_rows.size(), 500); ++i)
+        keys.append(m_rows.at(i).key);
+    if (keys.isEmpty())
+        return;
+    m_refreshing = true;
+    const quint64 generation = m_generation;
+    m_pool->submit<QList<std::optional<KeyRecord>>>(
+        this,
+        [keys](IdempotencyStore &s) -> Result<QList<std::optional<KeyRecord>>> {
+            QList<std::optional<KeyRecord>> records;
+            for (const QString &key : keys) {
+                auto record = s.key(key);
+                if (!record)
+                    return record.error();
+                if (*record) { // the list's record: no request, result or history
+                    (*record)->request = {};
+                    (*record)->result = {};
+                    (*record)->history.clear();
+                }
+                records.append(*record);
+            }
+            return records;
+        },
+        [this, generation, keys](Result<QList<std::optional<KeyRecord>>> records) {
+            if (generation != m_generation)
+                return;
+            m_refreshing = false;
+            if (!records) {
+                Q_EMIT storeError(records.error().message);
+                return;
+            }
+            for (qsizetype i = records->size() - 1; i >= 0; --i) {
+                const int row = rowOfKey(keys.at(i));
+                if (row < 0)
+                    continue;
+                if (!records->at(i)) {
+                    beginRemoveRows({}, row, row);
+                    m_rows.removeAt(row);
+                    endRemoveRows();
+                    continue;
+                }
+                m_rows[row] = *records->at(i);
+                Q_EMIT dataChanged(index(row, 0), index(row, ColumnCount - 1));
+            }
+            Q_EMIT loaded();
+        });
+}
+
+void KeysModel::setFilter(std::optional<KeyState> state, const QString &endpoint,
+                          const QString &text, const QString &type, const QString &search)
 {
     QString glob = text.trimmed();
     if (!glob.isEmpty() && !glob.contains(u'*') && !glob.contains(u'?') && !glob.contains(u'['))
@@ -203,6 +315,10 @@ void KeysModel::setFilter(std::optional<KeyState> state, const QString &endpoint
     m_state = state;
     m_endpoint = endpoint;
     m_glob = glob;
+    m_type = type.trimmed();
+    m_search = search;
+    m_after.clear();
+    m_scanned = 0;
     m_rows.clear();
     m_shift = 0;
     m_atEnd = false;
@@ -246,6 +362,8 @@ void KeysModel::refresh()
         requestCounts();
     if (m_refreshing || m_loading)
         return;
+    if (isFinding())
+        return refreshFound();
     m_refreshing = true;
     const KeyQuery q = query(0, std::max(m_pageSize, int(std::min<qsizetype>(m_rows.size(), 5000))));
     const quint64 generation = m_generation;

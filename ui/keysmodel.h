@@ -17,7 +17,18 @@ class KeysModel final : public QAbstractTableModel
 {
     Q_OBJECT
 public:
-    enum Column { Key, Endpoint, State, Deliveries, FirstSeen, LastSeen, Ttl, Lease, ColumnCount };
+    enum Column {
+        Key,
+        Endpoint,
+        Type,
+        State,
+        Deliveries,
+        FirstSeen,
+        LastSeen,
+        Ttl,
+        Lease,
+        ColumnCount
+    };
     enum Role { RawValueRole = Qt::UserRole + 1, KeyRole, StuckRole };
 
     explicit KeysModel(std::shared_ptr<StorePool> pool, int pageSize = 200, QObject *parent = nullptr);
@@ -29,8 +40,24 @@ public:
     bool canFetchMore(const QModelIndex &parent) const override;
     void fetchMore(const QModelIndex &parent) override;
 
-    // Text with * ? [ is a glob on the key; other text matches anywhere in the key.
-    void setFilter(std::optional<KeyState> state, const QString &endpoint, const QString &text);
+    // Text with * ? [ is a glob on the key; other text matches anywhere in the key. `type`
+    // (exact) and `search` (text in the stored request bodies) page through
+    // IdempotencyStore::findKeys() instead: each call bounded by kFindBudgetMs, and the next one
+    // asked for at once while a page is not full, until it is or nothing older matches.
+    void setFilter(std::optional<KeyState> state, const QString &endpoint, const QString &text,
+                   const QString &type = {}, const QString &search = {});
+    // How long one findKeys() call on a store worker may read before it answers.
+    static constexpr int kFindBudgetMs = 150;
+    void setFindBudgetMs(int ms) { m_findBudgetMs = ms; } // tests: a find of many calls
+    // A type or a search is set: rows come from findKeys().
+    bool isFinding() const { return !m_type.isEmpty() || !m_search.isEmpty(); }
+    // Finding, and the store has more to look through for the page being filled.
+    bool isSearching() const { return isFinding() && m_loading; }
+    // Finding, and every key the store holds was looked at: the rows are all there are.
+    bool foundAll() const { return isFinding() && m_atEnd; }
+    qint64 scanned() const { return m_scanned; } // keys looked at by this find so far
+    QString type() const { return m_type; }
+    QString search() const { return m_search; }
     // Re-reads the loaded rows and the counts (after an action, or on a timer).
     void refresh();
     const KeyRecord *record(int row) const;
@@ -44,12 +71,16 @@ public:
 Q_SIGNALS:
     void countsChanged();
     void loaded(); // a page or a refresh arrived
+    void findProgress(); // a find's call answered (isSearching(), foundAll(), scanned() moved)
     void storeError(const QString &message);
 
 private:
     void requestCounts();
     void moveTo(const QList<KeyRecord> &fresh, qsizetype window);
     KeyQuery query(int offset, int limit) const;
+    void fetchFound();
+    void refreshFound();
+    void addRows(const QList<KeyRecord> &page);
 
     std::shared_ptr<StorePool> m_pool;
     int m_pageSize;
@@ -57,6 +88,11 @@ private:
     std::optional<KeyState> m_state;
     QString m_endpoint;
     QString m_glob;
+    QString m_type;
+    QString m_search;
+    QString m_after; // finding: where the next findKeys() call goes on (KeyPage::next)
+    qint64 m_scanned = 0;
+    int m_findBudgetMs = kFindBudgetMs;
     qsizetype m_shift =
         0; // rows loaded twice by the pages since the last refresh: the list moved down
     bool m_atEnd = false;

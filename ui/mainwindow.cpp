@@ -96,11 +96,14 @@ QString tryHint(const Config &config, const QString &base)
 }
 
 MainWindow::MainWindow(DeskSession session, QWidget *parent)
-    : QMainWindow(parent), m_session(std::move(session)), m_keys(new KeysModel(m_session.pool, 200, this)),
-      m_sorted(new QSortFilterProxyModel(this)), m_table(new QTableView(this)), m_detail(new KeyDetailView(this)),
+    : QMainWindow(parent), m_session(std::move(session)),
+      m_keys(new KeysModel(m_session.pool, 200, this)), m_sorted(new QSortFilterProxyModel(this)),
+      m_table(new QTableView(this)), m_detail(new KeyDetailView(this)),
       m_traffic(new TrafficView(m_session.pool, this)), m_stateTabs(new QTabBar(this)),
-      m_endpointFilter(new QComboBox(this)), m_textFilter(new QLineEdit(this)), m_pages(new QTabWidget(this)),
-      m_address(new QLabel(this)), m_storeLabel(new QLabel(this)), m_counts(new QLabel(this)), m_warnings(new QLabel(this)),
+      m_endpointFilter(new QComboBox(this)), m_textFilter(new QLineEdit(this)),
+      m_typeFilter(new QLineEdit(this)), m_searchFilter(new QLineEdit(this)),
+      m_findStatus(new QLabel(this)), m_pages(new QTabWidget(this)), m_address(new QLabel(this)),
+      m_storeLabel(new QLabel(this)), m_counts(new QLabel(this)), m_warnings(new QLabel(this)),
       m_refresh(new QTimer(this)), m_filterDelay(new QTimer(this))
 {
     setWindowTitle(tr("Idempotency Desk"));
@@ -129,6 +132,19 @@ MainWindow::MainWindow(DeskSession session, QWidget *parent)
     filters->addWidget(m_endpointFilter);
     filters->addWidget(m_textFilter, 1);
     keysLayout->addLayout(filters);
+    // Type and body search: read through the store's find, a page at a time on a store worker.
+    auto *finds = new QHBoxLayout;
+    m_typeFilter->setPlaceholderText(tr("Event type (exact)"));
+    m_typeFilter->setClearButtonEnabled(true);
+    m_typeFilter->setMaxLength(kMaxEventTypeChars);
+    m_searchFilter->setPlaceholderText(tr("Search request bodies, e.g. acme"));
+    m_searchFilter->setClearButtonEnabled(true);
+    m_searchFilter->setMaxLength(kMaxSearchBytes / 4); // UTF-8: up to 4 bytes a character
+    m_findStatus->setTextFormat(Qt::PlainText);
+    finds->addWidget(m_typeFilter, 1);
+    finds->addWidget(m_searchFilter, 2);
+    finds->addWidget(m_findStatus, 2);
+    keysLayout->addLayout(finds);
 
     m_sorted->setSourceModel(m_keys);
     m_sorted->setSortRole(KeysModel::RawValueRole);
@@ -191,6 +207,11 @@ MainWindow::MainWindow(DeskSession session, QWidget *parent)
     m_filterDelay->setSingleShot(true);
     m_filterDelay->setInterval(250);
     connect(m_textFilter, &QLineEdit::textChanged, m_filterDelay, qOverload<>(&QTimer::start));
+    connect(m_typeFilter, &QLineEdit::textChanged, m_filterDelay, qOverload<>(&QTimer::start));
+    connect(m_searchFilter, &QLineEdit::textChanged, m_filterDelay, qOverload<>(&QTimer::start));
+    connect(m_keys, &KeysModel::findProgress, this, &MainWindow::updateFindStatus);
+    connect(m_keys, &KeysModel::loaded, this, &MainWindow::updateFindStatus);
+    connect(m_keys, &QAbstractItemModel::rowsRemoved, this, &MainWindow::updateFindStatus);
     connect(m_filterDelay, &QTimer::timeout, this, &MainWindow::applyFilter);
     connect(m_table->selectionModel(), &QItemSelectionModel::selectionChanged, this, [this] {
         if (m_selectedBeforeMove)
@@ -456,10 +477,12 @@ void MainWindow::openKey(const QString &key)
         return selectKey(key);
     // Not loaded here: show just that key.
     QSignalBlocker quietTabs(m_stateTabs), quietEndpoints(m_endpointFilter),
-        quietText(m_textFilter);
+        quietText(m_textFilter), quietType(m_typeFilter), quietSearch(m_searchFilter);
     m_stateTabs->setCurrentIndex(0);
     m_endpointFilter->setCurrentIndex(0);
     m_textFilter->setText(key);
+    m_typeFilter->clear();
+    m_searchFilter->clear();
     applyFilter();
 }
 
@@ -680,7 +703,35 @@ void MainWindow::showWarnings(const QStringList &warnings)
 void MainWindow::applyFilter()
 {
     const int tab = std::max(0, m_stateTabs->currentIndex());
-    m_keys->setFilter(kTabStates[size_t(tab)], m_endpointFilter->currentData().toString(), m_textFilter->text());
+    m_keys->setFilter(kTabStates[size_t(tab)], m_endpointFilter->currentData().toString(),
+                      m_textFilter->text(), m_typeFilter->text(), m_searchFilter->text());
+    updateFindStatus();
+}
+
+void MainWindow::updateFindStatus()
+{
+    // An empty list says why: a filter matched nothing (and which), not an empty store.
+    QStringList what;
+    if (!m_keys->glob().isEmpty())
+        what << tr("matching '%1'").arg(escapeControls(m_textFilter->text().trimmed()));
+    if (!m_keys->type().isEmpty())
+        what << tr("of type '%1'").arg(escapeControls(m_keys->type()));
+    if (!m_keys->search().isEmpty())
+        what << tr("whose body contains '%1'").arg(escapeControls(m_keys->search()));
+    QString text;
+    if (m_keys->isSearching())
+        text = tr("Searching… %1 looked at").arg(countOf(m_keys->scanned(), u"key", u"keys"));
+    else if (m_keys->rowCount() == 0 && !m_keys->isLoading() && !what.isEmpty())
+        text = tr("No keys %1.").arg(what.join(tr(" and "))) +
+               (m_keys->isFinding()
+                    ? QString()
+                    : tr(" The first box reads key names; the search box reads request bodies."));
+    else if (m_keys->isFinding())
+        text = tr("%1 found, %2 looked at%3")
+                   .arg(countOf(m_keys->rowCount(), u"key", u"keys"))
+                   .arg(m_keys->scanned())
+                   .arg(m_keys->foundAll() ? QString() : tr(" (scroll for more)"));
+    m_findStatus->setText(text);
 }
 
 QStringList MainWindow::selectedKeys() const
@@ -1014,8 +1065,16 @@ void MainWindow::importKeys()
         importFrom(path);
 }
 
-void MainWindow::exportTo(const QString &path, const QStringList &keys)
+void MainWindow::exportTo(const QString &path, const QStringList &selected)
 {
+    // A type or a search is not a filter the store's export reads: the keys found are written.
+    QStringList keys = selected;
+    if (keys.isEmpty() && m_keys->isFinding()) {
+        for (int row = 0; row < m_keys->rowCount(); ++row)
+            keys << m_keys->record(row)->key;
+        if (keys.isEmpty())
+            return finishAction(tr("Export not done: no key found"), false);
+    }
     // The selection, or with none selected every key of the filter; written on a store worker.
     KeyQuery filter;
     const int tab = std::max(0, m_stateTabs->currentIndex());

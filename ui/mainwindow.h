@@ -76,6 +76,10 @@ public:
     QTabBar *stateTabs() const { return m_stateTabs; }
     QComboBox *endpointFilter() const { return m_endpointFilter; }
     QLineEdit *textFilter() const { return m_textFilter; }
+    QLineEdit *typeFilter() const { return m_typeFilter; }     // exact event type
+    QLineEdit *searchFilter() const { return m_searchFilter; } // text in the stored bodies
+    // What the Keys page says about its filter: a find under way, or that nothing matched.
+    QLabel *findStatus() const { return m_findStatus; }
     QTabWidget *pages() const { return m_pages; }
     QLabel *statusWarnings() const { return m_warnings; }
     QString statusText() const;
@@ -164,6 +168,10 @@ private:
     QTabBar *m_stateTabs;
     QComboBox *m_endpointFilter;
     QLineEdit *m_textFilter;
+    QLineEdit *m_typeFilter;
+    QLineEdit *m_searchFilter;
+    QLabel *m_findStatus;
+    void updateFindStatus();
     QTabWidget *m_pages;
     QLabel *m_address;
     QLabel *m_storeLabel;

@@ -18,7 +18,8 @@ namespace {
 const char kKeysUsage[] =
     "Usage: idemdesk keys COMMAND [OPTIONS]\n"
     "\n"
-    "  list [--state S] [--endpoint E] [--match GLOB] [--limit N] [--json]\n"
+    "  list [--state S] [--endpoint E] [--match GLOB] [--type T] [--search TEXT]\n"
+    "       [--limit N] [--after POSITION] [--json]\n"
     "  show KEY [--json]\n"
     "  reset KEY... [--force] | reset --all-failed [--endpoint E]\n"
     "  retry KEY... [--force]\n"
@@ -49,6 +50,7 @@ QJsonObject summaryJson(const KeyRecord &r, qint64 now)
     QJsonObject o{{u"key"_qs, r.key},
                   {u"endpoint"_qs, r.endpoint},
                   {u"provider"_qs, r.provider},
+                  {u"type"_qs, r.type.isEmpty() ? QJsonValue() : QJsonValue(r.type)},
                   {u"state"_qs, toString(r.state)},
                   {u"deliveries"_qs, r.attempts},
                   {u"ttl_seconds"_qs, std::max<qint64>(0, (r.expiresAtMs - now) / 1000)},
@@ -85,6 +87,65 @@ QString table(const QList<QStringList> &rows)
     return out;
 }
 
+void printKeys(const QList<KeyRecord> &keys, qint64 now, bool json)
+{
+    if (json) {
+        for (const KeyRecord &r : keys)
+            printOut(QString::fromUtf8(
+                         QJsonDocument(summaryJson(r, now)).toJson(QJsonDocument::Compact)) +
+                     u'\n');
+        return;
+    }
+    QList<QStringList> rows{{u"KEY"_qs, u"ENDPOINT"_qs, u"TYPE"_qs, u"STATE"_qs, u"DELIVERIES"_qs,
+                             u"TTL"_qs, u"UPDATED"_qs}};
+    for (const KeyRecord &r : keys)
+        rows.append({r.key, r.endpoint, r.type.isEmpty() ? u"-"_qs : r.type, toString(r.state),
+                     QString::number(r.attempts), formatDuration(r.expiresAtMs - now),
+                     formatTime(r.updatedMs)});
+    printOut(table(rows));
+}
+
+// `keys list --type/--search`: findKeys() pages until this page is full or nothing older
+// matches (no budget: the command waits for its page), then says where the next one starts.
+int listFound(const QCommandLineParser &parser, StoreSession &session, KeyQuery query)
+{
+    qint64 now = 0;
+    QList<KeyRecord> found;
+    QString next;
+    auto done = run<Ok>(*session.pool, [&](IdempotencyStore &s) -> Result<Ok> {
+        auto clock = s.clockMs();
+        if (!clock)
+            return clock.error();
+        now = *clock;
+        auto page = s.findKeys(query);
+        if (!page)
+            return page.error();
+        found = std::move(page->records);
+        next = page->next;
+        return Ok{};
+    });
+    if (!done) {
+        printError(done.error().message);
+        return done.error().code == ErrorCode::Invalid ? ExitUsage : ExitRuntime;
+    }
+    const bool json = parser.isSet(u"json"_qs);
+    printKeys(found, now, json);
+    if (json)
+        return ExitOk;
+    QStringList what;
+    if (!query.type.isEmpty())
+        what << u"of type '%1'"_qs.arg(escapeControls(query.type));
+    if (!query.search.isEmpty())
+        what << u"whose body contains '%1'"_qs.arg(escapeControls(query.search));
+    if (!next.isEmpty())
+        printOut(u"(more keys: --after '%1')\n"_qs.arg(escapeControls(next)));
+    else if (found.isEmpty())
+        printOut(u"(no keys %1%2)\n"_qs.arg(what.join(u" and "_qs),
+                                            query.after.isEmpty() ? QString()
+                                                                  : u" after that position"_qs));
+    return ExitOk;
+}
+
 int list(const QStringList &arguments)
 {
     QCommandLineParser parser;
@@ -93,7 +154,17 @@ int list(const QStringList &arguments)
     parser.addOption({u"state"_qs, u"processing, completed, failed or reset."_qs, u"S"_qs});
     parser.addOption({u"endpoint"_qs, u"Only this endpoint's keys."_qs, u"E"_qs});
     parser.addOption({u"match"_qs, u"Shell glob on the stored key (* ? [...])."_qs, u"GLOB"_qs});
+    parser.addOption(
+        {u"type"_qs, u"Only keys of this event type (payment_intent.succeeded)."_qs, u"T"_qs});
+    parser.addOption({u"search"_qs,
+                      u"Only keys whose stored request body contains TEXT (ASCII letters in "
+                      u"either case)."_qs,
+                      u"TEXT"_qs});
     parser.addOption({u"limit"_qs, u"At most N keys (default 100)."_qs, u"N"_qs, u"100"_qs});
+    parser.addOption({u"after"_qs,
+                      u"With --type or --search: go on from where the last page stopped (the "
+                      u"position it printed)."_qs,
+                      u"POSITION"_qs});
     parser.addOption({u"json"_qs, u"One JSON object per line."_qs});
     if (const int rc = parseOrExit(parser, arguments, 0); rc >= 0)
         return rc;
@@ -113,9 +184,27 @@ int list(const QStringList &arguments)
     }
     query.endpoint = parser.value(u"endpoint"_qs);
     query.glob = parser.value(u"match"_qs);
+    query.type = parser.value(u"type"_qs);
+    query.search = parser.value(u"search"_qs);
+    query.after = parser.value(u"after"_qs);
+    if ((parser.isSet(u"type"_qs) && query.type.isEmpty()) ||
+        (parser.isSet(u"search"_qs) && query.search.isEmpty())) {
+        printError(u"--type and --search need a value"_qs);
+        return ExitUsage;
+    }
+    if (query.search.toUtf8().size() > kMaxSearchBytes) {
+        printError(u"--search takes at most %1 bytes"_qs.arg(kMaxSearchBytes));
+        return ExitUsage;
+    }
+    if (parser.isSet(u"after"_qs) && query.type.isEmpty() && query.search.isEmpty()) {
+        printError(u"--after goes on with a --type or --search listing"_qs);
+        return ExitUsage;
+    }
     StoreSession session;
     if (const int rc = openSession(parser, session); rc >= 0)
         return rc;
+    if (!query.type.isEmpty() || !query.search.isEmpty())
+        return listFound(parser, session, query);
     query.limit += 1; // one more tells whether there are more
     qint64 now = 0; // the store's clock: TTLs count down on it
     auto keys = run<QList<KeyRecord>>(*session.pool, [&](IdempotencyStore &s) -> Result<QList<KeyRecord>> {
@@ -132,16 +221,9 @@ int list(const QStringList &arguments)
     const bool more = keys->size() == query.limit;
     if (more)
         keys->removeLast();
-    if (parser.isSet(u"json"_qs)) {
-        for (const KeyRecord &r : *keys)
-            printOut(QString::fromUtf8(QJsonDocument(summaryJson(r, now)).toJson(QJsonDocument::Compact)) + u'\n');
+    printKeys(*keys, now, parser.isSet(u"json"_qs));
+    if (parser.isSet(u"json"_qs))
         return ExitOk;
-    }
-    QList<QStringList> rows{{u"KEY"_qs, u"ENDPOINT"_qs, u"STATE"_qs, u"DELIVERIES"_qs, u"TTL"_qs, u"UPDATED"_qs}};
-    for (const KeyRecord &r : *keys)
-        rows.append({r.key, r.endpoint, toString(r.state), QString::number(r.attempts),
-                     formatDuration(r.expiresAtMs - now), formatTime(r.updatedMs)});
-    printOut(table(rows));
     if (more)
         printOut(u"(more keys: raise --limit or narrow with --state, --endpoint, --match)\n"_qs);
     else if (keys->isEmpty())

@@ -76,6 +76,8 @@ QString logLine(const DeliveryEvent &e, bool json)
         formatTime(e.atMs), e.endpoint.isEmpty() ? u"-"_qs : e.endpoint,
         e.key.isEmpty() ? u"-"_qs : e.key, toString(e.outcome), QString::number(e.status),
         QString::number(double(e.latencyUs) / 1000.0, 'f', 1));
+    if (!e.type.isEmpty())
+        line += u" type="_qs + e.type;
     if (!e.detail.isEmpty())
         line += u" ("_qs + e.detail + u")"_qs;
     // The detail quotes what the sender chose (an unknown endpoint's decoded path): one line,

@@ -458,6 +458,15 @@ Result<Config> Config::parse(const QByteArray &json, const QString &sourceName)
         if (r.has(u"signature_header"_qs) && e.provider != u"generic"_qs)
             r.fail(u"signature_header"_qs, u"only the generic provider's signature header can be chosen"_qs);
         e.signatureHeader = signatureHeader.isEmpty() ? QByteArray("X-Signature-256") : signatureHeader.toLatin1();
+        if (r.has(u"type_pointer"_qs)) {
+            r.string(u"type_pointer"_qs, e.typePointer);
+            if (e.provider != u"generic"_qs)
+                r.fail(u"type_pointer"_qs, u"only the generic provider's event type can be chosen "
+                                           u"(the others read it where their sender puts it)"_qs);
+            else if (!validPointer(e.typePointer))
+                r.fail(u"type_pointer"_qs,
+                       u"must be \"\" (no type) or start with '/' (RFC 6901)"_qs);
+        }
         QString forward;
         r.string(u"forward_to"_qs, forward);
         if (!forward.isEmpty()) {
@@ -579,6 +588,8 @@ QJsonObject Config::toJson() const
             o.insert(u"private_key"_qs, QString::fromLatin1(e.privateKey));
         if (e.provider == u"generic"_qs && e.signatureHeader != "X-Signature-256")
             o.insert(u"signature_header"_qs, QString::fromLatin1(e.signatureHeader));
+        if (e.provider == u"generic"_qs && e.typePointer != u"/type"_qs)
+            o.insert(u"type_pointer"_qs, e.typePointer);
         if (!e.forwardTo.isEmpty())
             o.insert(u"forward_to"_qs, e.forwardTo.toString());
         else if (e.simulate.delayMs || e.simulate.failRate > 0)

@@ -68,6 +68,8 @@ struct EndpointConfig
     QUrl forwardTo;              // empty: the built-in processor
     SimulateSpec simulate;
     KeySpec key;
+    // generic: where the event type is in a JSON body (RFC 6901); empty: the endpoint has none.
+    QString typePointer = QStringLiteral("/type");
     EndpointSettings settings;
 };
 

@@ -111,7 +111,9 @@ Result<Ok> appendLog(IdempotencyStore &store, const QList<DeliveryEvent> &part)
 // About what an entry of the delivery log takes in memory.
 qint64 logFootprint(const DeliveryEvent &e)
 {
-    return 160 + 2 * (e.endpoint.size() + e.key.size() + e.instance.size() + e.detail.size()) +
+    return 160 +
+           2 * (e.endpoint.size() + e.key.size() + e.type.size() + e.instance.size() +
+                e.detail.size()) +
            e.payload.size();
 }
 
@@ -203,6 +205,7 @@ struct IdempotencyEngine::Delivery
     const EndpointConfig *endpoint = nullptr;
     QString key;
     QString note; // the provider's: Slack's retry number, Shopify's event id, ...
+    QString type; // the event's type (Provider::eventType); a batch's: its elements' distinct ones
     QByteArray payload; // kept in the delivery log for a mismatch
     qint64 startUs = 0;
     qint64 claimSentUs = 0; // the lease began after this (monotonic): deadlines count from here
@@ -341,6 +344,9 @@ void IdempotencyEngine::handle(HttpRequest request, Responder responder)
             u"this delivery to \"%1\" was forwarded by that endpoint itself: a forward_to leads "
             u"back to it; nothing was claimed for this delivery"_qs.arg(name));
     const Provider *provider = providerFor(e.provider);
+    // Read before the signature is checked: a refused delivery's log line says what it claimed
+    // to be (the text is bounded and printable whoever sent it, eventTypeText()).
+    d->type = provider->eventType(d->request, e);
     if (auto verified = provider->verify(d->request, e, nowMs() / 1000); !verified)
         return reject(d, 401, u"Signature check failed"_qs, verified.error().message);
     if (auto direct = provider->directAnswer(d->request)) {
@@ -374,6 +380,7 @@ void IdempotencyEngine::handle(HttpRequest request, Responder responder)
     claim.key = d->key;
     claim.endpoint = e.name;
     claim.provider = e.provider;
+    claim.type = d->type;
     claim.fingerprint = sha256Hex(d->request.body);
     // The stored request keeps no secrets (Authorization, signatures): the live delivery is
     // forwarded with them, an operator's retry of the stored one without.
@@ -618,6 +625,7 @@ void IdempotencyEngine::record(const DeliveryPtr &d, const QString &key, Outcome
     event.atMs = nowMs() - event.latencyUs / 1000; // when it arrived: the timeline's order
     event.endpoint = d->endpoint ? d->endpoint->name : QString();
     event.key = key;
+    event.type = d->type;
     event.outcome = outcome;
     event.status = status;
     event.token = token;
@@ -723,6 +731,7 @@ void IdempotencyEngine::handleBatch(const DeliveryPtr &d, const Provider *provid
     auto batch = std::make_shared<Batch>();
     batch->events = elements->size();
     QHash<QString, qsizetype> claimOf; // key → its claim
+    QStringList types;                 // the elements' distinct types, in the batch's order
     for (const BatchElement &element : *elements) {
         auto key = namespacedKey(e.name, element.key);
         if (!key)
@@ -742,6 +751,9 @@ void IdempotencyEngine::handleBatch(const DeliveryPtr &d, const Provider *provid
         claim.key = *key;
         claim.endpoint = e.name;
         claim.provider = e.provider;
+        claim.type = provider->elementType(element.raw);
+        if (!claim.type.isEmpty() && !types.contains(claim.type))
+            types.append(claim.type);
         claim.fingerprint = element.fingerprint;
         claim.request = {d->request.method, d->request.target, headers, bytes, headersRef};
         claim.policy = e.settings.claimPolicy();
@@ -749,6 +761,7 @@ void IdempotencyEngine::handleBatch(const DeliveryPtr &d, const Provider *provid
         batch->bodies.append(element.raw);
     }
     d->key = batch->claims.size() == 1 ? batch->claims.first().key : QString();
+    d->type = eventTypeText(types.join(u','));
     d->claimSentUs = monotonicUs();
     m_pool->submit<QList<ClaimResult>>(
         this, [batch](IdempotencyStore &store) { return store.claimBatch(batch->claims); },
@@ -970,6 +983,7 @@ void IdempotencyEngine::retryKey(const QString &key, bool force,
             claim.key = key;
             claim.endpoint = record.endpoint;
             claim.provider = record.provider;
+            claim.type = record.type;
             claim.fingerprint = record.fingerprint;
             claim.request = record.request;
             claim.policy = policies.value(record.endpoint);
@@ -989,6 +1003,7 @@ void IdempotencyEngine::retryKey(const QString &key, bool force,
             d->startUs = startUs;
             d->claimSentUs = startUs;
             d->key = record.key;
+            d->type = record.type;
             d->endpoint = m_config.endpoint(record.endpoint);
             d->request.method = record.request.method;
             d->request.target = record.request.path;

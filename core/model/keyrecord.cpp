@@ -244,6 +244,8 @@ QJsonObject deliveryToJson(const DeliveryEvent &event)
                        {u"key"_qs, event.key},         {u"outcome"_qs, toString(event.outcome)},
                        {u"status"_qs, event.status},   {u"latency_us"_qs, event.latencyUs},
                        {u"token"_qs, event.token},     {u"instance"_qs, event.instance}};
+    if (!event.type.isEmpty())
+        object.insert(u"type"_qs, event.type);
     if (!event.detail.isEmpty())
         object.insert(u"detail"_qs, event.detail);
     if (event.count != 1)

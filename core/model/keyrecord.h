@@ -71,6 +71,9 @@ struct KeyRecord
     QString key; // namespaced: "<endpoint>:<key>"
     QString endpoint;
     QString provider;
+    // The event's type as its sender names it (Provider::eventType); empty when it named none,
+    // and on records written before types were kept.
+    QString type;
     KeyState state = KeyState::Processing;
     QByteArray fingerprint; // hex SHA-256 of the body
     qint64 token = 0;       // fencing token, grows with every claim of this key
@@ -143,6 +146,7 @@ struct DeliveryEvent
     qint64 atMs = 0;
     QString endpoint;
     QString key; // empty when the delivery was rejected before a key was known
+    QString type; // the event's type (Provider::eventType); empty when unknown or none
     Outcome outcome = Outcome::Processed;
     int status = 0;
     qint64 latencyUs = 0;

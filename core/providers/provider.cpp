@@ -121,6 +121,207 @@ QString scalarText(const QJsonValue &v)
     return {};
 }
 
+QString eventTypeText(QStringView raw)
+{
+    QString text;
+    text.reserve(std::min(raw.size(), kMaxEventTypeChars + 1));
+    for (const QChar c : raw.trimmed()) {
+        if (text.size() > kMaxEventTypeChars)
+            break;
+        text += c.unicode() >= 0x20 && c.unicode() < 0x7f ? c : u'?';
+    }
+    if (text.size() > kMaxEventTypeChars)
+        text = text.left(kMaxEventTypeChars - 3).trimmed() + u"..."_qs;
+    return text;
+}
+
+namespace {
+
+// A forward-only reader of JSON text that finds values without building them.
+class JsonCursor
+{
+public:
+    JsonCursor(QByteArrayView text, qsizetype at) : m_text(text), m_at(at) {}
+    qsizetype at() const { return m_at; }
+    // Where the next value starts (past white space).
+    qsizetype next()
+    {
+        skipSpace();
+        return m_at;
+    }
+    char peek()
+    {
+        skipSpace();
+        return m_at < m_text.size() ? m_text[m_at] : '\0';
+    }
+    bool take(char c)
+    {
+        if (peek() != c)
+            return false;
+        ++m_at;
+        return true;
+    }
+    // Past a string whose opening quote is at the cursor; false when it does not end.
+    bool skipString()
+    {
+        if (!take('"'))
+            return false;
+        while (m_at < m_text.size()) {
+            const char c = m_text[m_at++];
+            if (c == '\\')
+                ++m_at;
+            else if (c == '"')
+                return true;
+        }
+        return false;
+    }
+    // Past one value of any kind (nested ones counted, not recursed into).
+    bool skipValue()
+    {
+        const char first = peek();
+        if (first == '"')
+            return skipString();
+        if (first != '{' && first != '[') {
+            const qsizetype start = m_at;
+            while (m_at < m_text.size() && !isDelimiter(m_text[m_at]))
+                ++m_at;
+            return m_at > start;
+        }
+        qsizetype depth = 0;
+        while (m_at < m_text.size()) {
+            const char c = m_text[m_at];
+            if (c == '"') {
+                if (!skipString())
+                    return false;
+                continue;
+            }
+            ++m_at;
+            if (c == '{' || c == '[')
+                ++depth;
+            else if ((c == '}' || c == ']') && --depth == 0)
+                return true;
+        }
+        return false;
+    }
+
+private:
+    static bool isDelimiter(char c)
+    {
+        return c == ',' || c == '}' || c == ']' || c == ' ' || c == '\t' || c == '\n' || c == '\r';
+    }
+    void skipSpace()
+    {
+        while (m_at < m_text.size() && (m_text[m_at] == ' ' || m_text[m_at] == '\t' ||
+                                        m_text[m_at] == '\n' || m_text[m_at] == '\r'))
+            ++m_at;
+    }
+    QByteArrayView m_text;
+    qsizetype m_at;
+};
+
+// A JSON string (with its quotes) decoded; nullopt when it is not one.
+std::optional<QString> jsonString(QByteArrayView raw)
+{
+    if (raw.size() < 2 || raw.front() != '"' || raw.back() != '"')
+        return std::nullopt;
+    const QByteArrayView inner = raw.sliced(1, raw.size() - 2);
+    if (!inner.contains('\\'))
+        return QString::fromUtf8(inner);
+    const QJsonDocument doc = QJsonDocument::fromJson('[' + raw.toByteArray() + ']');
+    if (!doc.isArray() || !doc.array().at(0).isString())
+        return std::nullopt;
+    return doc.array().at(0).toString();
+}
+
+// The value of member `name` of the object, or element `name` of the array, whose first byte is
+// at `at`.
+std::optional<QByteArrayView> jsonStep(QByteArrayView json, qsizetype at, const QString &name)
+{
+    JsonCursor cursor(json, at);
+    if (cursor.take('[')) {
+        // RFC 6901: digits, no leading zero.
+        bool ok = !name.isEmpty() && name.size() < 10 && (name == u"0"_qs || name.front() != u'0');
+        for (const QChar c : name)
+            ok = ok && c.isDigit() && c.unicode() < 0x80;
+        if (!ok)
+            return std::nullopt;
+        const int index = name.toInt();
+        for (int i = 0; cursor.peek() != ']'; ++i) {
+            if (i > 0 && !cursor.take(','))
+                return std::nullopt;
+            const qsizetype start = cursor.next();
+            if (!cursor.skipValue())
+                return std::nullopt;
+            if (i == index)
+                return json.sliced(start, cursor.at() - start);
+        }
+        return std::nullopt;
+    }
+    if (!cursor.take('{'))
+        return std::nullopt;
+    // A name given twice means its last value, as QJsonDocument (and so the key, the window and
+    // most apps' parsers) reads it: the whole object is read, not up to the first match.
+    const QByteArray wanted = '"' + name.toUtf8() + '"';
+    std::optional<QByteArrayView> found;
+    for (bool first = true; cursor.peek() != '}'; first = false) {
+        if (!first && !cursor.take(','))
+            return std::nullopt;
+        const qsizetype nameStart = cursor.next();
+        if (!cursor.skipString() || !cursor.take(':'))
+            return std::nullopt;
+        const QByteArrayView rawName = json.sliced(nameStart, cursor.at() - nameStart);
+        const qsizetype start = cursor.next();
+        if (!cursor.skipValue())
+            return std::nullopt;
+        const QByteArrayView quoted = rawName.first(rawName.lastIndexOf('"') + 1);
+        if (quoted == wanted || (quoted.contains('\\') && jsonString(quoted) == name))
+            found = json.sliced(start, cursor.at() - start);
+    }
+    return found;
+}
+
+} // namespace
+
+std::optional<QByteArrayView> jsonValueAt(QByteArrayView json, QStringView pointer)
+{
+    if (!pointer.isEmpty() && !pointer.startsWith(u'/'))
+        return std::nullopt;
+    // A leading UTF-8 byte order mark is skipped, as QJsonDocument skips it.
+    if (json.startsWith("\xEF\xBB\xBF"))
+        json = json.sliced(3);
+    QByteArrayView node = json.sliced(JsonCursor(json, 0).next());
+    if (pointer.isEmpty()) {
+        JsonCursor whole(node, 0);
+        if (!whole.skipValue())
+            return std::nullopt;
+        return node.first(whole.at());
+    }
+    for (QStringView token : pointer.mid(1).split(u'/')) {
+        QString name = token.toString();
+        name.replace(u"~1"_qs, u"/"_qs).replace(u"~0"_qs, u"~"_qs);
+        auto value = jsonStep(node, 0, name);
+        if (!value)
+            return std::nullopt;
+        node = *value;
+    }
+    return node;
+}
+
+QString jsonScalarText(QByteArrayView raw)
+{
+    if (raw.startsWith('"'))
+        return jsonString(raw).value_or(QString());
+    if (raw.isEmpty() || raw == "null" || raw.startsWith('{') || raw.startsWith('['))
+        return {};
+    return QString::fromUtf8(raw);
+}
+
+QString eventTypeAt(QByteArrayView body, QStringView pointer)
+{
+    const auto value = jsonValueAt(body, pointer);
+    return value ? eventTypeText(jsonScalarText(*value)) : QString();
+}
+
 namespace {
 
 // Idempotency-Key header by default; or a configured header, JSON pointer, or the SHA-256 of
@@ -152,6 +353,12 @@ public:
         return makeError(ErrorCode::Invalid,
                          u"the %1 signature does not match the body (HMAC-SHA256, hex)"_qs.arg(
                              QString::fromLatin1(endpoint.signatureHeader)));
+    }
+
+    // The endpoint's type_pointer (default /type) in a JSON body; none when it is "".
+    QString eventType(const HttpRequest &request, const EndpointConfig &e) const override
+    {
+        return e.typePointer.isEmpty() ? QString() : eventTypeAt(request.body, e.typePointer);
     }
 
     QStringList templates() const override { return {u"json"_qs}; }

@@ -6,6 +6,8 @@
 
 #include <QString>
 
+#include <optional>
+
 namespace idem {
 
 // Where a key came from when the provider found one.
@@ -77,7 +79,33 @@ public:
     virtual std::optional<HttpResponse> directAnswer(const HttpRequest &) const { return std::nullopt; }
     // Worth keeping with the delivery (Slack's retry number, Shopify's event id): for the log.
     virtual QString note(const HttpRequest &) const { return {}; }
+    // The event's type as this sender names it (payment_intent.succeeded, issues.opened), for
+    // the Keys and Live lists, `keys list --type` and the serve log; empty when the delivery
+    // names none (docs/providers.md#event-types). The sender's text, bounded by eventTypeText().
+    // Reads the body without parsing all of it: on every delivery's path.
+    virtual QString eventType(const HttpRequest &, const EndpointConfig &) const { return {}; }
+    // A batch element's type (SendGrid's `event`), as eventType() is a delivery's: `element` is
+    // the element's bytes as sent (BatchElement::raw).
+    virtual QString elementType(QByteArrayView /*element*/) const { return {}; }
 };
+
+// At most this many characters of an event type are kept (docs/providers.md#event-types).
+constexpr qsizetype kMaxEventTypeChars = 100;
+// A sender's event type as the desk keeps and shows it: printable ASCII (anything else, a
+// control character, a line break, a bidirectional override, any non-ASCII letter, becomes '?'),
+// without surrounding spaces, cut to kMaxEventTypeChars ("..." at the end says it was cut).
+QString eventTypeText(QStringView raw);
+
+// A JSON text's value at an RFC 6901 pointer, as its raw bytes (a string with its quotes), read
+// without parsing the rest of the text: members are skipped, not decoded. A name given twice in
+// an object reads its last value, as QJsonDocument does. nullopt when a step is missing or the
+// text is not JSON where it was read. Not a validator.
+std::optional<QByteArrayView> jsonValueAt(QByteArrayView json, QStringView pointer);
+// A raw JSON scalar (from jsonValueAt) as text: a string decoded, a number or true/false as
+// written; empty for null, an object or an array.
+QString jsonScalarText(QByteArrayView raw);
+// The event type at `pointer` in a JSON body (eventTypeText() of its scalar); empty if none.
+QString eventTypeAt(QByteArrayView body, QStringView pointer);
 
 const Provider *providerFor(QStringView name);
 

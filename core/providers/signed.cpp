@@ -125,6 +125,10 @@ public:
     {
         return bodyField(request, u"id"_qs);
     }
+    QString eventType(const HttpRequest &request, const EndpointConfig &) const override
+    {
+        return eventTypeAt(request.body, u"/type");
+    }
     QStringList templates() const override { return {u"payment_intent.succeeded"_qs}; }
     OutgoingDelivery sample(const EndpointConfig &, const QString &, const QString &id,
                             qint64 now) const override
@@ -203,6 +207,17 @@ public:
             return missing(u"no X-GitHub-Hook-ID header (the key is scoped by hook)"_qs);
         return found(QString::fromLatin1("hook-" + hook + '/' + delivery));
     }
+    // The X-GitHub-Event header, and the body's action when it has one: issues.opened, push.
+    QString eventType(const HttpRequest &request, const EndpointConfig &) const override
+    {
+        const QByteArray event = request.header("X-GitHub-Event");
+        if (event.isEmpty())
+            return {};
+        const auto action = jsonValueAt(request.body, u"/action");
+        const QString name = action ? jsonScalarText(*action) : QString();
+        return eventTypeText(QString::fromLatin1(event) +
+                             (name.isEmpty() ? QString() : u'.' + name));
+    }
     QString note(const HttpRequest &request) const override
     {
         const QByteArray event = request.header("X-GitHub-Event");
@@ -275,6 +290,10 @@ public:
             return missing(u"no X-Shopify-Webhook-Id header"_qs);
         return found(QString::fromLatin1(id));
     }
+    QString eventType(const HttpRequest &request, const EndpointConfig &) const override
+    {
+        return eventTypeText(QString::fromLatin1(request.header("X-Shopify-Topic")));
+    }
     QString note(const HttpRequest &request) const override
     {
         const QByteArray event = request.header("X-Shopify-Event-Id");
@@ -345,6 +364,10 @@ public:
     KeyExtraction extractKey(const HttpRequest &, const EndpointConfig &) const override
     {
         return missing(u"SendGrid deliveries are batches: each element is keyed by its sg_event_id"_qs);
+    }
+    QString elementType(QByteArrayView element) const override
+    {
+        return eventTypeAt(element, u"/event");
     }
     Result<QList<BatchElement>> splitBatch(const HttpRequest &request,
                                            qsizetype maxElements) const override
@@ -472,6 +495,25 @@ public:
             return std::nullopt;
         return HttpResponse::json(200, {{u"challenge"_qs, body.value(u"challenge")}});
     }
+    // An event_callback's event.type (app_mention), a slash command's command (/deploy), an
+    // interaction's payload type (block_actions), else the body's type (url_verification).
+    QString eventType(const HttpRequest &request, const EndpointConfig &) const override
+    {
+        if (request.header("Content-Type").startsWith("application/x-www-form-urlencoded")) {
+            const QUrlQuery form(QString::fromUtf8(request.body));
+            const QString command = form.queryItemValue(u"command"_qs, QUrl::FullyDecoded);
+            if (!command.isEmpty())
+                return eventTypeText(command);
+            return eventTypeAt(form.queryItemValue(u"payload"_qs, QUrl::FullyDecoded).toUtf8(),
+                               u"/type");
+        }
+        const QString type = eventTypeAt(request.body, u"/type");
+        if (type == u"event_callback"_qs) {
+            const QString inner = eventTypeAt(request.body, u"/event/type");
+            return inner.isEmpty() ? type : inner;
+        }
+        return type;
+    }
     QString note(const HttpRequest &request) const override
     {
         const QByteArray retry = request.header("X-Slack-Retry-Num");
@@ -577,6 +619,10 @@ public:
         if (id.isEmpty())
             return missing(u"no webhook-id header"_qs);
         return found(QString::fromLatin1(id));
+    }
+    QString eventType(const HttpRequest &request, const EndpointConfig &) const override
+    {
+        return eventTypeAt(request.body, u"/type");
     }
     QStringList templates() const override { return {u"invoice.paid"_qs}; }
     OutgoingDelivery sample(const EndpointConfig &, const QString &, const QString &id,

@@ -1,6 +1,7 @@
 #include "store/idempotencystore.h"
 
 #include <algorithm>
+#include <array>
 
 namespace idem {
 
@@ -91,6 +92,7 @@ KeyRecord claimedRecord(const KeyRecord *current, const ClaimRequest &req, const
     r.key = req.key;
     r.endpoint = req.endpoint;
     r.provider = req.provider;
+    r.type = req.type;
     r.state = KeyState::Processing;
     r.fingerprint = req.fingerprint;
     r.token = token;
@@ -108,6 +110,82 @@ KeyRecord claimedRecord(const KeyRecord *current, const ClaimRequest &req, const
                                                                      : u"claimed"_qs;
     appendHistory(r.history, {nowMs, event, token, {}});
     return r;
+}
+
+std::optional<ListPosition> ListPosition::parse(const QString &text)
+{
+    const qsizetype colon = text.indexOf(u':');
+    bool ok = false;
+    const qint64 updated = text.left(colon).toLongLong(&ok);
+    if (colon < 0 || !ok)
+        return std::nullopt;
+    return ListPosition{updated, text.mid(colon + 1)};
+}
+
+Error badListPosition(const QString &after)
+{
+    return makeError(ErrorCode::Invalid,
+                     u"'%1' is not where a page of this store's keys stopped (give what the last "
+                     u"page said to go on from)"_qs.arg(after.left(80)));
+}
+
+QByteArray searchNeedle(const QString &text)
+{
+    QByteArray needle = text.toUtf8();
+    for (char &c : needle)
+        if (c >= 'A' && c <= 'Z')
+            c = char(c - 'A' + 'a');
+    return needle;
+}
+
+bool bodyContains(QByteArrayView body, QByteArrayView needle)
+{
+    // Boyer-Moore-Horspool on ASCII-folded bytes: a page of a search reads megabytes of bodies.
+    const qsizetype m = needle.size(), n = body.size();
+    if (m == 0)
+        return true;
+    if (m > n)
+        return false;
+    const auto fold = [](char c) { return c >= 'A' && c <= 'Z' ? char(c - 'A' + 'a') : c; };
+    std::array<qsizetype, 256> skip;
+    skip.fill(m);
+    for (qsizetype i = 0; i + 1 < m; ++i) {
+        const uchar c = uchar(needle[i]);
+        skip[c] = m - 1 - i;
+        if (c >= 'a' && c <= 'z')
+            skip[c - 'a' + 'A'] = m - 1 - i;
+    }
+    for (qsizetype at = 0; at <= n - m; at += skip[uchar(body[at + m - 1])]) {
+        qsizetype i = m - 1;
+        while (i >= 0 && fold(body[at + i]) == needle[i])
+            --i;
+        if (i < 0)
+            return true;
+    }
+    return false;
+}
+
+Result<KeyPage> IdempotencyStore::findKeys(const KeyQuery &query)
+{
+    if (!query.search.isEmpty())
+        return makeError(ErrorCode::Invalid, u"this store cannot search the stored bodies"_qs);
+    KeyQuery q = query;
+    bool ok = query.after.isEmpty();
+    q.offset = ok ? 0 : query.after.toInt(&ok);
+    if (!ok || q.offset < 0)
+        return badListPosition(query.after);
+    q.limit = query.limit + 1; // one more says whether there is a next page
+    auto page = listKeys(q);
+    if (!page)
+        return page.error();
+    KeyPage found;
+    found.scanned = page->size();
+    if (page->size() > query.limit) {
+        page->removeLast();
+        found.next = QString::number(q.offset + query.limit);
+    }
+    found.records = std::move(*page);
+    return found;
 }
 
 Result<qint64> resetFailedKeys(IdempotencyStore &store, const QString &endpoint, const QString &detail,

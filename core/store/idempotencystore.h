@@ -18,6 +18,7 @@ struct ClaimRequest
     QString key;
     QString endpoint;
     QString provider;
+    QString type; // the event's type (Provider::eventType), kept with the request
     QByteArray fingerprint;
     StoredRequest request; // kept on the record when this delivery wins the claim
     ClaimPolicy policy;
@@ -86,9 +87,51 @@ struct KeyQuery
     std::optional<KeyState> state;
     QString endpoint; // empty: all
     QString glob;     // empty: all; shell glob on the whole stored key (keyGlobToRegex)
+    QString type;     // empty: all; else the event type, exactly (KeyRecord::type)
+    // findKeys() only. Empty: all; else text the stored request body contains, ASCII letters in
+    // either case (bodyContains()).
+    QString search;
     int limit = 100;
-    int offset = 0;
+    int offset = 0; // listKeys() only; findKeys() goes on from `after`
+    // findKeys(): where the previous page stopped (KeyPage::next); empty: at the newest key.
+    QString after;
+    // findKeys(): how long one call may read records before it answers with what it found
+    // (KeyPage::next then says where to go on); 0: until the page is full or nothing is left.
+    int budgetMs = 0;
 };
+
+// One page of findKeys(): what matched, newest first, and where to go on.
+struct KeyPage
+{
+    QList<KeyRecord> records; // at most KeyQuery::limit, as listKeys() gives them
+    qint64 scanned = 0;       // the records looked at for this page (matching or not)
+    // Empty: nothing older matches. Else KeyQuery::after for the next page: the page is full,
+    // or the call ran out of its budget before it was (fewer records than the limit, maybe
+    // none: the search goes on from here).
+    QString next;
+};
+
+// Where a findKeys() page stopped: the last key it looked at, in the store's order (newest
+// first: `at` descending, then the key; `at` is the last activity on SQL stores, the expiry on
+// Redis). As text, KeyPage::next: "<at>:<key>".
+struct ListPosition
+{
+    qint64 at = 0;
+    QString key;
+    QString text() const { return QString::number(at) + u':' + key; }
+    static std::optional<ListPosition> parse(const QString &text);
+};
+// The error for a KeyQuery::after that no page of this store gave.
+Error badListPosition(const QString &after);
+
+// A search's text is at most this many bytes (UTF-8): more finds nothing a shorter part would
+// not, and each record read compares it.
+constexpr int kMaxSearchBytes = 1024;
+// The text a search looks for, as bodyContains() compares it: UTF-8, ASCII letters lower case.
+QByteArray searchNeedle(const QString &text);
+// Whether `body` contains `needle` (searchNeedle()) with ASCII letters in either case. Other
+// bytes compare exactly: a search for "é" finds "é", not "É".
+bool bodyContains(QByteArrayView body, QByteArrayView needle);
 
 // KeyQuery::glob (`keys list --match`, the window's filter), alike on every store: `*` any
 // characters, '/' included; `?` one character; `[abc]`, `[a-z]` one of a set, `[!abc]` or
@@ -155,6 +198,14 @@ public:
     // StoredResult::ref).
     virtual Result<std::optional<KeyRecord>> key(const QString &key) = 0;
     virtual Result<QList<KeyRecord>> listKeys(const KeyQuery &query) = 0;
+    // The keys the query's filters match, newest activity first, a page at a time from
+    // `query.after`, within `query.budgetMs`: `keys list --type/--search` and the window's
+    // filter (docs/stores.md#search). A type is found through an
+    // index where the store has one (SQLite, PostgreSQL); a search reads the stored bodies, so
+    // its pages stop on the budget and say where to go on. Keys claimed again during a search
+    // may be listed twice or, having moved ahead of it, not at all: a new search finds them.
+    // This default: listKeys() pages (no search), `after` holding the offset.
+    virtual Result<KeyPage> findKeys(const KeyQuery &query);
     // Every live key's name the filter matches (endpoint, glob and, except on Redis, state;
     // not offset and limit), in one pass that neither loses nor repeats a key living from its
     // start to its end, whatever claims and finishes do meanwhile (`keys export`). It may name

@@ -1,11 +1,13 @@
 #include "store/postgresstore.h"
 
+#include <QElapsedTimer>
 #include <QFile>
 #include <QJsonDocument>
 
 #include <pqxx/pqxx>
 
 #include <algorithm>
+#include <cctype>
 #include <numeric>
 
 #include <poll.h>
@@ -15,7 +17,7 @@ namespace idem {
 // The schema's versioned steps, applied in order at connect (the version is how many were).
 const char *const kSchemaSteps[] = {":/sql/postgres/001_init.sql", ":/sql/postgres/002_clock.sql",
                                     ":/sql/postgres/003_delivery_count.sql",
-                                    ":/sql/postgres/004_shared.sql"};
+                                    ":/sql/postgres/004_shared.sql", ":/sql/postgres/005_type.sql"};
 
 namespace {
 
@@ -24,7 +26,7 @@ constexpr long kSchemaLock = 0x1de3de5c; // pg_advisory_xact_lock key for schema
 const char *const kColumns =
     "key, endpoint, provider, state, fingerprint, token, attempts, created_ms, updated_ms,"
     " lease_until_ms, expires_at_ms, req_method, req_path, req_headers, req_body, res_status,"
-    " res_headers, res_body, error, history";
+    " res_headers, res_body, error, history, type";
 
 std::string s(const QString &text)
 {
@@ -58,6 +60,7 @@ KeyRecord recordFrom(const pqxx::row &row, bool full)
     r.key = text(row[0]);
     r.endpoint = text(row[1]);
     r.provider = text(row[2]);
+    r.type = text(row[20]);
     r.state = keyStateFromString(text(row[3])).value_or(KeyState::Failed);
     r.fingerprint = text(row[4]).toLatin1();
     r.token = row[5].as<qint64>();
@@ -175,23 +178,30 @@ Result<std::unique_ptr<PostgresStore>> PostgresStore::connect(const StoreUrl &ur
         const std::string cols = kColumns;
         static_assert(kHistoryCap == 64, "finish below keeps 64 history entries");
         // Every time below is the server's clock (idem_now_ms()), read once per statement.
-        c.prepare("claim_insert",
-                  "WITH t AS (SELECT nextval('idem_tokens') AS token, idem_now_ms() AS now)"
-                  " INSERT INTO idem_keys (key, endpoint, provider, state, fingerprint, token, attempts,"
-                  " created_ms, updated_ms, lease_until_ms, expires_at_ms, req_method, req_path,"
-                  " req_headers, req_body, history)"
-                  " SELECT $1, $2, $3, 'processing', $4, t.token, 1, t.now, t.now, t.now + $5, t.now + $6, $7, $8, $9, $10,"
-                  " json_build_array(json_build_object('at', t.now, 'event', 'claimed', 'token', t.token))::text"
-                  " FROM t ON CONFLICT (key) DO NOTHING RETURNING token, created_ms");
+        c.prepare(
+            "claim_insert",
+            "WITH t AS (SELECT nextval('idem_tokens') AS token, idem_now_ms() AS now)"
+            " INSERT INTO idem_keys (key, endpoint, provider, state, fingerprint, token, attempts,"
+            " created_ms, updated_ms, lease_until_ms, expires_at_ms, req_method, req_path,"
+            " req_headers, req_body, history, type)"
+            " SELECT $1, $2, $3, 'processing', $4, t.token, 1, t.now, t.now, t.now + $5, t.now + "
+            "$6, $7, $8, $9, $10,"
+            " json_build_array(json_build_object('at', t.now, 'event', 'claimed', 'token', "
+            "t.token))::text,"
+            " NULLIF($11, '') FROM t ON CONFLICT (key) DO NOTHING RETURNING token, created_ms");
         c.prepare("select_for_update", "SELECT " + cols + ", idem_now_ms() FROM idem_keys WHERE key = $1 FOR UPDATE");
         c.prepare("select", "SELECT " + cols + ", idem_now_ms() FROM idem_keys WHERE key = $1");
         c.prepare("now", "SELECT idem_now_ms()");
         c.prepare("next_token", "SELECT nextval('idem_tokens')");
-        c.prepare("replace",
-                  "UPDATE idem_keys SET endpoint = $2, provider = $3, state = 'processing', fingerprint = $4,"
-                  " token = $5, attempts = $6, created_ms = $7, updated_ms = $8, lease_until_ms = $9,"
-                  " expires_at_ms = $10, req_method = $11, req_path = $12, req_headers = $13, req_body = $14,"
-                  " res_status = 0, res_headers = '[]', res_body = '', error = '', history = $15 WHERE key = $1");
+        c.prepare(
+            "replace",
+            "UPDATE idem_keys SET endpoint = $2, provider = $3, state = 'processing', fingerprint "
+            "= $4,"
+            " token = $5, attempts = $6, created_ms = $7, updated_ms = $8, lease_until_ms = $9,"
+            " expires_at_ms = $10, req_method = $11, req_path = $12, req_headers = $13, req_body = "
+            "$14,"
+            " res_status = 0, res_headers = '[]', res_body = '', error = '', history = $15,"
+            " type = NULLIF($16, '') WHERE key = $1");
         c.prepare("touch", "UPDATE idem_keys SET attempts = attempts + 1, updated_ms = $2 WHERE key = $1");
         // A duplicate of a completed key, or of one whose lease is live, with the same payload:
         // answered in one statement (decideClaim() says Replay / InProgress for these rows).
@@ -227,11 +237,11 @@ Result<std::unique_ptr<PostgresStore>> PostgresStore::connect(const StoreUrl &ur
             " INSERT INTO idem_keys (key, endpoint, provider, state, fingerprint, token, attempts,"
             " created_ms, updated_ms, lease_until_ms, expires_at_ms, req_method, req_path, "
             "req_headers,"
-            " req_body, res_status, res_headers, res_body, error, history)"
+            " req_body, res_status, res_headers, res_body, error, history, type)"
             " SELECT $1, $2, $3, $4, $5, t.token, $6, $7, $8,"
             " CASE WHEN $4 = 'processing' THEN t.now + $9 ELSE 0 END, t.now + $10,"
-            " $11, $12, $13, $14, $15, $16, $17, $18, $19 FROM t ON CONFLICT (key) DO NOTHING "
-            "RETURNING token");
+            " $11, $12, $13, $14, $15, $16, $17, $18, $19, NULLIF($20, '') FROM t"
+            " ON CONFLICT (key) DO NOTHING RETURNING token");
         c.prepare("token_last", "SELECT last_value FROM idem_tokens");
         c.prepare("token_raise",
                   "SELECT setval('idem_tokens', greatest(last_value, $1)) FROM idem_tokens");
@@ -258,20 +268,21 @@ Result<std::unique_ptr<PostgresStore>> PostgresStore::connect(const StoreUrl &ur
         c.prepare("purge_shared", "DELETE FROM idem_shared WHERE expires_at_ms <= idem_now_ms()");
         c.prepare("count", "SELECT state, count(*) FROM idem_keys WHERE expires_at_ms > idem_now_ms()"
                            " AND ($1 = '' OR endpoint = $1) GROUP BY state");
-        c.prepare(
-            "log",
-            "INSERT INTO idem_deliveries (at_ms, endpoint, key, outcome, status, latency_us,"
-            " token, instance, detail, payload, count) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9,"
-            " $10, $11)");
+        c.prepare("log",
+                  "INSERT INTO idem_deliveries (at_ms, endpoint, key, outcome, status, latency_us,"
+                  " token, instance, detail, payload, count, type) VALUES ($1, $2, $3, $4, $5, $6, "
+                  "$7, $8,"
+                  " $9, $10, $11, NULLIF($12, ''))");
         // One key's through idem_deliveries_key: with `$2 = '' OR key = $2` a generic plan walks
         // the whole log by time (PostgreSQL picks one after five runs of a statement).
-        c.prepare("deliveries",
-                  "SELECT at_ms, endpoint, key, outcome, status, latency_us, token, instance,"
-                  " detail, payload, count FROM idem_deliveries WHERE at_ms >= $1 AND at_ms < $4"
-                  " AND ($2 = '' OR endpoint = $2) ORDER BY at_ms DESC, id DESC LIMIT $3");
+        c.prepare(
+            "deliveries",
+            "SELECT at_ms, endpoint, key, outcome, status, latency_us, token, instance,"
+            " detail, payload, count, type FROM idem_deliveries WHERE at_ms >= $1 AND at_ms < $4"
+            " AND ($2 = '' OR endpoint = $2) ORDER BY at_ms DESC, id DESC LIMIT $3");
         c.prepare("deliveries_of_key",
                   "SELECT at_ms, endpoint, key, outcome, status, latency_us, token,"
-                  " instance, detail, payload, count FROM idem_deliveries WHERE key = $1"
+                  " instance, detail, payload, count, type FROM idem_deliveries WHERE key = $1"
                   " AND at_ms >= $2 AND at_ms < $5 AND ($3 = '' OR endpoint = $3)"
                   " ORDER BY at_ms DESC, id DESC LIMIT $4");
         return {};
@@ -282,7 +293,8 @@ Result<std::unique_ptr<PostgresStore>> PostgresStore::connect(const StoreUrl &ur
 }
 
 namespace {
-constexpr int kNowColumn = 20; // idem_now_ms() after the record's columns
+constexpr int kNowColumn = 21; // idem_now_ms() after the record's columns
+constexpr int kHitColumn = 21; // findKeys(): after them, the body where it matched (else NULL)
 }
 
 std::optional<ClaimResult> PostgresStore::claimLocked(pqxx::transaction_base &w,
@@ -293,8 +305,9 @@ std::optional<ClaimResult> PostgresStore::claimLocked(pqxx::transaction_base &w,
     const std::string headers = s(storedHeadersJson(req.request, sharedHeaders));
     if (insertFirst) {
         const pqxx::result inserted = w.exec_prepared(
-            "claim_insert", key, s(req.endpoint), s(req.provider), s(req.fingerprint), req.policy.leaseMs,
-            req.policy.ttlMs, s(req.request.method), s(req.request.path), headers, bin(req.request.body));
+            "claim_insert", key, s(req.endpoint), s(req.provider), s(req.fingerprint),
+            req.policy.leaseMs, req.policy.ttlMs, s(req.request.method), s(req.request.path),
+            headers, bin(req.request.body), s(req.type));
         if (!inserted.empty()) {
             ClaimResult result;
             result.decision = {ClaimAction::Create, Outcome::Processed};
@@ -321,7 +334,7 @@ std::optional<ClaimResult> PostgresStore::claimLocked(pqxx::transaction_base &w,
         w.exec_prepared("replace", key, s(r.endpoint), s(r.provider), s(r.fingerprint), r.token,
                         r.attempts, r.createdMs, r.updatedMs, r.leaseUntilMs, r.expiresAtMs,
                         s(r.request.method), s(r.request.path), headers, bin(r.request.body),
-                        s(compactJson(historyToJson(r.history))));
+                        s(compactJson(historyToJson(r.history))), s(r.type));
         result.record = r;
         break;
     }
@@ -348,9 +361,10 @@ Result<ClaimResult> PostgresStore::claim(const ClaimRequest &req)
                 // duplicate of a completed key or of one whose lease is live.
                 pqxx::nontransaction n(m_conn->c);
                 const pqxx::result inserted = n.exec_prepared(
-                    "claim_insert", s(req.key), s(req.endpoint), s(req.provider), s(req.fingerprint),
-                    req.policy.leaseMs, req.policy.ttlMs, s(req.request.method), s(req.request.path),
-                    s(headersJson(req.request.headers)), bin(req.request.body));
+                    "claim_insert", s(req.key), s(req.endpoint), s(req.provider),
+                    s(req.fingerprint), req.policy.leaseMs, req.policy.ttlMs, s(req.request.method),
+                    s(req.request.path), s(headersJson(req.request.headers)), bin(req.request.body),
+                    s(req.type));
                 if (!inserted.empty()) {
                     ClaimResult result;
                     result.decision = {ClaimAction::Create, Outcome::Processed};
@@ -539,6 +553,8 @@ std::string keyFilter(const pqxx::transaction_base &n, const KeyQuery &q)
         sql += " AND endpoint = " + n.quote(s(q.endpoint));
     if (!q.glob.isEmpty())
         sql += " AND key ~ " + n.quote(s(u"^(?:"_qs + keyGlobToRegex(q.glob) + u")$"_qs));
+    if (!q.type.isEmpty())
+        sql += " AND type = " + n.quote(s(q.type));
     return sql;
 }
 } // namespace
@@ -554,6 +570,86 @@ Result<QList<KeyRecord>> PostgresStore::listKeys(const KeyQuery &q)
         for (const auto &row : n.exec(sql))
             records.append(recordFrom(row, false));
         return records;
+    });
+}
+
+namespace {
+// A search's text as a regular expression (~*) over encode(req_body, 'escape'), which writes a
+// backslash as two and a byte 0 or above 0x7f as \ooo: its ASCII letters then match in either
+// case, and everything else exactly. It may also match inside an \ooo of the body (a search
+// for "303" in "é", \303\251): each match is checked again on the bytes (bodyContains()).
+std::string searchPattern(const QString &search)
+{
+    std::string pattern;
+    for (const char c : search.toUtf8()) {
+        const uchar b = uchar(c);
+        std::string escaped;
+        if (b == '\\')
+            escaped = "\\\\";
+        else if (b == 0 || b > 0x7e)
+            escaped = '\\' + std::to_string(b >> 6) + std::to_string((b >> 3) & 7) +
+                      std::to_string(b & 7);
+        else
+            escaped = std::string(1, c);
+        for (const char e : escaped) {
+            if (!std::isalnum(uchar(e)))
+                pattern += '\\';
+            pattern += e;
+        }
+    }
+    return pattern;
+}
+} // namespace
+
+Result<KeyPage> PostgresStore::findKeys(const KeyQuery &q)
+{
+    std::optional<ListPosition> from;
+    if (!q.after.isEmpty() && !(from = ListPosition::parse(q.after)))
+        return badListPosition(q.after);
+    const bool searching = !q.search.isEmpty();
+    // Enough rows for a page, or for a few ms of the server's comparing (~20 µs a 1 KB body).
+    const int chunk = searching ? 500 : q.limit + 1;
+    const QByteArray needle = searchNeedle(q.search);
+    return guarded("find", false, [&]() -> Result<KeyPage> {
+        pqxx::nontransaction n(m_conn->c);
+        const std::string hit = searching
+                                    ? ", CASE WHEN encode(req_body, 'escape') ~* " +
+                                          n.quote(searchPattern(q.search)) + " THEN req_body END"
+                                    : std::string(", NULL");
+        QElapsedTimer spent;
+        spent.start();
+        KeyPage page;
+        for (;;) {
+            std::string sql =
+                std::string("SELECT ") + kColumns + hit + " FROM idem_keys" + keyFilter(n, q);
+            if (from)
+                sql += " AND (updated_ms, key) < (" + std::to_string(from->at) + ", " +
+                       n.quote(s(from->key)) + ")";
+            sql += " ORDER BY updated_ms DESC, key DESC LIMIT " + std::to_string(chunk);
+            const pqxx::result rows = n.exec(sql);
+            for (const auto &row : rows) {
+                if (!searching && page.records.size() == q.limit) { // the row after a full page
+                    page.next =
+                        ListPosition{page.records.last().updatedMs, page.records.last().key}.text();
+                    return page;
+                }
+                ++page.scanned;
+                from = ListPosition{row[8].as<qint64>(), text(row[0])};
+                const pqxx::field body = row[kHitColumn];
+                if (!searching || (!body.is_null() && bodyContains(bytes(body), needle)))
+                    page.records.append(recordFrom(row, false));
+                if (searching && page.records.size() == q.limit) {
+                    page.next = from->text();
+                    return page;
+                }
+            }
+            if (!searching || rows.size() < size_t(chunk))
+                return page; // nothing older
+            if (q.budgetMs > 0 && spent.elapsed() >= q.budgetMs) {
+                page.next = from->text();
+                return page;
+            }
+        }
     });
 }
 
@@ -638,10 +734,9 @@ Result<ImportVerdict> PostgresStore::importRecord(const KeyRecord &r, qint64 ttl
         const pqxx::result inserted = w.exec_prepared(
             "import_insert", key, s(r.endpoint), s(r.provider), s(toString(r.state)),
             s(r.fingerprint), r.attempts, r.createdMs, r.updatedMs, leaseMs, ttlMs,
-            s(r.request.method), s(r.request.path),
-            s(headersJson(r.request.headers)), bin(r.request.body), r.result.status,
-            s(headersJson(r.result.headers)), bin(r.result.body), s(r.error),
-            s(compactJson(historyToJson(r.history))));
+            s(r.request.method), s(r.request.path), s(headersJson(r.request.headers)),
+            bin(r.request.body), r.result.status, s(headersJson(r.result.headers)),
+            bin(r.result.body), s(r.error), s(compactJson(historyToJson(r.history))), s(r.type));
         w.commit();
         return inserted.empty() ? ImportVerdict::Exists : ImportVerdict::Imported;
     });
@@ -680,7 +775,7 @@ Result<void> PostgresStore::appendDeliveries(const QList<DeliveryEvent> &events)
         for (const DeliveryEvent &e : events)
             w.exec_prepared("log", e.atMs, s(e.endpoint), s(e.key), s(toString(e.outcome)),
                             e.status, e.latencyUs, e.token, s(e.instance), s(e.detail),
-                            bin(e.payload), e.count);
+                            bin(e.payload), e.count, s(e.type));
         w.commit();
         return {};
     });
@@ -709,6 +804,7 @@ Result<QList<DeliveryEvent>> PostgresStore::deliveries(const DeliveryQuery &q)
             e.detail = text(row[8]);
             e.payload = bytes(row[9]);
             e.count = deliveryCount(row[10].as<qint64>());
+            e.type = text(row[11]);
             events.append(e);
         }
         return events;

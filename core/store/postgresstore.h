@@ -40,6 +40,10 @@ public:
     Result<QList<FinishVerdict>> finishBatch(const QList<FinishRequest> &requests) override;
     Result<std::optional<KeyRecord>> key(const QString &key) override;
     Result<QList<KeyRecord>> listKeys(const KeyQuery &query) override;
+    // A search reads the candidates a chunk at a time, newest first, and the server compares
+    // their bodies (no index on them, which every delivery would pay for: docs/stores.md#search);
+    // only matching bodies cross the wire, checked here.
+    Result<KeyPage> findKeys(const KeyQuery &query) override;
     Result<QStringList> keyNames(const KeyQuery &filter) override;
     Result<StateCounts> countKeys(const QString &endpoint) override;
     Result<OperatorVerdict> applyOperator(const QString &key, OperatorAction action, bool force,

@@ -243,6 +243,13 @@ bool metaFrom(const QByteArray &m, QHash<QByteArray, QByteArray> &into)
     return true;
 }
 
+QByteArrayView requestBody(const QByteArray &q)
+{
+    const qsizetype eol = q.indexOf('\n');
+    const qsizetype headEnd = eol < 0 ? -1 : q.indexOf('\n', eol + 1);
+    return headEnd < 0 ? QByteArrayView() : QByteArrayView(q).sliced(headEnd + 1);
+}
+
 QHash<QByteArray, QByteArray> columnsFrom(const QHash<QByteArray, QByteArray> &record)
 {
     QHash<QByteArray, QByteArray> c;
@@ -261,6 +268,7 @@ QHash<QByteArray, QByteArray> columnsFrom(const QHash<QByteArray, QByteArray> &r
     }
     c.insert("error", record.value("e"));
     c.insert("history", record.value("h"));
+    c.insert("type", record.value("t"));
     return c;
 }
 
@@ -274,6 +282,7 @@ template <typename Column> KeyRecord recordFromColumns(const QString &key, const
     r.key = key;
     r.endpoint = QString::fromUtf8(column("endpoint"));
     r.provider = QString::fromUtf8(column("provider"));
+    r.type = QString::fromUtf8(column("type"));
     r.state = keyStateFromString(QString::fromLatin1(column("state"))).value_or(KeyState::Failed);
     r.fingerprint = column("fingerprint");
     r.token = column("token").toLongLong();
@@ -362,7 +371,8 @@ QList<QByteArray> claimArgs(const Layout &layout, const ClaimRequest &req, bool 
                              num(req.policy.ttlMs),
                              policy,
                              requestHead(req.request, sharedHeaders) + '\n' + req.request.body,
-                             req.key.toUtf8()};
+                             req.key.toUtf8(),
+                             req.type.toUtf8()};
 }
 
 Result<ClaimResult> claimResult(const redisReply *reply, const ClaimRequest &req)
@@ -501,7 +511,8 @@ QList<QByteArray> importArgs(const Layout &layout, const KeyRecord &r, qint64 tt
                              compactJson(historyToJson(r.history)),
                              num(r.result.status),
                              num(r.token),
-                             r.key.toUtf8()};
+                             r.key.toUtf8(),
+                             r.type.toUtf8()};
 }
 
 Result<ImportVerdict> importVerdict(const redisReply *reply)
@@ -543,6 +554,7 @@ std::optional<DeliveryEvent> deliveryFrom(const redisReply *entry, QByteArray *i
     e.instance = QString::fromUtf8(f.value("i"));
     e.detail = QString::fromUtf8(f.value("d"));
     e.payload = f.value("b");
+    e.type = QString::fromUtf8(f.value("y"));
     bool numeric = false;
     const qint64 n = f.value("n", "1").toLongLong(&numeric);
     e.count = numeric ? deliveryCount(n) : 1;

@@ -130,12 +130,14 @@ bool linkClosed(const redisContext *c);
 std::optional<DeliveryEvent> deliveryFrom(const redisReply *entry, QByteArray *id = nullptr);
 // A hash's fields and values, as HGETALL answers them (an array of pairs); empty if it is not one.
 QHash<QByteArray, QByteArray> fieldsFrom(const redisReply *array);
-// A record from its hash's fields (m h q s e, by HGETALL or HMGET); `key` is the desk's key.
+// The body of a stored request (field q: its head line, headers, then the body).
+QByteArrayView requestBody(const QByteArray &q);
+// A record from its hash's fields (m h q s e t, by HGETALL or HMGET); `key` is the desk's key.
 KeyRecord recordFrom(const QString &key, const QHash<QByteArray, QByteArray> &fields);
 // The meta line (field m) into its columns (state token attempts created updated lease_until
 // expires_at res_status provider endpoint fingerprint); false, and nothing added, if it is not one.
 bool metaFrom(const QByteArray &m, QHash<QByteArray, QByteArray> &into);
-// A record's fields (m h q s e) as the columns of layout v2 (req_head req_body res_status
-// res_headers res_body error history and the meta's); empty if it has no meta.
+// A record's fields (m h q s e t) as the columns of layout v2 (req_head req_body res_status
+// res_headers res_body error history and the meta's) and its type; empty if it has no meta.
 QHash<QByteArray, QByteArray> columnsFrom(const QHash<QByteArray, QByteArray> &record);
 } // namespace idem::redis

@@ -4,6 +4,7 @@
 #include "store/redisprotocol.h"
 #include "util/format.h"
 
+#include <QElapsedTimer>
 #include <QRandomGenerator>
 #include <QRegularExpression>
 #include <QScopeGuard>
@@ -919,7 +920,7 @@ Result<QList<KeyRecord>> RedisStore::listKeys(const KeyQuery &q)
         }
         QList<QList<QByteArray>> hmgets;
         for (const Candidate &c : std::as_const(candidates))
-            hmgets.append({"HMGET", m_layout.record(c.key), "m", "e"});
+            hmgets.append({"HMGET", m_layout.record(c.key), "m", "e", "t"});
         auto replies = pipeline(hmgets, false);
         if (!replies)
             return replies.error();
@@ -931,7 +932,7 @@ Result<QList<KeyRecord>> RedisStore::listKeys(const KeyQuery &q)
                                  u"Redis %1: unexpected answer to HMGET: %2"_qs.arg(
                                      m_url.display(), QString::fromUtf8(text(reply))));
             QHash<QByteArray, QByteArray> fields;
-            static const QByteArray kRead[] = {"m", "e"};
+            static const QByteArray kRead[] = {"m", "e", "t"};
             for (size_t f = 0; f < reply->elements && f < std::size(kRead); ++f)
                 if (reply->element[f]->type == REDIS_REPLY_STRING)
                     fields.insert(kRead[f], text(reply->element[f]));
@@ -943,6 +944,8 @@ Result<QList<KeyRecord>> RedisStore::listKeys(const KeyQuery &q)
                 continue; // a tombstone, or expired since the index was read
             if (q.state && *state != *q.state)
                 continue; // another state's key: k read for completed, or moved meanwhile
+            if (!q.type.isEmpty() && fields.value("t") != q.type.toUtf8())
+                continue;
             if (skipped < q.offset) {
                 ++skipped;
                 continue;
@@ -952,6 +955,169 @@ Result<QList<KeyRecord>> RedisStore::listKeys(const KeyQuery &q)
         }
     }
     return records;
+}
+
+Result<KeyPage> RedisStore::findKeys(const KeyQuery &q)
+{
+    std::optional<ListPosition> from;
+    if (!q.after.isEmpty() && !(from = ListPosition::parse(q.after)))
+        return badListPosition(q.after);
+    auto scope = this->scope(q.endpoint);
+    if (!scope)
+        return scope.error();
+    const qint64 now = scope->now;
+    // The index entries newest first, as listKeys() merges them, but in one total order, the
+    // expiry then the key, both descending, so that a page can say where it stopped and the
+    // next go on from there (ListPosition: the last entry looked at). Records are read a round
+    // of candidates at a time (HMGET, pipelined; with the request when searching) until the
+    // page is full, the budget spent, or the indexes at their end.
+    // Each index is read on from the score it stopped at, past the entries of that score it
+    // read already: a rank (LIMIT offset) costs Redis the entries it skips, and reading a
+    // million by rank took minutes where this takes seconds (docs/stores.md#search).
+    struct Source
+    {
+        QByteArray index;
+        bool started = false;
+        qint64 lastScore = 0;   // the score of the last entry read
+        qint64 atLastScore = 0; // how many entries of that score were read
+        QList<QPair<qint64, QByteArray>> entries;
+        bool done = false;
+    };
+    QList<Source> sources;
+    for (const QString &endpoint : std::as_const(scope->endpoints))
+        for (int b = 0; b < m_layout.buckets(); ++b)
+            sources.append({q.state && *q.state != KeyState::Completed
+                                ? m_layout.stateIndex(b, endpoint, *q.state)
+                                : m_layout.keys(b, endpoint)});
+    const QRegularExpression glob = keyGlob(q.glob);
+    const bool searching = !q.search.isEmpty();
+    const QByteArray needle = searchNeedle(q.search), type = q.type.toUtf8();
+    const QByteArray top = from ? num(from->at) : QByteArray("+inf");
+    const QByteArray fromKey = from ? from->key.toUtf8() : QByteArray();
+    constexpr qint64 kChunk = 256; // entries of one index read at a time
+    constexpr int kRound = 256;    // records read in one round trip
+    const auto before = [](const QPair<qint64, QByteArray> &a, const QPair<qint64, QByteArray> &b) {
+        return a.first != b.first ? a.first > b.first : a.second > b.second;
+    };
+    QElapsedTimer spent;
+    spent.start();
+    KeyPage page;
+    QSet<QByteArray> met;
+    for (;;) {
+        QList<QList<QByteArray>> reads;
+        QList<Source *> reading;
+        for (Source &s : sources)
+            if (s.entries.isEmpty() && !s.done) {
+                reads.append({"ZREVRANGEBYSCORE", s.index, s.started ? num(s.lastScore) : top,
+                              "(" + num(now), "WITHSCORES", "LIMIT",
+                              num(s.started ? s.atLastScore : 0), num(kChunk)});
+                reading << &s;
+            }
+        if (!reads.isEmpty()) {
+            auto ranges = pipeline(reads, false);
+            if (!ranges)
+                return ranges.error();
+            for (qsizetype i = 0; i < reading.size(); ++i) {
+                const redisReply *array = (*ranges)[size_t(i)].get();
+                if (array->type != REDIS_REPLY_ARRAY)
+                    return makeError(ErrorCode::Unavailable,
+                                     u"Redis %1: unexpected answer to ZREVRANGEBYSCORE: %2"_qs.arg(
+                                         m_url.display(), QString::fromUtf8(text(array))));
+                // Equal scores come in reverse order of the key: the total order, by rank.
+                for (size_t e = 0; e + 1 < array->elements; e += 2) {
+                    const QPair<qint64, QByteArray> entry{text(array->element[e + 1]).toLongLong(),
+                                                          text(array->element[e])};
+                    Source &source = *reading[i];
+                    if (source.started && entry.first == source.lastScore) {
+                        ++source.atLastScore;
+                    } else {
+                        source.started = true;
+                        source.lastScore = entry.first;
+                        source.atLastScore = 1;
+                    }
+                    // At the position's expiry, the keys it had passed already (read again
+                    // because a range by score starts at a score, not a key).
+                    if (!from || entry.first < from->at || entry.second < fromKey)
+                        reading[i]->entries.append(entry);
+                }
+                reading[i]->done = qint64(array->elements / 2) < kChunk;
+            }
+        }
+        // The next round of candidates in the total order, up to an index that must be read
+        // further before anything older is taken.
+        QList<QPair<qint64, QByteArray>> round;
+        while (round.size() < kRound) {
+            Source *best = nullptr;
+            for (Source &s : sources)
+                if (!s.entries.isEmpty() &&
+                    (!best || before(s.entries.first(), best->entries.first())))
+                    best = &s;
+            if (!best)
+                break;
+            const auto entry = best->entries.takeFirst();
+            // New keys push older ones down the index while it is read by rank: one met again
+            // is looked at once.
+            if (!met.contains(entry.second)) {
+                met.insert(entry.second);
+                round.append(entry);
+            }
+            if (best->entries.isEmpty() && !best->done)
+                break;
+        }
+        if (round.isEmpty()) {
+            if (std::all_of(sources.begin(), sources.end(),
+                            [](const Source &s) { return s.done && s.entries.isEmpty(); }))
+                return page; // nothing older: no next page
+            continue;
+        }
+        QList<QList<QByteArray>> hmgets;
+        for (const auto &entry : std::as_const(round)) {
+            QList<QByteArray> hmget{"HMGET", m_layout.record(QString::fromUtf8(entry.second)), "m",
+                                    "e", "t"};
+            if (searching)
+                hmget << "q";
+            hmgets.append(hmget);
+        }
+        auto replies = pipeline(hmgets, false);
+        if (!replies)
+            return replies.error();
+        for (qsizetype i = 0; i < round.size(); ++i) {
+            const QString key = QString::fromUtf8(round.at(i).second);
+            const redisReply *reply = (*replies)[size_t(i)].get();
+            if (reply->type != REDIS_REPLY_ARRAY)
+                return makeError(ErrorCode::Unavailable,
+                                 u"Redis %1: unexpected answer to HMGET: %2"_qs.arg(
+                                     m_url.display(), QString::fromUtf8(text(reply))));
+            ++page.scanned;
+            QHash<QByteArray, QByteArray> fields;
+            static const QByteArray kRead[] = {"m", "e", "t", "q"};
+            for (size_t f = 0; f < reply->elements && f < std::size(kRead); ++f)
+                if (reply->element[f]->type == REDIS_REPLY_STRING)
+                    fields.insert(kRead[f], text(reply->element[f]));
+            QHash<QByteArray, QByteArray> meta;
+            const bool live = fields.contains("m") && redis::metaFrom(fields.value("m"), meta) &&
+                              meta.value("expires_at").toLongLong() > now;
+            const auto state = keyStateFromString(QString::fromLatin1(meta.value("state")));
+            const bool matches =
+                live && state && (!q.state || *state == *q.state) &&
+                (glob.pattern().isEmpty() || glob.match(key).hasMatch()) &&
+                (type.isEmpty() || fields.value("t") == type) &&
+                (!searching || bodyContains(redis::requestBody(fields.value("q")), needle));
+            if (matches) {
+                fields.remove("q"); // the listing's record has no request (as listKeys())
+                page.records.append(redis::recordFrom(key, fields));
+            }
+            if (page.records.size() == q.limit) {
+                page.next = ListPosition{round.at(i).first, key}.text();
+                return page;
+            }
+        }
+        if (q.budgetMs > 0 && spent.elapsed() >= q.budgetMs) {
+            page.next =
+                ListPosition{round.last().first, QString::fromUtf8(round.last().second)}.text();
+            return page;
+        }
+    }
 }
 
 Result<StateCounts> RedisStore::countKeys(const QString &endpoint)
@@ -1419,6 +1585,8 @@ Result<void> RedisStore::appendDeliveries(const QList<DeliveryEvent> &events)
                          "b",      e.payload});
         if (e.count != 1) // a summary's count (DeliveryEvent::count); absent: 1
             commands.last() << "n" << num(e.count);
+        if (!e.type.isEmpty()) // absent: no type
+            commands.last() << "y" << e.type.toUtf8();
     }
     auto written = pipeline(commands, true);
     if (!written)

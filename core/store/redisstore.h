@@ -54,6 +54,9 @@ public:
     Result<QList<FinishVerdict>> finishBatch(const QList<FinishRequest> &requests) override;
     Result<std::optional<KeyRecord>> key(const QString &key) override;
     Result<QList<KeyRecord>> listKeys(const KeyQuery &query) override;
+    // Type and content both read the records, newest first, a round trip for a few hundred:
+    // neither has an index (docs/stores.md#search).
+    Result<KeyPage> findKeys(const KeyQuery &query) override;
     Result<QStringList> keyNames(const KeyQuery &filter) override;
     bool deliveriesIndexedByKey() const override { return false; } // one stream, read newest first
     Result<StateCounts> countKeys(const QString &endpoint) override;

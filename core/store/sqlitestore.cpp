@@ -1,6 +1,7 @@
 #include "store/sqlitestore.h"
 
 #include <QDir>
+#include <QElapsedTimer>
 #include <QFile>
 #include <QFileInfo>
 #include <QHash>
@@ -18,15 +19,16 @@ namespace idem {
 
 // The schema's versioned steps, applied in order at connect (the version is how many were).
 const char *const kSchemaSteps[] = {
-    ":/sql/sqlite/001_init.sql", ":/sql/sqlite/002_tokens.sql", ":/sql/sqlite/003_count_index.sql",
-    ":/sql/sqlite/004_delivery_count.sql", ":/sql/sqlite/005_shared.sql"};
+    ":/sql/sqlite/001_init.sql",        ":/sql/sqlite/002_tokens.sql",
+    ":/sql/sqlite/003_count_index.sql", ":/sql/sqlite/004_delivery_count.sql",
+    ":/sql/sqlite/005_shared.sql",      ":/sql/sqlite/006_type.sql"};
 
 namespace {
 
 const char *const kSelectKey =
     "SELECT key, endpoint, provider, state, fingerprint, token, attempts, created_ms, updated_ms,"
     " lease_until_ms, expires_at_ms, req_method, req_path, req_headers, req_body, res_status,"
-    " res_headers, res_body, error, history FROM idem_keys";
+    " res_headers, res_body, error, history, type FROM idem_keys";
 
 } // namespace
 
@@ -65,6 +67,20 @@ public:
         return QByteArray(static_cast<const char *>(data), sqlite3_column_bytes(m_stmt, c));
     }
     QString text(int c) const { return QString::fromUtf8(bytes(c)); }
+    // The column's bytes where SQLite holds them, until the next step.
+    QByteArrayView view(int c) const
+    {
+        const void *data = sqlite3_column_blob(m_stmt, c);
+        return {static_cast<const char *>(data), qsizetype(sqlite3_column_bytes(m_stmt, c))};
+    }
+    // A text column that may be NULL: bound and read as NULL when empty (the type's index
+    // leaves those rows out).
+    Statement &bindOptional(int i, const QString &v)
+    {
+        if (!v.isEmpty())
+            bind(i, v);
+        return *this;
+    }
     // A row of kSelectKey; `full` adds the stored request, result and history.
     KeyRecord record(bool full) const
     {
@@ -72,6 +88,7 @@ public:
         r.key = text(0);
         r.endpoint = text(1);
         r.provider = text(2);
+        r.type = text(20);
         r.state = keyStateFromString(text(3)).value_or(KeyState::Failed);
         r.fingerprint = bytes(4);
         r.token = i64(5);
@@ -370,19 +387,20 @@ Result<ClaimResult> SqliteStore::claimWritten(const ClaimRequest &req, bool shar
         result.record = claimedRecord(current, req, result.decision, *token, nowMs);
         const KeyRecord &r = result.record;
 
-        IDEM_PREPARE(upsert,
-                     "INSERT OR REPLACE INTO idem_keys (key, endpoint, provider, state, fingerprint,"
-                     " token, attempts, created_ms, updated_ms, lease_until_ms, expires_at_ms,"
-                     " req_method, req_path, req_headers, req_body, res_status, res_headers, res_body,"
-                     " error, history) VALUES (?1, ?2, ?3, 'processing', ?4, ?5, ?6, ?7, ?8, ?9, ?10,"
-                     " ?11, ?12, ?13, ?14, 0, '[]', NULL, '', ?15)");
+        IDEM_PREPARE(
+            upsert,
+            "INSERT OR REPLACE INTO idem_keys (key, endpoint, provider, state, fingerprint,"
+            " token, attempts, created_ms, updated_ms, lease_until_ms, expires_at_ms,"
+            " req_method, req_path, req_headers, req_body, res_status, res_headers, res_body,"
+            " error, history, type) VALUES (?1, ?2, ?3, 'processing', ?4, ?5, ?6, ?7, ?8, ?9,"
+            " ?10, ?11, ?12, ?13, ?14, 0, '[]', NULL, '', ?15, ?16)");
         upsert.bind(1, r.key).bind(2, r.endpoint).bind(3, r.provider).bindText(4, r.fingerprint);
         upsert.bind(5, r.token).bind(6, qint64(r.attempts)).bind(7, r.createdMs).bind(8, r.updatedMs);
         upsert.bind(9, r.leaseUntilMs).bind(10, r.expiresAtMs);
         upsert.bindText(11, r.request.method).bindText(12, r.request.path);
         upsert.bindText(13, storedHeadersJson(r.request, sharedHeaders));
         upsert.bindBlob(14, r.request.body);
-        upsert.bindText(15, compactJson(historyToJson(r.history)));
+        upsert.bindText(15, compactJson(historyToJson(r.history))).bindOptional(16, r.type);
         if (upsert.step() != SQLITE_DONE)
             return lastError("claim");
         break;
@@ -545,7 +563,7 @@ Result<std::optional<KeyRecord>> SqliteStore::key(const QString &key)
 }
 
 namespace {
-// The WHERE of a key query: ?1 now, ?2 state, ?3 endpoint, ?4 glob.
+// The WHERE of a key query: ?1 now, ?2 state, ?3 endpoint, ?4 glob, ?7 type.
 QByteArray keyFilter(const KeyQuery &q)
 {
     QByteArray sql = " WHERE expires_at_ms > ?1";
@@ -555,6 +573,8 @@ QByteArray keyFilter(const KeyQuery &q)
         sql += " AND endpoint = ?3";
     if (!q.glob.isEmpty())
         sql += " AND key GLOB ?4";
+    if (!q.type.isEmpty())
+        sql += " AND type = ?7";
     return sql;
 }
 
@@ -567,6 +587,8 @@ template <typename Statement> void bindFilter(Statement &s, const KeyQuery &q, q
         s.bind(3, q.endpoint);
     if (!q.glob.isEmpty())
         s.bind(4, keyGlobToSqlite(q.glob));
+    if (!q.type.isEmpty())
+        s.bind(7, q.type);
 }
 } // namespace
 
@@ -591,6 +613,56 @@ Result<QList<KeyRecord>> SqliteStore::listKeys(const KeyQuery &q)
             return lastError("list");
         return keys;
     }
+}
+
+Result<KeyPage> SqliteStore::findKeys(const KeyQuery &q)
+{
+    std::optional<ListPosition> from;
+    if (!q.after.isEmpty() && !(from = ListPosition::parse(q.after)))
+        return badListPosition(q.after);
+    const bool searching = !q.search.isEmpty();
+    // Newest first from where the last page stopped, through idem_keys_updated (or, for a
+    // type, idem_keys_type): a search steps through the rows until its page is full or its
+    // budget spent; a type alone reads one page and the row after it.
+    QByteArray sql = QByteArray(kSelectKey) + keyFilter(q);
+    if (from)
+        sql += " AND (updated_ms, key) < (?5, ?6)";
+    sql += " ORDER BY updated_ms DESC, key DESC";
+    if (!searching)
+        sql += " LIMIT ?8";
+    sqlite3_stmt *raw = nullptr;
+    if (sqlite3_prepare_v2(m_db, sql.constData(), -1, &raw, nullptr) != SQLITE_OK)
+        return lastError("find");
+    std::unique_ptr<sqlite3_stmt, int (*)(sqlite3_stmt *)> owner(raw, sqlite3_finalize);
+    Statement s(raw);
+    bindFilter(s, q, wallMs());
+    if (from)
+        s.bind(5, from->at).bind(6, from->key);
+    if (!searching)
+        s.bind(8, qint64(q.limit) + 1);
+    const QByteArray needle = searchNeedle(q.search);
+    QElapsedTimer spent;
+    spent.start();
+    KeyPage page;
+    int rc;
+    while ((rc = s.step()) == SQLITE_ROW) {
+        if (!searching && page.records.size() == q.limit) { // the row after a full page
+            page.next = ListPosition{page.records.last().updatedMs, page.records.last().key}.text();
+            break;
+        }
+        ++page.scanned;
+        if (!searching || bodyContains(s.view(14), needle))
+            page.records.append(s.record(false));
+        if (searching &&
+            (page.records.size() == q.limit ||
+             (q.budgetMs > 0 && page.scanned % 64 == 0 && spent.elapsed() >= q.budgetMs))) {
+            page.next = ListPosition{s.i64(8), s.text(0)}.text();
+            break;
+        }
+    }
+    if (rc != SQLITE_ROW && rc != SQLITE_DONE)
+        return lastError("find");
+    return page;
 }
 
 Result<QStringList> SqliteStore::keyNames(const KeyQuery &q)
@@ -697,8 +769,8 @@ Result<ImportVerdict> SqliteStore::importRecord(const KeyRecord &r, qint64 ttlMs
                  "INSERT OR REPLACE INTO idem_keys (key, endpoint, provider, state, fingerprint,"
                  " token, attempts, created_ms, updated_ms, lease_until_ms, expires_at_ms,"
                  " req_method, req_path, req_headers, req_body, res_status, res_headers, res_body,"
-                 " error, history) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11,"
-                 " ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20)");
+                 " error, history, type) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11,"
+                 " ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21)");
     insert.bind(1, r.key)
         .bind(2, r.endpoint)
         .bind(3, r.provider)
@@ -713,7 +785,8 @@ Result<ImportVerdict> SqliteStore::importRecord(const KeyRecord &r, qint64 ttlMs
         .bindText(17, headersJson(r.result.headers));
     insert.bindBlob(18, r.result.body)
         .bind(19, r.error)
-        .bindText(20, compactJson(historyToJson(r.history)));
+        .bindText(20, compactJson(historyToJson(r.history)))
+        .bindOptional(21, r.type);
     if (insert.step() != SQLITE_DONE)
         return lastError("import");
     if (!tx.commit())
@@ -763,11 +836,11 @@ Result<void> SqliteStore::appendDeliveries(const QList<DeliveryEvent> &events)
     for (const DeliveryEvent &e : events) {
         IDEM_PREPARE(insert,
                      "INSERT INTO idem_deliveries (at_ms, endpoint, key, outcome, status,"
-                     " latency_us, token, instance, detail, payload, count) VALUES (?1, ?2, ?3, ?4,"
-                     " ?5, ?6, ?7, ?8, ?9, ?10, ?11)");
+                     " latency_us, token, instance, detail, payload, count, type) VALUES (?1, ?2,"
+                     " ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)");
         insert.bind(1, e.atMs).bind(2, e.endpoint).bind(3, e.key).bind(4, toString(e.outcome));
         insert.bind(5, qint64(e.status)).bind(6, e.latencyUs).bind(7, e.token).bind(8, e.instance);
-        insert.bind(9, e.detail).bind(11, e.count);
+        insert.bind(9, e.detail).bind(11, e.count).bindOptional(12, e.type);
         if (!e.payload.isNull())
             insert.bindBlob(10, e.payload);
         if (insert.step() != SQLITE_DONE)
@@ -784,11 +857,11 @@ Result<QList<DeliveryEvent>> SqliteStore::deliveries(const DeliveryQuery &q)
     // log by time for each key (0.1 s a key at 188k deliveries: an export of many keys for hours).
     static constexpr const char *kAll =
         "SELECT at_ms, endpoint, key, outcome, status, latency_us, token, instance, detail,"
-        " payload, count FROM idem_deliveries WHERE at_ms >= ?1 AND at_ms < ?5"
+        " payload, count, type FROM idem_deliveries WHERE at_ms >= ?1 AND at_ms < ?5"
         " AND (?3 = '' OR endpoint = ?3) ORDER BY at_ms DESC, id DESC LIMIT ?4";
     static constexpr const char *kOfKey =
         "SELECT at_ms, endpoint, key, outcome, status, latency_us, token, instance, detail,"
-        " payload, count FROM idem_deliveries WHERE key = ?2 AND at_ms >= ?1 AND at_ms < ?5"
+        " payload, count, type FROM idem_deliveries WHERE key = ?2 AND at_ms >= ?1 AND at_ms < ?5"
         " AND (?3 = '' OR endpoint = ?3) ORDER BY at_ms DESC, id DESC LIMIT ?4";
     IDEM_PREPARE(select, q.key.isEmpty() ? kAll : kOfKey);
     select.bind(1, q.sinceMs).bind(2, q.key).bind(3, q.endpoint).bind(4, qint64(q.limit));
@@ -808,6 +881,7 @@ Result<QList<DeliveryEvent>> SqliteStore::deliveries(const DeliveryQuery &q)
         e.detail = select.text(8);
         e.payload = select.bytes(9);
         e.count = deliveryCount(select.i64(10));
+        e.type = select.text(11);
         events.append(std::move(e));
     }
     if (rc != SQLITE_DONE)

@@ -35,6 +35,9 @@ public:
     Result<QList<FinishVerdict>> finishBatch(const QList<FinishRequest> &requests) override;
     Result<std::optional<KeyRecord>> key(const QString &key) override;
     Result<QList<KeyRecord>> listKeys(const KeyQuery &query) override;
+    // A search reads each candidate row's body in place, newest first: no index on the bodies,
+    // which every delivery would pay for (docs/stores.md#search).
+    Result<KeyPage> findKeys(const KeyQuery &query) override;
     Result<QStringList> keyNames(const KeyQuery &filter) override;
     Result<StateCounts> countKeys(const QString &endpoint) override;
     Result<OperatorVerdict> applyOperator(const QString &key, OperatorAction action, bool force,

@@ -61,6 +61,7 @@ struct StoreWatch final : IdempotencyStore
     Result<QList<FinishVerdict>> finishBatch(const QList<FinishRequest> &q) override { return seen(inner.finishBatch(q), true); }
     Result<std::optional<KeyRecord>> key(const QString &k) override { return seen(inner.key(k)); }
     Result<QList<KeyRecord>> listKeys(const KeyQuery &q) override { return seen(inner.listKeys(q)); }
+    Result<KeyPage> findKeys(const KeyQuery &q) override { return seen(inner.findKeys(q)); }
     Result<QStringList> keyNames(const KeyQuery &q) override { return seen(inner.keyNames(q)); }
     Result<StateCounts> countKeys(const QString &e) override { return seen(inner.countKeys(e)); }
     Result<OperatorVerdict> applyOperator(const QString &k, OperatorAction a, bool f, const QString &d) override

@@ -183,6 +183,8 @@ QByteArray exportLine(const KeyRecord &r, const QList<DeliveryEvent> &timeline, 
                                             ? std::max<qint64>(0, r.leaseUntilMs - now)
                                             : 0},
                        {u"error"_qs, r.error}};
+    if (!r.type.isEmpty()) // absent: the event named none (as in exports from before types)
+        record.insert(u"type"_qs, r.type);
     QJsonArray events;
     for (const DeliveryEvent &e : timeline)
         events.append(timelineEntry(e));
@@ -362,6 +364,12 @@ Result<ImportedLine> importLine(IdempotencyStore &store, const QByteArray &line,
             u"%1: record.error must be a string of at most %2 characters"_qs.arg(shown).arg(
                 kMaxText));
     r.error = errorValue.toString();
+    // Optional (exports written before types were kept have none); kept as the receiver keeps
+    // a sender's type, printable and bounded, so a hand-edited line cannot put more in a list.
+    const QJsonValue typeValue = rec.value(u"type");
+    if (!typeValue.isUndefined() && !typeValue.isString())
+        return invalid(u"%1: record.type must be a string"_qs.arg(shown));
+    r.type = eventTypeText(typeValue.toString());
     const QJsonValue ttlValue = rec.value(u"ttl_ms"), leaseValue = rec.value(u"lease_ms");
     const auto ttlMs = integerIn(ttlValue, std::numeric_limits<qint64>::min() / 2, kMaxImportTtlMs);
     const auto leaseMs = integerIn(leaseValue, 0, std::min(kMaxImportLeaseMs, ttlMs.value_or(0)));

@@ -5,9 +5,9 @@
 -- copied, never parsed.
 -- KEYS: P{tag}:r:<key>, then its bucket's P{tag}:k:<ep>, P{tag}:s:<ep>:processing|failed|reset,
 --       P{tag}:eps
--- ARGV: endpoint provider fingerprint lease_ms ttl_ms policy request key
+-- ARGV: endpoint provider fingerprint lease_ms ttl_ms policy request key type
 --   policy: two letters, on a failed key R(eprocess)|X (reject), on a changed payload M (mismatch)|I (ignore)
---   request: the q field (common.lua)
+--   request: the q field (common.lua); type: the t field, '' when the delivery names none
 -- Returns, by action (the caller builds the record from what it sent and this), each ending with
 -- the store clock (ms) the decision was made at:
 --   create:  {action, outcome, token, now}
@@ -85,11 +85,20 @@ end
 -- HSET first: Redis refuses it when out of memory, and so nothing is taken (a DEL first is not
 -- refused, and let the script write on: the key was taken and run, its finish refused, once a
 -- lease).
-redis.call('HSET', rk, 'm', packMeta('processing', tokenText, newAttempts, newCreated, nowText, fmt(now + leaseMs),
-                                     fmt(expiresAt), '0', ARGV[2], ARGV[1], fp),
-           'h', history, 'q', ARGV[7])
+local meta = packMeta('processing', tokenText, newAttempts, newCreated, nowText, fmt(now + leaseMs), fmt(expiresAt), '0',
+                     ARGV[2], ARGV[1], fp)
+if ARGV[9] == '' then
+  redis.call('HSET', rk, 'm', meta, 'h', history, 'q', ARGV[7])
+else
+  redis.call('HSET', rk, 'm', meta, 'h', history, 'q', ARGV[7], 't', ARGV[9])
+end
 if state then
-  redis.call('HDEL', rk, 's', 'e') -- a reclaim, or a tombstone: nothing of it is kept but its token, above
+  -- a reclaim, or a tombstone: nothing of it is kept but its token, above
+  if ARGV[9] == '' then
+    redis.call('HDEL', rk, 's', 'e', 't')
+  else
+    redis.call('HDEL', rk, 's', 'e')
+  end
 end
 redis.call('PEXPIREAT', rk, keyExpiry(expiresAt))
 -- A tombstone (expires_at 0) is in no index any more; an expired record still is, under its state.

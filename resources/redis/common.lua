@@ -9,7 +9,7 @@
 -- bucket; a Redis Cluster 64, spread evenly over the slots (the desk picks a key's bucket and
 -- the tags: redis::Layout, core/store/redisprotocol.h).
 --
---   P{<tag>}:r:<key>         hash    THE RECORD. Five fields at most, so that a record is a
+--   P{<tag>}:r:<key>         hash    THE RECORD. Six fields at most, so that a record is a
 --                                    handful of allocations:
 --                m  the meta, one line: "state token attempts created updated lease_until
 --                   expires_at status provider endpoint fingerprint" (space-separated; the
@@ -20,6 +20,9 @@
 --                q  the request: "METHOD path\n" + headers JSON + "\n" + body (claim.lua)
 --                s  the result: status + "\n" + headers JSON + "\n" + body (finish.lua)
 --                e  the error (failed, force-failed), absent when there is none
+--                t  the event type (claim.lua, import.lua: Provider::eventType), absent when the
+--                   delivery named none; a record written before the desk kept types has none
+--                   and reads as typeless (no layout change: an optional field)
 --                        A record is live until expires_at (store clock); Redis keeps its key
 --                        TOKEN_GRACE_MS longer (PEXPIREAT expires_at + grace) as a TOMBSTONE: it
 --                        counts as absent everywhere, but its token stays the floor of the next
@@ -27,7 +30,7 @@
 --                        makes it a tombstone at once), and is claimed again gets a higher token
 --                        whatever Redis's clock did meanwhile. Purge (tombstone.lua) drops a
 --                        tombstone's payloads (q s h e) and sets its expires_at to 0, as a delete
---                        does: absent even if the clock steps back.
+--                        does: absent even if the clock steps back (and t with them).
 --   P{<tag>}:k:<ep>          zset    the bucket's keys of endpoint <ep> that are live or expired
 --                                    but not yet purged, score = expires_at (ms)
 --   P{<tag>}:s:<ep>:<state>  zset    of those, the ones in processing, failed or reset (completed,

@@ -5,7 +5,7 @@
 -- KEYS: P{tag}:r:<key>, then its bucket's P{tag}:k:<ep>, P{tag}:s:<ep>:processing|failed|reset,
 --       P{tag}:eps
 -- ARGV: endpoint provider state fingerprint attempts created updated lease_ms ttl_ms
---       request result error history status token key
+--       request result error history status token key type
 --       (request and result: the q and s fields, common.lua; token: the exported one, < 2^53)
 -- Returns {token, expires_at}, or 0 when the key exists and has not expired.
 local rk = KEYS[1]
@@ -35,6 +35,9 @@ redis.call('HSET', rk, 'm', packMeta(ARGV[3], fmt(token), ARGV[5], ARGV[6], ARGV
            'h', ARGV[13], 'q', ARGV[10], 's', ARGV[11])
 if ARGV[12] ~= '' then
   redis.call('HSET', rk, 'e', ARGV[12])
+end
+if ARGV[17] ~= '' then
+  redis.call('HSET', rk, 't', ARGV[17])
 end
 redis.call('PEXPIREAT', rk, keyExpiry(expiresAt))
 reindex(2, ARGV[16], from, ARGV[3], expiresAt, true)

@@ -23,7 +23,7 @@ for i = 1, #ARGV do
     local state, token, attempts, created, _, _, expires, _, provider, endpoint, fp = unpackMeta(m, rk)
     if tonumber(expires) <= now then
       if expires ~= '0' then
-        redis.call('HDEL', rk, 'q', 's', 'h', 'e')
+        redis.call('HDEL', rk, 'q', 's', 'h', 'e', 't')
         redis.call('HSET', rk, 'm', tombstoneMeta(state, token, attempts, created, provider, endpoint, fp))
       end
       reindex(1, key, state, nil)

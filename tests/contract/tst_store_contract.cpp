@@ -46,6 +46,7 @@ struct Forwarding : IdempotencyStore
     Result<FinishVerdict> finish(const FinishRequest &q) override { return inner->finish(q); }
     Result<std::optional<KeyRecord>> key(const QString &k) override { return inner->key(k); }
     Result<QList<KeyRecord>> listKeys(const KeyQuery &q) override { return inner->listKeys(q); }
+    Result<KeyPage> findKeys(const KeyQuery &q) override { return inner->findKeys(q); }
     Result<QStringList> keyNames(const KeyQuery &q) override { return inner->keyNames(q); }
     Result<StateCounts> countKeys(const QString &e) override { return inner->countKeys(e); }
     Result<OperatorVerdict> applyOperator(const QString &k, OperatorAction a, bool f, const QString &d) override
@@ -544,6 +545,182 @@ private Q_SLOTS:
         QVERIFY(std::any_of(found.begin(), found.end(), [&](const KeyRecord &k) { return k.endpoint == other; }));
     }
 
+    // Every page of a find from the newest key on, until the store says nothing older matches.
+    QList<KeyRecord> findAll(KeyQuery q, int *pages = nullptr)
+    {
+        QList<KeyRecord> all;
+        for (int page = 0; page < 10000; ++page) {
+            auto found = m_store->findKeys(q);
+            if (!found)
+                qFatal("find failed: %s", qPrintable(found.error().message));
+            if (found->records.size() > q.limit)
+                qFatal("a page of %d records, the limit is %d", int(found->records.size()),
+                       q.limit);
+            all += found->records;
+            if (pages)
+                *pages = page + 1;
+            if (found->next.isEmpty())
+                return all;
+            q.after = found->next;
+        }
+        qFatal("the find never ended");
+    }
+    static QStringList keysOf(const QList<KeyRecord> &records)
+    {
+        QStringList keys;
+        for (const KeyRecord &r : records)
+            keys << r.key;
+        return keys;
+    }
+
+    void theEventTypeIsKeptWithTheRecordAndFiltersTheList()
+    {
+        const QString ep = endpoint();
+        for (int i = 0; i < 5; ++i) {
+            ClaimRequest r = request(ep, u"k%1"_qs.arg(i));
+            r.type = i % 2 ? u"invoice.paid"_qs : u"payment_intent.succeeded"_qs;
+            const ClaimResult c = claim(r);
+            if (i < 3)
+                finish(r.key, c.record.token, i == 2 ? KeyState::Failed : KeyState::Completed);
+        }
+        ClaimRequest untyped = request(ep, u"none"_qs);
+        claim(untyped);
+        auto stored = m_store->key(ep + u":k1"_qs);
+        QVERIFY(stored.ok() && stored->has_value());
+        QCOMPARE((*stored)->type, u"invoice.paid"_qs);
+        QCOMPARE((**m_store->key(ep + u":none"_qs)).type, QString());
+        KeyQuery q;
+        q.endpoint = ep;
+        q.type = u"payment_intent.succeeded"_qs;
+        q.limit = 2;
+        int pages = 0;
+        QList<KeyRecord> paid = findAll(q, &pages);
+        QCOMPARE(keysOf(paid), (QStringList{ep + u":k4"_qs, ep + u":k2"_qs, ep + u":k0"_qs}));
+        QVERIFY(pages >= 2);
+        for (const KeyRecord &r : paid)
+            QCOMPARE(r.type, q.type);
+        q.state = KeyState::Failed;
+        QCOMPARE(keysOf(findAll(q)), QStringList{ep + u":k2"_qs});
+        q.state.reset();
+        q.type = u"invoice"_qs; // exact, not a prefix
+        QVERIFY(findAll(q).isEmpty());
+        // A failed key claimed again keeps the type its new delivery names.
+        ClaimRequest again = request(ep, u"k2"_qs);
+        again.type = u"payment_intent.succeeded"_qs;
+        QVERIFY(claim(again).claimed());
+        QCOMPARE((**m_store->key(ep + u":k2"_qs)).type, again.type);
+        // The delivery log keeps each delivery's type.
+        DeliveryEvent e;
+        e.atMs = storeNow();
+        e.endpoint = ep;
+        e.key = ep + u":k1"_qs;
+        e.type = u"invoice.paid"_qs;
+        QVERIFY(m_store->appendDeliveries({e}).ok());
+        DeliveryQuery dq;
+        dq.endpoint = ep;
+        dq.key = e.key;
+        auto log = m_store->deliveries(dq);
+        QVERIFY(log.ok() && !log->isEmpty());
+        QCOMPARE(log->first().type, u"invoice.paid"_qs);
+        // An import keeps it.
+        KeyRecord imported = exported(ep, u"moved"_qs, "f9", 5);
+        imported.type = u"charge.refunded"_qs;
+        QVERIFY(m_store->importRecord(imported, 3'600'000, 60'000).ok());
+        QCOMPARE((**m_store->key(imported.key)).type, u"charge.refunded"_qs);
+    }
+
+    void searchFindsTextInTheStoredBodiesPageByPage()
+    {
+        const QString ep = endpoint();
+        const QList<QByteArray> bodies{"{\"customer\":\"ACME Corp\"}",
+                                       "{\"customer\":\"globex\"}",
+                                       "{\"note\":\"acme\"}",
+                                       "{\"name\":\"caf\xc3\xa9\"}",
+                                       "{\"x\":\"Acme-2\"}",
+                                       "{\"x\":1}",
+                                       "{\"who\":\"acmE\"}"};
+        for (qsizetype i = 0; i < bodies.size(); ++i) {
+            ClaimRequest r = request(ep, u"b%1"_qs.arg(i));
+            r.request.body = bodies.at(i);
+            r.request.headers.append(
+                {QByteArray("X-Note"), QByteArray("acme in a header is not in the body")});
+            r.fingerprint = sha256Hex(bodies.at(i));
+            r.type = i == 4 ? u"t.two"_qs : u"t.one"_qs;
+            const ClaimResult c = claim(r);
+            if (i % 2 || i == 4)
+                finish(r.key, c.record.token, KeyState::Completed);
+        }
+        KeyQuery q;
+        q.endpoint = ep;
+        q.search = u"acme"_qs;
+        q.limit = 2;
+        int pages = 0;
+        const QList<KeyRecord> found = findAll(q, &pages);
+        QCOMPARE(keysOf(found),
+                 (QStringList{ep + u":b6"_qs, ep + u":b4"_qs, ep + u":b2"_qs, ep + u":b0"_qs}));
+        QVERIFY(pages >= 2);
+        // Without a body in the list (as listKeys()), with the type.
+        QVERIFY(found.first().request.body.isEmpty());
+        QCOMPARE(found.at(1).type, u"t.two"_qs);
+        // With the other filters.
+        q.type = u"t.one"_qs;
+        QCOMPARE(keysOf(findAll(q)), (QStringList{ep + u":b6"_qs, ep + u":b2"_qs, ep + u":b0"_qs}));
+        q.type.clear();
+        q.state = KeyState::Processing;
+        QCOMPARE(keysOf(findAll(q)), (QStringList{ep + u":b6"_qs, ep + u":b2"_qs, ep + u":b0"_qs}));
+        q.state.reset();
+        q.glob = ep + u":b[04]"_qs;
+        QCOMPARE(keysOf(findAll(q)), (QStringList{ep + u":b4"_qs, ep + u":b0"_qs}));
+        q.glob.clear();
+        // Non-ASCII text is compared byte for byte; no match inside an escape of it.
+        q.search = u"café"_qs;
+        QCOMPARE(keysOf(findAll(q)), QStringList{ep + u":b3"_qs});
+        q.search = u"303"_qs;
+        QVERIFY(findAll(q).isEmpty());
+        q.search = u"\"customer\":\"g"_qs; // quotes, a colon: text, not a pattern
+        QCOMPARE(keysOf(findAll(q)), QStringList{ep + u":b1"_qs});
+        q.search = u"%"_qs;
+        QVERIFY(findAll(q).isEmpty());
+        q.search = u".*"_qs;
+        QVERIFY(findAll(q).isEmpty());
+        // Nothing: an empty page and no next one.
+        q.search = u"initech"_qs;
+        auto none = m_store->findKeys(q);
+        QVERIFY(none.ok());
+        QVERIFY(none->records.isEmpty());
+        QVERIFY(none->next.isEmpty());
+        // Where no page stopped: refused, with what to give instead.
+        q.after = u"not a position"_qs;
+        auto bad = m_store->findKeys(q);
+        QVERIFY(!bad.ok());
+        QCOMPARE(int(bad.error().code), int(ErrorCode::Invalid));
+    }
+
+    void aSearchWithinItsBudgetSaysWhereToGoOn()
+    {
+        // A budget of 1 ms on a loaded machine: pages may come back short, or empty, but each
+        // says where the next goes on, and together they find every match once.
+        const QString ep = endpoint();
+        QStringList expected;
+        for (int i = 0; i < 300; ++i) {
+            ClaimRequest r = request(ep, u"n%1"_qs.arg(i, 3, 10, QChar(u'0')));
+            r.request.body = i % 50 == 7 ? "{\"needle\":true}" : QByteArray(2000, 'x');
+            claim(r);
+            if (i % 50 == 7)
+                expected.prepend(r.key);
+        }
+        KeyQuery q;
+        q.endpoint = ep;
+        q.search = u"NEEDLE"_qs;
+        q.limit = 100;
+        q.budgetMs = 1;
+        QStringList found = keysOf(findAll(q));
+        QCOMPARE(QSet<QString>(found.begin(), found.end()).size(), found.size());
+        std::sort(found.begin(), found.end());
+        std::sort(expected.begin(), expected.end());
+        QCOMPARE(found, expected);
+    }
+
     void globsMatchAlikeOnEveryStore()
     {
         // The documented shell glob (keyGlobToRegex): '*' and '?' match a '/' too, a set may
@@ -973,7 +1150,12 @@ private Q_SLOTS:
             QVERIFY(SqliteStore::open(path).ok());
             sqlite3 *db = nullptr;
             QCOMPARE(sqlite3_open(QFile::encodeName(path).constData(), &db), SQLITE_OK);
+            // Back to step 3: what the later steps added goes too (step 6's ADD COLUMN, as
+            // SQLite's, is not written to be run twice: the version decides).
             const QByteArray back = "ALTER TABLE idem_deliveries DROP COLUMN count;"
+                                    " DROP INDEX idem_keys_type;"
+                                    " ALTER TABLE idem_keys DROP COLUMN type;"
+                                    " ALTER TABLE idem_deliveries DROP COLUMN type;"
                                     " PRAGMA user_version = 3; " +
                                     insert.toUtf8();
             const int rc = sqlite3_exec(db, back.constData(), nullptr, nullptr, nullptr);

@@ -1,4 +1,5 @@
-// Every provider's signature check and key extraction on arbitrary headers and bodies.
+// Every provider's signature check, key extraction and event type on arbitrary headers and
+// bodies; the event type's JSON reader against QJsonDocument's on every body that parses.
 // Input: one byte choosing the provider, then "name: value" lines, a blank line, the body.
 #include "providers/provider.h"
 #include "util/rawjson.h"
@@ -42,6 +43,29 @@ void checkElements(const QByteArray &body, const QList<idem::BatchElement> &elem
             abort();
     }
 }
+
+// What the desk keeps of an event type: printable ASCII, bounded.
+void checkType(const QString &type)
+{
+    if (type.size() > idem::kMaxEventTypeChars)
+        abort();
+    for (const QChar c : type)
+        if (c.unicode() < 0x20 || c.unicode() > 0x7e)
+            abort();
+}
+
+// jsonValueAt reads a string where QJsonDocument's tree has that string, and nothing where
+// the tree has nothing.
+void checkPointer(const QByteArray &body, const QJsonDocument &doc, const QString &pointer)
+{
+    const QJsonValue root = doc.isArray() ? QJsonValue(doc.array()) : QJsonValue(doc.object());
+    const auto tree = idem::resolvePointer(root, pointer);
+    const auto raw = idem::jsonValueAt(body, pointer);
+    if (tree.has_value() != raw.has_value())
+        abort();
+    if (tree && tree->isString() && idem::jsonScalarText(*raw) != tree->toString())
+        abort();
+}
 } // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
@@ -70,9 +94,19 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (key.kind == idem::KeyExtraction::Kind::Found)
         (void)idem::namespacedKey(e.name, key.key);
     if (p->isBatch())
-        if (const auto elements = p->splitBatch(request, e.settings.maxBatchElements))
+        if (const auto elements = p->splitBatch(request, e.settings.maxBatchElements)) {
             checkElements(request.body, *elements);
+            for (const idem::BatchElement &element : *elements)
+                checkType(p->elementType(element.raw));
+        }
     (void)p->directAnswer(request);
     (void)p->note(request);
+    checkType(p->eventType(request, e));
+    QJsonParseError error;
+    const QJsonDocument doc = QJsonDocument::fromJson(request.body, &error);
+    if (error.error == QJsonParseError::NoError)
+        for (const QString &pointer : {QStringLiteral("/type"), QStringLiteral("/event/type"),
+                                       QStringLiteral("/0/event"), QStringLiteral("/a/0/~1b")})
+            checkPointer(request.body, doc, pointer);
     return 0;
 }

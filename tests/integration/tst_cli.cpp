@@ -505,6 +505,176 @@ private Q_SLOTS:
     }
 
     void exportAndImportKeepTheRecord_data() { everyCommand_data(); }
+    void typeAndSearchFromServeToKeysList_data()
+    {
+        QTest::addColumn<QString>("store");
+        QTest::newRow("sqlite") << u"sqlite:"_qs + m_dir.filePath(u"types.db"_qs);
+        QTest::newRow("redis") << qEnvironmentVariable("IDEM_TEST_REDIS_URL");
+        QTest::newRow("cluster") << qEnvironmentVariable("IDEM_TEST_REDIS_CLUSTER_URL");
+        QTest::newRow("postgres") << qEnvironmentVariable("IDEM_TEST_POSTGRES_URL");
+    }
+    void typeAndSearchFromServeToKeysList()
+    {
+        QFETCH(QString, store);
+        if (store.isEmpty())
+            QFAIL("IDEM_TEST_* are not set: run through ./dev test");
+        const QString run = QString::number(QRandomGenerator::global()->bounded(1u << 30), 36);
+        const QString stripe = u"s"_qs + run, github = u"g"_qs + run;
+        const QString config =
+            writeFile(m_dir, run + u"-types.json"_qs,
+                      "{\"store\": \"" + store.toUtf8() + "\", \"endpoints\": [{\"name\": \"" +
+                          stripe.toUtf8() + "\", \"provider\": \"stripe\"}, {\"name\": \"" +
+                          github.toUtf8() + "\", \"provider\": \"github\"}]}");
+        const QStringList common{u"--config"_qs, config};
+        quint16 port = 0;
+        QByteArray err;
+        auto serve = idem::test::startServe(QStringLiteral(IDEMDESK_BIN), common, port, &err, true);
+        QVERIFY2(port, err.constData());
+        auto stripeEvent = [&](const QByteArray &id, const QByteArray &type,
+                               const QByteArray &who) {
+            return post(port, "/hooks/" + stripe.toUtf8(),
+                        "{\"id\":\"" + id + "\",\"type\":\"" + type +
+                            "\",\"data\":{\"object\":{\"customer\":\"" + who + "\"}}}",
+                        {{"Content-Type", "application/json"}})
+                .status;
+        };
+        QCOMPARE(stripeEvent("evt_1", "payment_intent.succeeded", "ACME Corp"), 200);
+        QCOMPARE(stripeEvent("evt_2", "charge.refunded", "acme"), 200);
+        QCOMPARE(stripeEvent("evt_3", "payment_intent.succeeded", "globex"), 200);
+        QCOMPARE(post(port, "/hooks/" + github.toUtf8(), "{\"action\":\"opened\"}",
+                      {{"X-GitHub-Event", "issues"},
+                       {"X-GitHub-Hook-ID", "7"},
+                       {"X-GitHub-Delivery", "d1"}})
+                     .status,
+                 200);
+        ::kill(pid_t(serve->processId()), SIGTERM);
+        QVERIFY(serve->waitForFinished(15000));
+        // The serve log line names the type.
+        const QByteArray log = serve->readAllStandardOutput();
+        QVERIFY2(log.contains(stripe.toUtf8() + ":evt_2 processed 200") &&
+                     log.contains("type=charge.refunded"),
+                 log.constData());
+        QVERIFY2(log.contains("type=issues.opened"), log.constData());
+
+        const QString e1 = stripe + u":evt_1"_qs, e2 = stripe + u":evt_2"_qs,
+                      e3 = stripe + u":evt_3"_qs;
+        auto listed = [&](const QStringList &args) {
+            QStringList keys;
+            const Run r =
+                idemdesk(QStringList{u"keys"_qs, u"list"_qs, u"--json"_qs} + args + common);
+            for (const QJsonObject &line : jsonLines(r.out))
+                keys << line.value(u"key").toString();
+            return keys;
+        };
+        QCOMPARE(listed({u"--type"_qs, u"payment_intent.succeeded"_qs, u"--endpoint"_qs, stripe}),
+                 (QStringList{e3, e1}));
+        QCOMPARE(listed({u"--type"_qs, u"issues.opened"_qs, u"--endpoint"_qs, github}),
+                 QStringList{github + u":hook-7/d1"_qs});
+        QCOMPARE(listed({u"--search"_qs, u"acme"_qs, u"--endpoint"_qs, stripe}),
+                 (QStringList{e2, e1}));
+        QCOMPARE(listed({u"--search"_qs, u"acme"_qs, u"--type"_qs, u"charge.refunded"_qs,
+                         u"--endpoint"_qs, stripe}),
+                 QStringList{e2});
+        // --json carries the type; a plain listing has a TYPE column.
+        Run r = idemdesk(
+            QStringList{u"keys"_qs, u"list"_qs, u"--json"_qs, u"--endpoint"_qs, stripe} + common);
+        QCOMPARE(jsonLines(r.out).first().value(u"type").toString(),
+                 u"payment_intent.succeeded"_qs);
+        r = idemdesk(QStringList{u"keys"_qs, u"list"_qs, u"--endpoint"_qs, stripe} + common);
+        QVERIFY2(r.out.contains("TYPE") && r.out.contains("charge.refunded"), r.out.constData());
+        // Paged: the next page from where the last stopped.
+        r = idemdesk(QStringList{u"keys"_qs, u"list"_qs, u"--search"_qs, u"evt_"_qs,
+                                 u"--endpoint"_qs, stripe, u"--limit"_qs, u"2"_qs} +
+                     common);
+        QCOMPARE(r.rc, 0);
+        const qsizetype at = r.out.indexOf("--after '");
+        QVERIFY2(at > 0, r.out.constData());
+        const QString after =
+            QString::fromUtf8(r.out.mid(at + 9, r.out.indexOf('\'', at + 9) - at - 9));
+        QCOMPARE(listed({u"--search"_qs, u"evt_"_qs, u"--endpoint"_qs, stripe, u"--limit"_qs,
+                         u"2"_qs, u"--after"_qs, after}),
+                 QStringList{e1});
+        // Nothing found says so.
+        r = idemdesk(QStringList{u"keys"_qs, u"list"_qs, u"--search"_qs, u"initech"_qs,
+                                 u"--endpoint"_qs, stripe} +
+                     common);
+        QCOMPARE(r.rc, 0);
+        QVERIFY2(r.out.contains("(no keys whose body contains 'initech')"), r.out.constData());
+        r = idemdesk(QStringList{u"keys"_qs, u"list"_qs, u"--type"_qs, u"nope"_qs} + common);
+        QVERIFY2(r.out.contains("(no keys of type 'nope')"), r.out.constData());
+        // Usage errors.
+        r = idemdesk(QStringList{u"keys"_qs, u"list"_qs, u"--after"_qs, after} + common);
+        QCOMPARE(r.rc, 2);
+        r = idemdesk(QStringList{u"keys"_qs, u"list"_qs, u"--search"_qs, u"x"_qs, u"--after"_qs,
+                                 u"nowhere"_qs} +
+                     common);
+        QCOMPARE(r.rc, 2);
+        QVERIFY2(r.err.contains("is not where a page"), r.err.constData());
+    }
+
+    void exportAndImportKeepTheType()
+    {
+        // Out of one SQLite desk into another: the type goes with the record; a line written
+        // before types were kept (no record.type) still imports, as a key without a type.
+        const QString run = QString::number(QRandomGenerator::global()->bounded(1u << 30), 36);
+        const QString ep = u"t"_qs + run;
+        const QString source =
+            writeFile(m_dir, run + u"-tsrc.json"_qs,
+                      "{\"store\": \"sqlite:" + m_dir.filePath(run + u"-tsrc.db"_qs).toUtf8() +
+                          "\", \"endpoints\": [{\"name\": \"" + ep.toUtf8() +
+                          "\", \"provider\": \"stripe\"}]}");
+        quint16 port = 0;
+        QByteArray err;
+        auto serve = idem::test::startServe(QStringLiteral(IDEMDESK_BIN), {u"--config"_qs, source},
+                                            port, &err);
+        QVERIFY2(port, err.constData());
+        for (const QByteArray &id : {QByteArray("evt_a"), QByteArray("evt_b")})
+            QCOMPARE(post(port, "/hooks/" + ep.toUtf8(),
+                          "{\"id\":\"" + id + "\",\"type\":\"invoice.paid\"}", {})
+                         .status,
+                     200);
+        ::kill(pid_t(serve->processId()), SIGTERM);
+        QVERIFY(serve->waitForFinished(15000));
+        const QString file = m_dir.filePath(run + u"-types.jsonl"_qs);
+        Run r = idemdesk({u"keys"_qs, u"export"_qs, u"--endpoint"_qs, ep, u"--output"_qs, file,
+                          u"--config"_qs, source});
+        QVERIFY2(r.rc == 0, r.err.constData());
+        QFile exported(file);
+        QVERIFY(exported.open(QIODevice::ReadOnly));
+        QList<QByteArray> lines = exported.readAll().trimmed().split('\n');
+        QCOMPARE(lines.size(), 2);
+        QJsonObject old = QJsonDocument::fromJson(lines.at(1)).object();
+        QCOMPARE(old.value(u"record").toObject().value(u"type").toString(), u"invoice.paid"_qs);
+        QJsonObject record = old.value(u"record").toObject();
+        record.remove(u"type"_qs);
+        old.insert(u"record"_qs, record);
+        lines[1] = QJsonDocument(old).toJson(QJsonDocument::Compact);
+        const QString edited = writeFile(m_dir, run + u"-old.jsonl"_qs, lines.join('\n') + '\n');
+        const QStringList target{u"--store"_qs,
+                                 u"sqlite:"_qs + m_dir.filePath(run + u"-tdst.db"_qs)};
+        r = idemdesk(QStringList{u"keys"_qs, u"import"_qs, edited} + target);
+        QVERIFY2(r.rc == 0, r.err.constData());
+        QMap<QString, QString> types;
+        for (const QJsonObject &line :
+             jsonLines(idemdesk(QStringList{u"keys"_qs, u"list"_qs, u"--json"_qs} + target).out))
+            types.insert(line.value(u"key").toString(), line.value(u"type").isNull()
+                                                            ? u"null"_qs
+                                                            : line.value(u"type").toString());
+        QCOMPARE(types.size(), 2);
+        QVERIFY2(types.values().contains(u"invoice.paid"_qs) && types.values().contains(u"null"_qs),
+                 qPrintable(QStringList(types.values()).join(u',')));
+        // A type that is not a string is refused, naming the field.
+        QJsonObject bad = QJsonDocument::fromJson(lines.at(0)).object();
+        QJsonObject badRecord = bad.value(u"record").toObject();
+        badRecord.insert(u"type"_qs, 42);
+        bad.insert(u"record"_qs, badRecord);
+        const QString wrong = writeFile(m_dir, run + u"-bad.jsonl"_qs,
+                                        QJsonDocument(bad).toJson(QJsonDocument::Compact) + '\n');
+        r = idemdesk(QStringList{u"keys"_qs, u"import"_qs, wrong, u"--store"_qs,
+                                 u"sqlite:"_qs + m_dir.filePath(run + u"-tdst2.db"_qs)});
+        QVERIFY2(r.err.contains("record.type must be a string"), r.err.constData());
+    }
+
     void exportAndImportKeepTheRecord()
     {
         // Out of a colleague's SQLite desk, into this store: state, TTL, history and timeline.

@@ -447,6 +447,194 @@ private Q_SLOTS:
         QVERIFY2(events.first().detail.contains(u"slack retry 1 (http_timeout)"), qPrintable(events.first().detail));
     }
 
+    void eachProviderReadsItsEventType_data()
+    {
+        QTest::addColumn<QString>("provider");
+        QTest::addColumn<HeaderList>("headers");
+        QTest::addColumn<QByteArray>("body");
+        QTest::addColumn<QString>("type");
+        const HeaderList json{{"Content-Type", "application/json"}};
+        const HeaderList form{{"Content-Type", "application/x-www-form-urlencoded"}};
+        QTest::newRow("stripe")
+            << u"stripe"_qs << json
+            << QByteArray("{\"id\":\"evt_1\",\"data\":{\"object\":{\"type\":\"card\"}},"
+                          "\"type\":\"payment_intent.succeeded\"}")
+            << u"payment_intent.succeeded"_qs;
+        QTest::newRow("github with action")
+            << u"github"_qs << HeaderList{{"X-GitHub-Event", "issues"}}
+            << QByteArray("{\"issue\":{\"action\":\"x\"},\"action\":\"opened\"}")
+            << u"issues.opened"_qs;
+        QTest::newRow("github without action")
+            << u"github"_qs << HeaderList{{"X-GitHub-Event", "push"}}
+            << QByteArray("{\"ref\":\"refs/heads/main\"}") << u"push"_qs;
+        QTest::newRow("github without the header")
+            << u"github"_qs << json << QByteArray("{\"action\":\"opened\"}") << QString();
+        QTest::newRow("shopify") << u"shopify"_qs
+                                 << HeaderList{{"X-Shopify-Topic", "orders/create"}}
+                                 << QByteArray("{\"id\":1}") << u"orders/create"_qs;
+        QTest::newRow("slack event_callback")
+            << u"slack"_qs << json
+            << QByteArray("{\"type\":\"event_callback\",\"event\":{\"type\":\"app_mention\"}}")
+            << u"app_mention"_qs;
+        QTest::newRow("slack url_verification")
+            << u"slack"_qs << json
+            << QByteArray("{\"type\":\"url_verification\",\"challenge\":\"c\"}")
+            << u"url_verification"_qs;
+        QTest::newRow("slack slash command")
+            << u"slack"_qs << form
+            << QByteArray("team_id=T1&command=%2Fdeploy&text=prod&trigger_id=1") << u"/deploy"_qs;
+        QTest::newRow("slack interaction")
+            << u"slack"_qs << form
+            << QByteArray(
+                   "payload=%7B%22type%22%3A%22block_actions%22%2C%22trigger_id%22%3A%221%22%7D")
+            << u"block_actions"_qs;
+        QTest::newRow("standard") << u"standard"_qs << json
+                                  << QByteArray("{\"type\":\"invoice.paid\",\"data\":{}}")
+                                  << u"invoice.paid"_qs;
+        QTest::newRow("generic /type")
+            << u"generic"_qs << json
+            << QByteArray(" {\"data\":[1,{\"a\":\"}\"}],\"type\":\"order.shipped\"}")
+            << u"order.shipped"_qs;
+        QTest::newRow("generic escaped")
+            << u"generic"_qs << json << QByteArray("{\"typ\\u0065\":\"caf\\u00e9\"}") << u"caf?"_qs;
+        QTest::newRow("generic number")
+            << u"generic"_qs << json << QByteArray("{\"type\": 42}") << u"42"_qs;
+        QTest::newRow("generic object")
+            << u"generic"_qs << json << QByteArray("{\"type\":{\"a\":1}}") << QString();
+        QTest::newRow("not json") << u"stripe"_qs << json << QByteArray("type=payment")
+                                  << QString();
+        QTest::newRow("cut json") << u"stripe"_qs << json
+                                  << QByteArray("{\"id\":\"e\",\"type\":\"pay") << QString();
+    }
+    void eachProviderReadsItsEventType()
+    {
+        QFETCH(QString, provider);
+        QFETCH(HeaderList, headers);
+        QFETCH(QByteArray, body);
+        QFETCH(QString, type);
+        HttpRequest request;
+        request.headers = headers;
+        request.body = body;
+        EndpointConfig endpoint;
+        endpoint.name = endpoint.provider = provider;
+        QCOMPARE(providerFor(provider)->eventType(request, endpoint), type);
+    }
+
+    void sendgridReadsEachElementsEventType()
+    {
+        const Provider *sendgrid = providerFor(u"sendgrid");
+        QCOMPARE(sendgrid->elementType("{\"event\":\"bounce\"}"), u"bounce"_qs);
+        QCOMPARE(sendgrid->elementType("{\"sg_event_id\":\"x\"}"), QString());
+        HttpRequest batch;
+        batch.body = "[{\"event\":\"open\",\"sg_event_id\":\"a\"},{\"event\":\"click\",\"sg_event_"
+                     "id\":\"b\"}]";
+        auto elements = sendgrid->splitBatch(batch, 100);
+        QVERIFY(elements.ok());
+        QCOMPARE(sendgrid->elementType(elements->at(1).raw), u"click"_qs);
+    }
+
+    void hostileEventTypesAreBoundedAndPrintable_data()
+    {
+        QTest::addColumn<QByteArray>("body");
+        QTest::addColumn<QString>("type");
+        QTest::newRow("line break") << QByteArray("{\"type\":\"a\\nb\"}") << u"a?b"_qs;
+        QTest::newRow("terminal escape")
+            << QByteArray("{\"type\":\"\\u001b[31mred\"}") << u"?[31mred"_qs;
+        QTest::newRow("bidi override") << QByteArray("{\"type\":\"a\\u202eb\"}") << u"a?b"_qs;
+        QTest::newRow("spaces around") << QByteArray("{\"type\":\"  x.y \\t\"}") << u"x.y"_qs;
+        QTest::newRow("long") << "{\"type\":\"" + QByteArray(5000, 'a') + "\"}"
+                              << QString(97, u'a') + u"..."_qs;
+        QTest::newRow("deep") << QByteArray(100000, '[') + "{\"type\":\"x\"}" << QString();
+        QTest::newRow("deep before")
+            << "{\"a\":" + QByteArray(100000, '[') + ",\"type\":\"x\"}" << QString();
+        QTest::newRow("unterminated string")
+            << QByteArray("{\"a\":\"\\\",\"type\":\"x\"}") << QString();
+    }
+    void hostileEventTypesAreBoundedAndPrintable()
+    {
+        QFETCH(QByteArray, body);
+        QFETCH(QString, type);
+        HttpRequest request;
+        request.body = body;
+        EndpointConfig endpoint;
+        endpoint.provider = u"generic"_qs;
+        const QString read = providerFor(u"generic")->eventType(request, endpoint);
+        QCOMPARE(read, type);
+        QVERIFY(read.size() <= kMaxEventTypeChars);
+    }
+
+    // The type reader skips what it does not need; where QJsonDocument (the key, the window)
+    // reads the body, the reader reads the same value.
+    void theTypeReaderReadsWhatTheJsonParserReads_data()
+    {
+        QTest::addColumn<QByteArray>("body");
+        QTest::addColumn<QString>("pointer");
+        QTest::addColumn<QString>("expected");
+        QTest::newRow("a name given twice")
+            << QByteArray("{\"type\":\"first\",\"type\":\"second\"}") << u"/type"_qs
+            << u"second"_qs;
+        QTest::newRow("given twice, the first escaped")
+            << QByteArray("{\"typ\\u0065\":\"first\",\"type\":\"second\"}") << u"/type"_qs
+            << u"second"_qs;
+        QTest::newRow("given twice, the last escaped")
+            << QByteArray("{\"type\":\"first\",\"typ\\u0065\":\"second\"}") << u"/type"_qs
+            << u"second"_qs;
+        QTest::newRow("given twice in a nested object")
+            << QByteArray("{\"event\":{\"type\":\"a\",\"type\":\"b\"},\"type\":\"c\"}")
+            << u"/event/type"_qs << u"b"_qs;
+        QTest::newRow("an object given again as a string")
+            << QByteArray("{\"event\":{\"type\":\"a\"},\"event\":\"x\"}") << u"/event/type"_qs
+            << QString();
+        // ./dev fuzz (fuzz_providers, checkPointer): a SendGrid batch whose first element names
+        // its event twice, the second time with control characters in it.
+        QTest::newRow("the fuzzer's SendGrid batch")
+            << QByteArray("[{\"email\":\"a@example.com\",\"event\":\"click\",\"sg_message_id\":"
+                          "\"m\",\"event\":\"clic\x06webhook-id:v0= msgok-\x1a{}\"},{\"sg_event_"
+                          "id\":\"x\",\"v\":1},{ \"v\" : 1, \"sg_even|_id\" : \"x\" },{\"sg_event_"
+                          "id\":\"x\",\"v\":2},{\"n\":9007199254740993}]")
+            << u"/0/event"_qs << u"clic\x06webhook-id:v0= msgok-\x1a{}"_qs;
+        QTest::newRow("a byte order mark first")
+            << QByteArray("\xEF\xBB\xBF {\"type\":\"invoice.paid\"}") << u"/type"_qs
+            << u"invoice.paid"_qs;
+    }
+    void theTypeReaderReadsWhatTheJsonParserReads()
+    {
+        QFETCH(QByteArray, body);
+        QFETCH(QString, pointer);
+        QFETCH(QString, expected);
+        QJsonParseError error;
+        const QJsonDocument doc = QJsonDocument::fromJson(body, &error);
+        QCOMPARE(error.error, QJsonParseError::NoError);
+        const auto tree = resolvePointer(
+            doc.isArray() ? QJsonValue(doc.array()) : QJsonValue(doc.object()), pointer);
+        QCOMPARE(tree ? tree->toString() : QString(), expected);
+        const auto raw = jsonValueAt(body, pointer);
+        QCOMPARE(raw.has_value(), tree.has_value());
+        QCOMPARE(raw ? jsonScalarText(*raw) : QString(), expected);
+        // What the desk keeps of it.
+        QCOMPARE(eventTypeAt(body, pointer), eventTypeText(expected));
+    }
+
+    void genericTypePointerIsConfigured()
+    {
+        auto c = Config::parse("{\"endpoints\": [{\"name\": \"a\", \"provider\": \"generic\", "
+                               "\"type_pointer\": \"/meta/event~1name\"}, {\"name\": \"b\", "
+                               "\"provider\": \"generic\", \"type_pointer\": \"\"}]}",
+                               u"c.json"_qs);
+        QVERIFY2(c.ok(), c.ok() ? "" : qPrintable(c.error().message));
+        HttpRequest request;
+        request.body = "{\"type\":\"top\",\"meta\":{\"event/name\":\"order.paid\"}}";
+        const Provider *generic = providerFor(u"generic");
+        QCOMPARE(generic->eventType(request, *c->endpoint(u"a")), u"order.paid"_qs);
+        QCOMPARE(generic->eventType(request, *c->endpoint(u"b")), QString());
+        // Written back only where it differs from the default.
+        const QJsonArray written = c->toJson().value(u"endpoints"_qs).toArray();
+        QCOMPARE(written.at(0).toObject().value(u"type_pointer"_qs).toString(),
+                 u"/meta/event~1name"_qs);
+        QCOMPARE(written.at(1).toObject().value(u"type_pointer"_qs).toString(), QString());
+        QVERIFY(written.at(1).toObject().contains(u"type_pointer"_qs));
+    }
+
     void providerConfigIsValidated_data()
     {
         QTest::addColumn<QByteArray>("endpoint");
@@ -461,6 +649,13 @@ private Q_SLOTS:
         QTest::newRow("batch cap elsewhere") << QByteArray("{\"name\": \"s\", \"provider\": \"stripe\", \"max_batch_elements\": 10}") << u"endpoints[0].max_batch_elements: only batch providers (sendgrid)"_qs;
         QTest::newRow("batch cap zero") << QByteArray("{\"name\": \"s\", \"provider\": \"sendgrid\", \"max_batch_elements\": 0}") << u"endpoints[0].max_batch_elements: must be an integer from 1 to 100000"_qs;
         QTest::newRow("signature header on github") << QByteArray("{\"name\": \"s\", \"provider\": \"github\", \"signature_header\": \"X\"}") << u"endpoints[0].signature_header: only the generic"_qs;
+        QTest::newRow("type pointer on stripe")
+            << QByteArray("{\"name\": \"s\", \"provider\": \"stripe\", \"type_pointer\": \"/t\"}")
+            << u"endpoints[0].type_pointer: only the generic"_qs;
+        QTest::newRow("type pointer not a pointer")
+            << QByteArray(
+                   "{\"name\": \"s\", \"provider\": \"generic\", \"type_pointer\": \"type\"}")
+            << u"endpoints[0].type_pointer: must be"_qs;
     }
     void providerConfigIsValidated()
     {

@@ -57,17 +57,21 @@ std::unique_ptr<QProcess> startServe(const QString &binary, const QStringList &a
     return process;
 }
 
-void generateSqliteKeys(const QString &path, int count, const QByteArray &body)
+void generateSqliteKeys(const QString &path, int count, const QByteArray &body,
+                        const KeyVariation &vary)
 {
     (void)SqliteStore::open(path); // the schema
     sqlite3 *db = nullptr;
     sqlite3_open(QFile::encodeName(path).constData(), &db);
     sqlite3_exec(db, "PRAGMA synchronous=OFF; BEGIN", nullptr, nullptr, nullptr);
     sqlite3_stmt *insert = nullptr;
-    sqlite3_prepare_v2(db, "INSERT INTO idem_keys (key, endpoint, provider, state, fingerprint, token, attempts,"
-                           " created_ms, updated_ms, lease_until_ms, expires_at_ms, req_body, res_status, res_body)"
-                           " VALUES (?1, 'big', 'generic', ?2, 'f', 1, 1, ?3, ?3, 0, ?4, ?5, 200, '{\"ok\":true}')",
-                       -1, &insert, nullptr);
+    sqlite3_prepare_v2(
+        db,
+        "INSERT INTO idem_keys (key, endpoint, provider, state, fingerprint, token, attempts,"
+        " created_ms, updated_ms, lease_until_ms, expires_at_ms, req_body, res_status, res_body,"
+        " type) VALUES (?1, 'big', 'generic', ?2, 'f', 1, 1, ?3, ?3, 0, ?4, ?5, 200,"
+        " '{\"ok\":true}', ?6)",
+        -1, &insert, nullptr);
     const qint64 now = wallMs();
     static const char *states[] = {"completed", "completed", "completed", "failed"};
     for (int i = 0; i < count; ++i) {
@@ -76,7 +80,14 @@ void generateSqliteKeys(const QString &path, int count, const QByteArray &body)
         sqlite3_bind_text(insert, 2, states[i % 4], -1, SQLITE_STATIC);
         sqlite3_bind_int64(insert, 3, now - count + i);
         sqlite3_bind_int64(insert, 4, now + 86'400'000);
-        sqlite3_bind_blob(insert, 5, body.constData(), int(body.size()), SQLITE_STATIC);
+        QByteArray b = body, type;
+        if (vary)
+            vary(i, b, type);
+        sqlite3_bind_blob(insert, 5, b.constData(), int(b.size()), SQLITE_TRANSIENT);
+        if (type.isEmpty())
+            sqlite3_bind_null(insert, 6);
+        else
+            sqlite3_bind_text(insert, 6, type.constData(), int(type.size()), SQLITE_TRANSIENT);
         sqlite3_step(insert);
         sqlite3_reset(insert);
     }
@@ -86,7 +97,7 @@ void generateSqliteKeys(const QString &path, int count, const QByteArray &body)
 }
 
 QString generateRedisKeys(const QString &urlText, int count, int endpoints, int expiredPercent,
-                          const QByteArray &body)
+                          const QByteArray &body, const KeyVariation &vary)
 {
     auto url = StoreUrl::parse(urlText);
     if (!url || url->kind != StoreUrl::Kind::Redis)
@@ -184,7 +195,10 @@ QString generateRedisKeys(const QString &urlText, int count, int endpoints, int 
             (failed ? ",\"event\":\"failed\",\"token\":" : ",\"event\":\"completed\",\"token\":") +
             t;
         history += failed ? ",\"detail\":\"downstream answered 500\"}]" : "}]";
-        const QByteArray request = "POST /hooks/" + endpoint + '\n' + headers + '\n' + body;
+        QByteArray b = body, type;
+        if (vary)
+            vary(i, b, type);
+        const QByteArray request = "POST /hooks/" + endpoint + '\n' + headers + '\n' + b;
         const QByteArray result = (failed ? "500\n" : "200\n") + headers +
                                   (failed ? "\n{\"error\":\"boom\"}" : "\n{\"ok\":true}");
         const QByteArray rk = layout.record(QString::fromUtf8(key));
@@ -192,6 +206,8 @@ QString generateRedisKeys(const QString &urlText, int count, int endpoints, int 
         if (failed)
             hset << "e"
                  << "downstream answered 500";
+        if (!type.isEmpty())
+            hset << "t" << type;
         send(hset);
         send({"PEXPIREAT", rk, QByteArray::number(expiresAt + kGraceMs)});
         // The index entries claim.lua and finish.lua write with the record, in its bucket.

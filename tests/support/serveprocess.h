@@ -4,6 +4,7 @@
 #include <QProcess>
 #include <QStringList>
 
+#include <functional>
 #include <memory>
 
 namespace idem::test {
@@ -18,9 +19,14 @@ std::unique_ptr<QProcess> startServe(const QString &binary, const QStringList &a
                                      const QProcessEnvironment &environment = {}, int openFiles = 0,
                                      int stdoutFd = -1);
 
+// Key i's request body and event type (empty: none), when the generators below are given one;
+// else every key has `body` and no type.
+using KeyVariation = std::function<void(int i, QByteArray &body, QByteArray &type)>;
+
 // One million (or `count`) keys written straight into a SQLite store's file, for the dashboard's
 // scale test and benchmark: three completed for every failed one, newest last.
-void generateSqliteKeys(const QString &path, int count, const QByteArray &body = {});
+void generateSqliteKeys(const QString &path, int count, const QByteArray &body = {},
+                        const KeyVariation &vary = {});
 
 // `count` keys of Redis layout v4 written straight into the Redis or Redis Cluster of `url` (its
 // prefix), as claim.lua + finish.lua leave them (records with their Redis expiry, their buckets'
@@ -29,6 +35,6 @@ void generateSqliteKeys(const QString &path, int count, const QByteArray &body =
 // one, "big0"…); three completed for every failed one, newest last; the oldest `expiredPercent`
 // past their expiry but not yet purged. Returns the error, empty when all were written.
 QString generateRedisKeys(const QString &url, int count, int endpoints = 1, int expiredPercent = 0,
-                          const QByteArray &body = {});
+                          const QByteArray &body = {}, const KeyVariation &vary = {});
 
 } // namespace idem::test

@@ -149,6 +149,10 @@ public:
     {
         return recorded([&] { return m_inner->keyNames(q); });
     }
+    Result<KeyPage> findKeys(const KeyQuery &q) override
+    {
+        return recorded([&] { return m_inner->findKeys(q); });
+    }
     Result<StateCounts> countKeys(const QString &e) override { return recorded([&] { return m_inner->countKeys(e); }); }
     Result<OperatorVerdict> applyOperator(const QString &k, OperatorAction a, bool f, const QString &d) override
     {
@@ -1307,6 +1311,93 @@ private Q_SLOTS:
         QTRY_COMPARE(w.keys()->rowCount(), 1);
         QCOMPARE(w.keys()->index(0, KeysModel::Key).data().toString(), u"a:refund-1"_qs);
         QTRY_VERIFY(w.stateTabs()->tabText(0).contains(u"(3)")); // counts of endpoint a
+    }
+
+    void typeColumnsAndTheTypeAndSearchFilters()
+    {
+        Desk desk = open("[{\"name\": \"a\"}]");
+        MainWindow &w = *desk.window;
+        QCOMPARE(
+            deliver(desk.port, "a", "o1", "{\"type\":\"order.paid\",\"customer\":\"ACME\"}").status,
+            200);
+        QCOMPARE(deliver(desk.port, "a", "o2", "{\"type\":\"order.shipped\",\"customer\":\"acme\"}")
+                     .status,
+                 200);
+        QCOMPARE(deliver(desk.port, "a", "o3", "{\"type\":\"order.paid\",\"customer\":\"globex\"}")
+                     .status,
+                 200);
+        QTRY_COMPARE(w.keys()->rowCount(), 3);
+        // The Type column in Keys and Live.
+        QTRY_COMPARE(
+            w.keys()->index(w.keys()->rowOfKey(u"a:o2"_qs), KeysModel::Type).data().toString(),
+            u"order.shipped"_qs);
+        QTRY_COMPARE(w.deliveries()->rowCount(), 3);
+        QCOMPARE(w.deliveries()->index(0, DeliveriesModel::Type).data().toString(),
+                 u"order.paid"_qs);
+        QCOMPARE(
+            w.liveView()->model()->headerData(DeliveriesModel::Type, Qt::Horizontal).toString(),
+            u"Type"_qs);
+        // The key filter reads names: "acme" is not in one, and the window says where to look.
+        QTest::keyClicks(w.textFilter(), u"acme"_qs);
+        QTRY_COMPARE(w.keys()->rowCount(), 0);
+        QTRY_VERIFY2(w.findStatus()->text().contains(u"No keys matching 'acme'") &&
+                         w.findStatus()->text().contains(u"search box reads request bodies"),
+                     qPrintable(w.findStatus()->text()));
+        w.textFilter()->clear();
+        // The search box reads the bodies.
+        QTest::keyClicks(w.searchFilter(), u"ACME"_qs);
+        QTRY_COMPARE(w.keys()->rowCount(), 2);
+        QTRY_VERIFY2(w.findStatus()->text().startsWith(u"2 keys found"),
+                     qPrintable(w.findStatus()->text()));
+        QVERIFY(w.keys()->rowOfKey(u"a:o1"_qs) >= 0 && w.keys()->rowOfKey(u"a:o2"_qs) >= 0);
+        // With the type.
+        QTest::keyClicks(w.typeFilter(), u"order.paid"_qs);
+        QTRY_COMPARE(w.keys()->rowCount(), 1);
+        QTRY_COMPARE(w.keys()->index(0, KeysModel::Key).data().toString(), u"a:o1"_qs);
+        // Nothing found: said, not an empty table alone.
+        w.searchFilter()->clear();
+        QTest::keyClicks(w.searchFilter(), u"initech"_qs);
+        QTRY_VERIFY2(w.findStatus()->text() ==
+                         u"No keys of type 'order.paid' and whose body contains 'initech'."_qs,
+                     qPrintable(w.findStatus()->text()));
+        QCOMPARE(w.keys()->rowCount(), 0);
+        if (!qEnvironmentVariableIsEmpty("IDEM_UI_SHOT")) { // a screenshot of the Keys page
+            w.searchFilter()->clear();
+            QTest::keyClicks(w.searchFilter(), u"acme"_qs);
+            w.typeFilter()->clear();
+            QTRY_COMPARE(w.keys()->rowCount(), 2);
+            QTest::qWait(int(qEnvironmentVariableIntValue("IDEM_UI_SHOT")));
+        }
+        QCOMPARE(m_calls.onGuiThread.load(), 0);
+    }
+
+    void aSearchGoesOnAcrossCallsUntilItsPageIsFull()
+    {
+        // Each find call stops on its budget (1 ms here): the model asks for the next one at
+        // once, off the GUI thread, until the oldest key, the only match, is found.
+        auto pool = recordedPool(u"sqlite:"_qs + m_dir.filePath(u"search.db"_qs), &m_calls);
+        ClaimRequest c;
+        c.endpoint = u"ep"_qs;
+        c.provider = u"generic"_qs;
+        c.fingerprint = "f";
+        c.policy.leaseMs = 60'000;
+        for (int i = 0; i < 3000; ++i) {
+            c.key = u"ep:%1"_qs.arg(i, 4, 10, QLatin1Char('0'));
+            c.request.body = i == 0 ? "{\"needle\":1}" : QByteArray(4000, 'x');
+            QVERIFY(pool->run<ClaimResult>([&](IdempotencyStore &s) { return s.claim(c); }).ok());
+        }
+        KeysModel model(pool, 50);
+        QAbstractItemModelTester tester(&model,
+                                        QAbstractItemModelTester::FailureReportingMode::QtTest);
+        model.setFindBudgetMs(1);
+        QSignalSpy progress(&model, &KeysModel::findProgress);
+        model.setFilter(std::nullopt, {}, {}, {}, u"needle"_qs);
+        QTRY_VERIFY_WITH_TIMEOUT(model.foundAll(), 30000);
+        QCOMPARE(model.rowCount(), 1);
+        QCOMPARE(model.index(0, KeysModel::Key).data().toString(), u"ep:0000"_qs);
+        QCOMPARE(model.scanned(), 3000);
+        QVERIFY2(progress.count() > 1, qPrintable(QString::number(progress.count())));
+        QCOMPARE(m_calls.onGuiThread.load(), 0);
     }
 
     void deleteAsksForConfirmation()
