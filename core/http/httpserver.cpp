@@ -608,10 +608,8 @@ void HttpConnection::countUnsent()
 qint64 HttpConnection::takenByClient() const
 {
     int queued = 0; // sent or not, not yet acknowledged
-#ifdef SIOCOUTQ
     if (::ioctl(int(m_socket->socketDescriptor()), SIOCOUTQ, &queued) != 0)
         queued = 0;
-#endif
     return m_written - queued;
 }
 

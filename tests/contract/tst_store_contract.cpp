@@ -2,6 +2,7 @@
 //   tst_store_contract sqlite | redis | cluster | postgres
 // redis, cluster and postgres read IDEM_TEST_REDIS_URL / IDEM_TEST_REDIS_CLUSTER_URL /
 // IDEM_TEST_POSTGRES_URL (./dev test sets them).
+#include "store/redisprotocol.h"
 #include "store/sqlitestore.h"
 #include "store/storefactory.h"
 #include "store/storepool.h"
@@ -269,14 +270,12 @@ private:
                                         u"DELETE FROM idem_shared WHERE sha256 = '%1'"_qs.arg(
                                             QString::fromLatin1(ref))}) == 0;
         // Redis, or a cluster's first node (redis-cli -c follows MOVED to the key's node).
-        const QString url = qEnvironmentVariable(g_backend == u"cluster"_qs
-                                                     ? "IDEM_TEST_REDIS_CLUSTER_URL"
-                                                     : "IDEM_TEST_REDIS_URL");
-        const QString node = url.section(u"://"_qs, 1).section(u',', 0, 0).section(u'/', 0, 0);
+        const StoreUrl url = *StoreUrl::parse(qEnvironmentVariable(
+            g_backend == u"cluster"_qs ? "IDEM_TEST_REDIS_CLUSTER_URL" : "IDEM_TEST_REDIS_URL"));
         QProcess cli;
-        cli.start(u"redis-cli"_qs, {u"-c"_qs, u"-h"_qs, node.section(u':', 0, 0), u"-p"_qs,
-                                    node.section(u':', 1), u"DEL"_qs,
-                                    u"idem:shared:"_qs + QString::fromLatin1(ref)});
+        cli.start(u"redis-cli"_qs,
+                  {u"-c"_qs, u"-h"_qs, url.host, u"-p"_qs, QString::number(url.port), u"DEL"_qs,
+                   QString::fromUtf8(redis::sharedKey(url.prefix.toUtf8(), ref))});
         return cli.waitForFinished(20'000) && cli.readAllStandardOutput().trimmed() == "1";
     }
 
