@@ -200,6 +200,33 @@ if [ -n "${IDEM_TEST_REDIS_CLUSTER_URL:-}" ] && [ -n "${IDEM_TEST_REDIS_CLUSTER_
     sed 's/^/   /' "$WORK/cluster.txt"
 fi
 
+# The window's and `keys list`'s find (type filter and body search) over a million keys on each
+# store (BENCH_FIND_KEYS; docs/stores.md#search): the store's own call, median of 5.
+FIND_KEYS=${BENCH_FIND_KEYS:-1000000}
+: > "$WORK/find.txt"
+find_store() {
+    local name=$1 url=$2
+    echo "== find over $FIND_KEYS keys on $name"
+    if "$HELPER" find "$url" "$FIND_KEYS" > "$WORK/find1.txt" 2> "$WORK/find1.err"; then
+        sed 's/^/   /' "$WORK/find1.txt"
+        sed "s/^/$name: /" "$WORK/find1.txt" >> "$WORK/find.txt"
+    else
+        echo "   failed: $(tail -n 1 "$WORK/find1.err")"
+        echo "$name: failed: $(tail -n 1 "$WORK/find1.err")" >> "$WORK/find.txt"
+    fi
+}
+for backend in $BACKENDS; do
+    case $backend in
+        sqlite) rm -f "$WORK/find.db"; find_store sqlite "sqlite:$WORK/find.db"; rm -f "$WORK/find.db"* ;;
+        redis) rcli FLUSHDB > /dev/null; find_store redis "$IDEM_TEST_REDIS_URL"; rcli FLUSHDB > /dev/null ;;
+        postgres) find_store postgres "$IDEM_TEST_POSTGRES_URL"
+            psql -q "$IDEM_TEST_POSTGRES_URL" -c "TRUNCATE idem_keys" > /dev/null 2>&1 || true ;;
+    esac
+done
+if [ -n "${IDEM_TEST_REDIS_CLUSTER_URL:-}" ] && [ -n "${IDEM_TEST_REDIS_CLUSTER_PORTS:-}" ]; then
+    cluster_flush; find_store redis-cluster "$IDEM_TEST_REDIS_CLUSTER_URL"; cluster_flush
+fi
+
 ratios=()
 for shape in unique duplicates bursts; do
     for base in before node; do
@@ -246,6 +273,13 @@ done
         echo "endpoint; list_*_ms and count_ms: the store's own part of a 100-key page and of a count, median of 7):"
         echo
         sed 's/^/- /' "$WORK/cluster.txt"
+    fi
+    if [ -s "$WORK/find.txt" ]; then
+        echo
+        echo "Find over $FIND_KEYS keys (\`idemdesk_bench find\`: type filter and body search, the store's own call, median of 5;"
+        echo "the window's first answer must stay under 150 ms):"
+        echo
+        sed 's/^/- /' "$WORK/find.txt"
     fi
 } > bench/RESULTS.md
 echo "== wrote bench/RESULTS.md"

@@ -132,7 +132,14 @@ QString generateRedisKeys(const QString &urlText, int count, int endpoints, int 
     auto send = [&](const QList<QByteArray> &command) {
         redisContext *c = single;
         if (cluster) {
-            auto link = cluster->link(redis::commandSlot(command));
+            // By the map read once, not link(): link() re-reads the map now and then, and a
+            // re-read may free a connection holding commands queued here.
+            auto master = cluster->map().master(redis::commandSlot(command));
+            if (!master) {
+                failure = u"a slot has no master"_qs;
+                return;
+            }
+            auto link = cluster->linkTo(*master);
             if (!link) {
                 failure = link.error().message;
                 return;
